@@ -161,10 +161,7 @@ def unpack(buffer: bytes | bytearray | memoryview | np.ndarray, shape: AnyShape)
     body = data[geo.prefix_bytes : geo.byte_size]
     slots = _decode_slots(body, geo, et.raw_dtype, max(1, et.bits))[: prod(geo.tiled_dims)]
     tiled = slots.reshape(geo.tiled_dims)
-    if _views_suffice(geo):
-        physical = _unpack_through_views(tiled, geo)
-    else:
-        physical = _unpack_level_by_level(tiled, geo)
+    physical = _unpack_through_views(tiled, geo) if _views_suffice(geo) else _unpack_level_by_level(tiled, geo)
     physical = physical[tuple(slice(0, shape.dimensions[p]) for p in geo.physical_permutation)]
     inverse = np.argsort(geo.physical_permutation)
     out = physical.transpose(inverse).copy(order="C")  # (ascontiguousarray would turn 0-d into 1-d)

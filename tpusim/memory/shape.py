@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from math import prod
-from typing import TYPE_CHECKING, Final, Union
+from typing import TYPE_CHECKING, Final
 
 from tpusim.errors import LayoutError
 from tpusim.memory.dtypes import ElementType, element_type
@@ -177,6 +177,9 @@ class Shape:
         for d, dyn in zip(self.dimensions, self.dynamic):
             if d < 0 and not (dyn and d == UNBOUNDED):
                 raise LayoutError(f"dimension size {d} is negative")
+        if self.layout is None and not self.dimensions and self.element_type.kind != "token":
+            # As in XLA's parser, a scalar always has the (only) default layout `{}`, printed as nothing.
+            object.__setattr__(self, "layout", Layout(()))
         if self.layout is not None:
             validate_layout(self, self.layout)
 
@@ -276,7 +279,7 @@ class TupleShape:
         return "(" + ", ".join(str(e) for e in self.elements) + ")"
 
 
-AnyShape = Union[Shape, TupleShape]
+AnyShape = Shape | TupleShape
 
 
 def validate_layout(shape: Shape, layout: Layout) -> None:
@@ -285,7 +288,8 @@ def validate_layout(shape: Shape, layout: Layout) -> None:
     rank = shape.rank
     m2m = layout.minor_to_major
     if len(m2m) != rank:
-        raise LayoutError(f"shape has {rank} dimensions but minor_to_major {{{','.join(map(str, m2m))}}} has {len(m2m)}")
+        listed = ",".join(map(str, m2m))
+        raise LayoutError(f"shape has {rank} dimensions but minor_to_major {{{listed}}} has {len(m2m)}")
     if sorted(m2m) != list(range(rank)):
         raise LayoutError(
             f"minor_to_major {{{','.join(map(str, m2m))}}} is not a permutation of the dimensions 0..{rank - 1}"

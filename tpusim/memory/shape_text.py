@@ -4,7 +4,8 @@ Grammar (xla/hlo/parser/hlo_parser.cc, ``ParseShape`` and ``ParseLayout``)::
 
     shape   ::= '(' [shape (',' shape)*] ')' | type '[' [dim (',' dim)*] ']' [layout]
     dim     ::= '?' | ['<='] int
-    layout  ::= '{' [int (',' int)*] [':' D(...)? T(...)+? L(n)? #(uN)? *(uN)? E(n)? S(n)? SC(...)+? P(shape)? M(n)?] '}'
+    layout  ::= '{' [int (',' int)*]
+                [':' D(...)? T(...)+? L(n)? #(uN)? *(uN)? E(n)? S(n)? SC(...)+? P(shape)? M(n)?] '}'
 
 The parts after the colon come in that fixed order, each at most once. A ``{`` after the dimensions
 starts a layout only when an integer or ``:`` follows it, as in XLA (so ``ENTRY f() -> f32[] {`` works).
@@ -288,7 +289,9 @@ class ShapeReader:
                 break
             self.expect(",", "or ')' in a tile")
         if dims[-1] == COMBINE:
-            raise self.error("the most-minor tile entry cannot be '*': there is no more minor dimension to merge into", at)
+            raise self.error(
+                "the most-minor tile entry cannot be '*': there is no more minor dimension to merge into", at
+            )
         return Tile(tuple(dims))
 
     def _read_dim_level_types(self) -> tuple[str, ...]:

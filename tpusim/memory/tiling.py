@@ -227,6 +227,7 @@ class Geometry:
         rest = np.where(valid, lin, 0)
         coords: list[np.ndarray] = []
         for d in reversed(self.tiled_dims):
+            d = max(d, 1)  # an empty array has no valid slot; avoid dividing by zero
             coords.append(rest % d)
             rest = rest // d
         coords.reverse()
@@ -243,7 +244,7 @@ class Geometry:
         logical: list[np.ndarray] = [np.empty(0)] * self.shape.rank
         for c, p in zip(coords, self.physical_permutation):
             logical[p] = c
-        out = np.stack(logical, axis=-1) if logical else np.zeros(lin.shape + (0,), np.int64)
+        out = np.stack(logical, axis=-1) if logical else np.zeros((*lin.shape, 0), np.int64)
         return out, valid
 
     def linear_map(self) -> np.ndarray:
@@ -297,6 +298,7 @@ def _split_coords(coords: list[np.ndarray], lvl: TilingLevel) -> list[np.ndarray
         rest = coords[ci]
         parts: list[np.ndarray] = []
         for d in reversed(dims[src + 1 : src + count]):
+            d = max(d, 1)  # empty arrays: every slot is padding anyway
             parts.append(rest % d)
             rest = rest // d
         parts.append(rest)
