@@ -27,6 +27,7 @@ __all__ = [
     "Literal",
     "Module",
     "PadDim",
+    "ProgramShape",
     "Raw",
     "ReplicaGroups",
     "SliceDim",
@@ -137,6 +138,24 @@ class Literal:
         return hash((self.shape, None if self.value is None else self.value.tobytes(), self.tuple_elements))
 
 
+@dataclass(frozen=True, slots=True)
+class ProgramShape:
+    """A computation's signature, e.g. the module header's ``entry_computation_layout={(f32[2]{0})->f32[]}``.
+
+    Attributes:
+        parameters: the parameter shapes, in parameter-number order.
+        result: the result shape.
+        text: the text as written (kept for reference; not part of equality).
+    """
+
+    parameters: tuple[AnyShape, ...]
+    result: AnyShape
+    text: str = field(default="", compare=False)
+
+    def __str__(self) -> str:
+        return "(" + ", ".join(str(p) for p in self.parameters) + ")->" + str(self.result)
+
+
 class Attributes:
     """An ordered, immutable ``name -> value`` mapping of an instruction's (or module's) attributes.
 
@@ -236,6 +255,20 @@ class Instruction:
         assert isinstance(self.shape, Shape), f"{self.name} has tuple shape {self.shape}"
         return self.shape
 
+    def async_wrapped_instruction(self) -> Instruction | None:
+        """For an ``async-start`` written in XLA's short form (``custom-call-start(...)``, no ``calls=``), the
+        wrapped operation as an instruction of its own: same name and operands, the wrapped opcode, the
+        async value's result shape (element 1 of the tuple) and the wrapped op's attributes. None otherwise."""
+        wrapped = self.attributes.get("async_wrapped_opcode")
+        if self.opcode != "async-start" or wrapped is None:
+            return None
+        shape = self.shape
+        if not isinstance(shape, Shape) and len(shape.elements) > 1:
+            shape = shape.elements[1]
+        skip = ("async_wrapped_opcode", "async_execution_thread")
+        attributes = Attributes((k, v) for k, v in self.attributes.items() if k not in skip)
+        return Instruction(self.name, wrapped, shape, self.operands, attributes, self.loc)
+
     def called_computations(self) -> tuple[str, ...]:
         """Names of the computations this instruction calls, in attribute order."""
         out: list[str] = []
@@ -258,6 +291,7 @@ _CALL_ATTRIBUTES = frozenset(
         "select",
         "scatter",
         "comparator",
+        "called_computations",
     }
 )
 
