@@ -64,7 +64,11 @@ def test_parsed_values() -> None:
     assert s.dimensions == (256, 512)
     assert s.layout == Layout((1, 0), tiles=(Tile((8, 128)), Tile((2, 1))))
     assert parse_shape("f32[2,7,8,11,10]{4,3,2,1,0:T(*,*,2,*,3)}").layout.tiles[0].dimensions == (  # type: ignore[union-attr]
-        COMBINE, COMBINE, 2, COMBINE, 3
+        COMBINE,
+        COMBINE,
+        2,
+        COMBINE,
+        3,
     )
     dyn = parse_shape("f32[<=10,?]{1,0}")
     assert dyn.dimensions == (10, UNBOUNDED) and dyn.dynamic == (True, True)  # type: ignore[union-attr]

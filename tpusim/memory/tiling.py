@@ -196,24 +196,39 @@ class Geometry:
             int64 array of shape ``(...)``: the slot of each element (multiply by ``element_bits / 8`` and
             add ``prefix_bytes`` for a byte offset).
         """
+        coords, dims, batch = self._forward(index, len(self.levels), keep_last_tile=True)
+        return _ravel(coords, dims, batch)
+
+    def tile_index(self, index: np.ndarray | tuple[int, ...] | list[int], level: int = 0) -> np.ndarray:
+        """Which tile of tiling level ``level`` holds each logical multi-index (row-major tile number)."""
+        if not 0 <= level < len(self.levels):
+            raise ValueError(f"{self.shape} has {len(self.levels)} tiling levels, no level {level}")
+        coords, dims, batch = self._forward(index, level + 1, keep_last_tile=False)
+        return _ravel(coords, dims, batch)
+
+    def _forward(
+        self, index: np.ndarray | tuple[int, ...] | list[int], levels: int, keep_last_tile: bool
+    ) -> tuple[list[np.ndarray], tuple[int, ...], tuple[int, ...]]:
+        """Coordinates after the first ``levels`` tiling levels; without the last level's in-tile part
+        when ``keep_last_tile`` is False."""
         idx = np.asarray(index, dtype=np.int64)
         rank = self.shape.rank
         if idx.shape[-1:] != (rank,) and not (rank == 0 and idx.shape[-1:] == (0,)):
             raise ValueError(f"index array must end in an axis of length {rank}, got shape {idx.shape}")
         coords = [idx[..., p] for p in self.physical_permutation]
+        dims = self.physical_dims
         batch = idx.shape[:-1]
-        for lvl in self.levels:
+        for n, lvl in enumerate(self.levels[:levels]):
             coords = [np.zeros(batch, np.int64)] * lvl.prepended + coords
             coords = _merge_coords(coords, lvl)
             k = len(lvl.tile)
             head, tiled = coords[: len(coords) - k], coords[len(coords) - k :]
             quotients = [c // t for c, t in zip(tiled, lvl.tile)]
-            remainders = [c % t for c, t in zip(tiled, lvl.tile)]
-            coords = head + quotients + remainders
-        linear = np.zeros(batch, np.int64)
-        for c, d in zip(coords, self.tiled_dims):
-            linear = linear * d + c
-        return linear
+            if n == levels - 1 and not keep_last_tile:
+                return head + quotients, lvl.output_dims[: len(lvl.output_dims) - k], batch
+            coords = head + quotients + [c % t for c, t in zip(tiled, lvl.tile)]
+            dims = lvl.output_dims
+        return coords, dims, batch
 
     def logical_index(self, linear: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
         """Inverse of :meth:`linear_index`.
@@ -251,6 +266,13 @@ class Geometry:
         """The slot of every element, as an int64 array with the logical shape."""
         grids = np.indices(self.shape.dimensions, dtype=np.int64)
         return self.linear_index(np.moveaxis(grids, 0, -1))
+
+
+def _ravel(coords: list[np.ndarray], dims: tuple[int, ...], batch: tuple[int, ...]) -> np.ndarray:
+    linear = np.zeros(batch, np.int64)
+    for c, d in zip(coords, dims):
+        linear = linear * d + c
+    return linear
 
 
 def _tiles_are_row_major(levels: tuple[TilingLevel, ...]) -> bool:

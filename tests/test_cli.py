@@ -1,0 +1,33 @@
+"""The command line: outputs, exit statuses and error messages without tracebacks."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tpusim.cli import main
+
+
+def test_layout_writes_a_diagram(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "d.svg"
+    assert main(["layout", "f32[3,5]{1,0:T(2,2)}", "--out", str(out)]) == 0
+    assert out.read_text().lstrip().startswith("<?xml")
+    assert "96 bytes" in capsys.readouterr().err
+
+
+def test_layout_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["layout", "bf16[4,8]{1,0:T(2,4)(2,1)}", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["linear_positions"][1] == [1, 3, 5, 7, 9, 11, 13, 15]
+
+
+def test_bad_shape_is_one_clear_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["layout", "f32[3,5]{1,1}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tpusim layout: invalid shape or layout at column 12: minor_to_major repeats dimension 1")
+    assert "Traceback" not in err
+
+
+def test_bad_output_suffix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["layout", "f32[2]", "--out", str(tmp_path / "x.txt")]) == 1
+    assert "written as .png, .svg or .pdf" in capsys.readouterr().err
