@@ -1,0 +1,217 @@
+"""The custom-call targets JAX emits, registered in :data:`.control.CUSTOM_CALLS`.
+
+Found by lowering JAX 0.10 programs for CPU and TPU (``jax.jit(f).trace(...).lower(lowering_platforms=...)``):
+
+* annotations that pass their operand through: ``Sharding`` (with_sharding_constraint, device_put),
+  ``annotate_device_placement`` (memory kinds, host offloading), ``MoveToHost``/``MoveToDevice``,
+  ``LayoutConstraint``, ``xla.sdy.FuncResultSharding``, and the shard_map boundaries
+  ``SPMDFullToShardShape``/``SPMDShardToFullShape``/``xla.sdy.GlobalToLocalShape``/``xla.sdy.LocalToGlobalShape``
+  when the local and global shapes agree (one device). A shard_map whose shapes differ only runs as its
+  SPMD-partitioned per-device module: the error says so.
+* CPU linear algebra (LAPACK through XLA's typed FFI), every leading dimension a batch dimension:
+  ``lapack_?potrf_ffi`` (Cholesky + info), ``lapack_?trsm_ffi`` (triangular solve), ``lapack_?getrf_ffi``
+  (LU, 1-based pivots, info), ``lapack_?geqrf_ffi`` and ``lapack_?orgqr_ffi``/``?ungqr_ffi`` (Householder
+  QR), ``lapack_?syevd_ffi``/``?heevd_ffi`` (symmetric eigen) and ``lapack_?gesdd_ffi`` (SVD).
+  ``backend_config`` carries LAPACK's character flags as bytes (``uplo = 76 : ui8`` is 'L').
+* TPU linear algebra: ``Qr``, ``ProductOfElementaryHouseholderReflectors``, ``Eigh``, ``LuDecomposition``.
+
+Eigenvectors and singular vectors are unique only up to a sign (a phase for complex) per vector, so they
+match XLA up to that choice; everything else follows LAPACK's conventions. Unknown targets raise
+:class:`UnsupportedOpcodeError` listing the known ones (the dispatcher in ``control.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from tpusim.compiler.hlo.ir import Instruction
+from tpusim.compiler.hlo.reference.control import register_custom_call
+from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value
+from tpusim.compiler.hlo.reference.linalg import (
+    cholesky_lower,
+    householder_product,
+    householder_qr,
+    lu_partial_pivoting,
+    pivots_to_permutation,
+    triangular_solve,
+    wide,
+)
+from tpusim.memory import TupleShape
+
+__all__ = ["backend_flags"]
+
+
+def backend_flags(instr: Instruction) -> dict[str, int]:
+    """``backend_config={uplo = 76 : ui8, ...}`` as ``{"uplo": 76, ...}`` (integers only; {} when absent)."""
+    text = str(instr.attr("backend_config", "") or "")
+    return {k: int(v) for k, v in re.findall(r"(\w+)\s*=\s*(-?\d+)\s*:\s*\w+", text)}
+
+
+def _flag(instr: Instruction, key: str, default: str) -> str:
+    return chr(backend_flags(instr).get(key, ord(default)))
+
+
+def _arrays(instr: Instruction, args: Sequence[Value], n: int) -> list[np.ndarray]:
+    if len(args) != n or not all(isinstance(a, np.ndarray) for a in args):
+        raise EvaluationError(instr, f"custom-call {instr.attr('custom_call_target')} takes {n} array operands")
+    return list(args)  # type: ignore[arg-type]
+
+
+def _result_dtypes(instr: Instruction) -> list[np.dtype]:
+    shapes = instr.shape.leaves() if isinstance(instr.shape, TupleShape) else [instr.shape]
+    return [s.element_type.dtype for s in shapes]
+
+
+def _lapack(*names: str) -> tuple[str, ...]:
+    """``lapack_{s,d,c,z}<name>_ffi`` for each name (``?`` in the name replaced by the type letter)."""
+    return tuple(f"lapack_{p}{n}_ffi" for n in names for p in "sdcz")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass-through annotations
+# ---------------------------------------------------------------------------------------------
+@register_custom_call(
+    "Sharding",
+    "annotate_device_placement",
+    "MoveToHost",
+    "MoveToDevice",
+    "LayoutConstraint",
+    "xla.sdy.FuncResultSharding",
+    "SPMDFullToShardShape",
+    "SPMDShardToFullShape",
+    "xla.sdy.GlobalToLocalShape",
+    "xla.sdy.LocalToGlobalShape",
+)
+def _identity(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    if len(args) == 1 and not isinstance(instr.shape, TupleShape):
+        (x,) = args
+        if isinstance(x, np.ndarray) and x.shape == instr.shape.dimensions:
+            return x
+        target = instr.attr("custom_call_target")
+        raise EvaluationError(
+            instr,
+            f"custom-call {target} changes the shape {list(getattr(x, 'shape', ()))} -> {instr.shape}: this is a "
+            "shard_map boundary of a module before SPMD partitioning; run the partitioned per-device module "
+            "(jax.jit(f).lower(...).compile().as_text()) with evaluate_spmd instead",
+        )
+    values = tuple(args)
+    return values if isinstance(instr.shape, TupleShape) else values[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# LAPACK (CPU)
+# ---------------------------------------------------------------------------------------------
+@register_custom_call(*_lapack("potrf"))
+def _potrf(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    (a,) = _arrays(instr, args, 1)
+    w = wide(a)
+    if _flag(instr, "uplo", "L") == "L":
+        fac, info = cholesky_lower(w)
+        keep = np.triu(np.ones(a.shape[-2:], bool), 1)
+    else:
+        fac, info = cholesky_lower(np.swapaxes(w, -1, -2).conj())
+        fac = np.swapaxes(fac, -1, -2).conj()
+        keep = np.tril(np.ones(a.shape[-2:], bool), -1)
+    # potrf leaves the other triangle of the input untouched.
+    return np.where(keep, w, fac).astype(a.dtype), info.astype(np.int32)
+
+
+@register_custom_call(*_lapack("trsm"))
+def _trsm(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    if len(args) == 3:  # (a, b, alpha) in some JAX versions
+        a, b, alpha = _arrays(instr, args, 3)
+        b = (b * alpha).astype(b.dtype)
+    else:
+        a, b = _arrays(instr, args, 2)
+    trans = {"N": "NO_TRANSPOSE", "T": "TRANSPOSE", "C": "ADJOINT"}[_flag(instr, "trans_x", "N")]
+    return triangular_solve(
+        a,
+        b,
+        left_side=_flag(instr, "side", "L") == "L",
+        lower=_flag(instr, "uplo", "L") == "L",
+        unit_diagonal=_flag(instr, "diag", "N") == "U",
+        transpose_a=trans,
+    )
+
+
+@register_custom_call(*_lapack("getrf"))
+def _getrf(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    (a,) = _arrays(instr, args, 1)
+    lu, piv, info = lu_partial_pivoting(a)
+    return lu, (piv + 1).astype(np.int32), info.astype(np.int32)
+
+
+@register_custom_call(*_lapack("geqrf"))
+def _geqrf(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    (a,) = _arrays(instr, args, 1)
+    return householder_qr(a)
+
+
+@register_custom_call(*_lapack("orgqr", "ungqr"), "ProductOfElementaryHouseholderReflectors")
+def _orgqr(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    a, tau = _arrays(instr, args, 2)
+    return householder_product(a, tau)
+
+
+def _eigh(a: np.ndarray, lower: bool, vectors: bool, real: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    w = wide(a)
+    vals, vecs = np.linalg.eigh(w, UPLO="L" if lower else "U")
+    return (vecs.astype(a.dtype) if vectors else a.copy()), vals.astype(real)
+
+
+@register_custom_call(*_lapack("syevd", "heevd"))
+def _syevd(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    (a,) = _arrays(instr, args, 1)
+    dtypes = _result_dtypes(instr)
+    v, w = _eigh(a, _flag(instr, "uplo", "L") == "L", _flag(instr, "mode", "V") == "V", dtypes[1])
+    return v, w, np.zeros(a.shape[:-2], np.int32)
+
+
+@register_custom_call(*_lapack("gesdd"))
+def _gesdd(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    (a,) = _arrays(instr, args, 1)
+    shapes = instr.shape.leaves() if isinstance(instr.shape, TupleShape) else []
+    if len(shapes) != 5:
+        raise EvaluationError(instr, "gesdd returns (a, s, u, vt, info)")
+    mode = _flag(instr, "mode", "A")
+    w = wide(a)
+    real = shapes[1].element_type.dtype
+    info = np.zeros(a.shape[:-2], np.int32)
+    if mode == "N":
+        s = np.linalg.svd(w, compute_uv=False)
+        u = np.zeros(shapes[2].dimensions, a.dtype)
+        vt = np.zeros(shapes[3].dimensions, a.dtype)
+    else:
+        u64, s, vt64 = np.linalg.svd(w, full_matrices=mode == "A")
+        u, vt = u64.astype(a.dtype), vt64.astype(a.dtype)
+    return a.copy(), s.astype(real), u, vt, info
+
+
+# ---------------------------------------------------------------------------------------------
+# TPU linear algebra
+# ---------------------------------------------------------------------------------------------
+@register_custom_call("Qr")
+def _qr(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    (a,) = _arrays(instr, args, 1)
+    return householder_qr(a)
+
+
+@register_custom_call("Eigh")
+def _tpu_eigh(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """backend_config ``"lower,sort_eigenvalues,max_iter,tol"``; eigenvalues ascending either way."""
+    (a,) = _arrays(instr, args, 1)
+    config = str(instr.attr("backend_config", "") or "").strip('"').split(",")
+    lower = config[0].strip() != "0" if config and config[0].strip() else True
+    v, w = _eigh(a, lower, True, _result_dtypes(instr)[1])
+    return v, w
+
+
+@register_custom_call("LuDecomposition")
+def _tpu_lu(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """``(lu, pivots, permutation)`` with 0-based pivots."""
+    (a,) = _arrays(instr, args, 1)
+    lu, piv, _ = lu_partial_pivoting(a)
+    return lu, piv.astype(np.int32), pivots_to_permutation(piv, a.shape[-2])

@@ -1,0 +1,147 @@
+"""reduce, reduce-window and select-and-scatter.
+
+Semantics from XLA's Operation Semantics ("Reduce", "ReduceWindow", "SelectAndScatter"):
+
+* reduce applies its computation over ``dimensions`` of N operands at once (variadic reduce returns a
+  tuple); init values are identities of the computation, and the order of application is left to the
+  backend. Here: reduced elements are taken in row-major order and combined pairwise (a balanced tree)
+  with one vectorised call per tree level; recognised one-op computations (add, max, ...) run as numpy
+  reductions, sums and products of narrow floats accumulating in f32 (see :mod:`.combiners`).
+* reduce-window pads (and base-dilates) each operand with its init value, then reduces every window.
+* select-and-scatter picks one element per window by folding ``select`` over the window's in-bounds
+  elements in row-major order (the current pick is the first argument), then combines the source value
+  into that position of an ``init``-filled output with ``scatter``; positions picked by several windows
+  receive their source values in row-major window order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tpusim.compiler.hlo.ir import Instruction, Window
+from tpusim.compiler.hlo.reference.combiners import apply_ordered, computation, reduce_last_axis
+from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value, register
+from tpusim.compiler.hlo.reference.windows import dilate_pad, windows
+
+__all__ = ["reduce_arrays", "reduce_window_arrays", "select_and_scatter_array"]
+
+
+def _arrays(instr: Instruction, args: Sequence[Value]) -> list[np.ndarray]:
+    out = []
+    for i, a in enumerate(args):
+        if not isinstance(a, np.ndarray):
+            raise EvaluationError(instr, f"operand {i} must be an array")
+        out.append(a)
+    if len(out) % 2:
+        raise EvaluationError(instr, f"takes N operands and N init values, got {len(out)} operands")
+    return out
+
+
+def _window(instr: Instruction, rank: int) -> Window:
+    window = instr.attr("window")
+    if window is None:
+        # A window-less reduce-window is a rank-0 operand (or a text without `window=`).
+        window = Window(())
+    if not isinstance(window, Window) or len(window.dims) != rank:
+        raise EvaluationError(instr, f"window {window} does not have one dimension per operand dimension ({rank})")
+    return window
+
+
+def reduce_arrays(
+    ctx: EvalContext, instr: Instruction, operands: Sequence[np.ndarray], inits: Sequence[np.ndarray]
+) -> list[np.ndarray]:
+    """XLA reduce of ``operands`` over ``instr``'s ``dimensions`` with its ``to_apply``."""
+    rank = operands[0].ndim
+    dims = tuple(int(d) for d in instr.attr("dimensions", ()))
+    if any(not 0 <= d < rank for d in dims) or len(set(dims)) != len(dims):
+        raise EvaluationError(instr, f"dimensions {list(dims)} are not distinct dimensions of a rank-{rank} operand")
+    if any(a.shape != operands[0].shape for a in operands):
+        raise EvaluationError(instr, f"operands have different shapes {[list(a.shape) for a in operands]}")
+    keep = [d for d in range(rank) if d not in dims]
+    red = sorted(dims)
+    out_shape = tuple(operands[0].shape[d] for d in keep)
+    moved = [np.ascontiguousarray(a.transpose(keep + red)).reshape((*out_shape, -1)) for a in operands]
+    comp = computation(ctx, instr, instr.attr("to_apply"))
+    return reduce_last_axis(ctx, comp, moved, inits)
+
+
+@register("reduce")
+def _reduce(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    arrays = _arrays(instr, args)
+    n = len(arrays) // 2
+    res = reduce_arrays(ctx, instr, arrays[:n], arrays[n:])
+    return tuple(res) if n > 1 else res[0]
+
+
+def reduce_window_arrays(
+    ctx: EvalContext, instr: Instruction, operands: Sequence[np.ndarray], inits: Sequence[np.ndarray]
+) -> list[np.ndarray]:
+    """XLA reduce-window of ``operands`` with ``instr``'s window and ``to_apply``."""
+    window = _window(instr, operands[0].ndim)
+    views = []
+    for a, init in zip(operands, inits):
+        padded = dilate_pad(a, window.dims, init)
+        v = windows(padded, window.dims)
+        views.append(np.ascontiguousarray(v).reshape((*v.shape[: a.ndim], -1)))
+    comp = computation(ctx, instr, instr.attr("to_apply"))
+    return reduce_last_axis(ctx, comp, views, inits)
+
+
+@register("reduce-window")
+def _reduce_window(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    arrays = _arrays(instr, args)
+    n = len(arrays) // 2
+    res = reduce_window_arrays(ctx, instr, arrays[:n], arrays[n:])
+    return tuple(res) if n > 1 else res[0]
+
+
+def select_and_scatter_array(
+    ctx: EvalContext, instr: Instruction, operand: np.ndarray, source: np.ndarray, init: np.ndarray
+) -> np.ndarray:
+    """XLA select-and-scatter (see the module docstring)."""
+    window = _window(instr, operand.ndim)
+    select = computation(ctx, instr, instr.attr("select"))
+    scatter = computation(ctx, instr, instr.attr("scatter"))
+    size = operand.size
+    vals = windows(dilate_pad(operand, window.dims, np.zeros((), operand.dtype)), window.dims)
+    pos = windows(dilate_pad(np.arange(size, dtype=np.int64).reshape(operand.shape), window.dims, -1), window.dims)
+    rank = operand.ndim
+    if vals.shape[:rank] != source.shape:
+        raise EvaluationError(
+            instr, f"source dimensions {list(source.shape)} differ from the window positions {list(vals.shape[:rank])}"
+        )
+    vals = vals.reshape((*source.shape, -1))
+    pos = pos.reshape((*source.shape, -1))
+    out = np.full(operand.shape, init, dtype=operand.dtype).reshape(-1)
+    taps = vals.shape[-1]
+    if taps == 0 or source.size == 0:
+        return out.reshape(operand.shape)
+    sel_val = vals[..., 0].copy()
+    sel_pos = pos[..., 0].copy()
+    have = sel_pos >= 0
+    for t in range(1, taps):
+        cand_pos = pos[..., t]
+        valid = cand_pos >= 0
+        if not valid.any():
+            continue
+        cand = vals[..., t]
+        keep = ctx.vectorized_call(select.name, [sel_val, cand])
+        if not isinstance(keep, np.ndarray) or keep.dtype != np.bool_:
+            raise EvaluationError(instr, f"select computation {select.name} must return pred")
+        take = valid & (~have | ~keep)
+        sel_val = np.where(take, cand, sel_val)
+        sel_pos = np.where(take, cand_pos, sel_pos)
+        have |= valid
+    apply_ordered(ctx, scatter, [out], sel_pos[have], [source[have]])
+    return out.reshape(operand.shape)
+
+
+@register("select-and-scatter")
+def _select_and_scatter(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    if len(args) != 3 or not all(isinstance(a, np.ndarray) for a in args):
+        raise EvaluationError(instr, "takes three array operands: operand, source, init value")
+    operand, source, init = args
+    assert isinstance(operand, np.ndarray) and isinstance(source, np.ndarray) and isinstance(init, np.ndarray)
+    return select_and_scatter_array(ctx, instr, operand, source, init)
