@@ -1,0 +1,178 @@
+"""Low-level reading of HLO text: comments, names, strings, balanced groups and error positions.
+
+XLA's lexer (xla/hlo/parser/hlo_lexer.cc) is the reference for the token shapes: names are
+``[A-Za-z_][A-Za-z0-9_.-]*`` with an optional ``%`` sigil, strings are C-escaped and double (or single)
+quoted, ``/* ... */`` and ``// ...`` are comments. The parser works on the text directly with compiled,
+position-anchored regular expressions; nothing here loops over characters in Python except inside short
+strings.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tpusim.compiler.hlo.errors import HloParseError
+
+__all__ = [
+    "FLOAT",
+    "INT",
+    "NAME",
+    "WS",
+    "SourceText",
+    "escape",
+    "unescape",
+]
+
+WS = re.compile(r"\s*")
+NAME = re.compile(r"%?([A-Za-z_][A-Za-z0-9_.\-]*)")
+INT = re.compile(r"-?\d+")
+FLOAT = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|inf|nan)")
+STRING = re.compile(r""""((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'""", re.S)
+
+_COMMENT_OR_STRING = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|/\*[\s\S]*?\*/|//[^\n]*""")
+_NOT_NEWLINE = re.compile(r"[^\n]")
+_BRACE_SCAN = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|["'{}]""", re.S)
+_FOUND = re.compile(r"""%?[A-Za-z_][A-Za-z0-9_.\-]*|-?\d[\w.+\-]*|"(?:[^"\\\n]|\\.){0,40}"?|\S""")
+_ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{1,2}|[0-7]{1,3}|.)", re.S)
+_SIMPLE_ESCAPES = {"n": 10, "t": 9, "r": 13, "a": 7, "b": 8, "f": 12, "v": 11, '"': 34, "'": 39, "\\": 92, "?": 63}
+_ESCAPE_OUT = {10: "\\n", 9: "\\t", 13: "\\r", 34: '\\"', 39: "\\'", 92: "\\\\"}
+
+
+def _blank(match: re.Match[str]) -> str:
+    piece = match.group(0)
+    if piece[0] in "\"'":
+        return piece
+    return _NOT_NEWLINE.sub(" ", piece)
+
+
+class SourceText:
+    """The text being parsed, its comment-free twin and where it came from.
+
+    Comments are replaced by spaces (newlines kept), so every offset means the same character in both
+    texts and errors quote the original line.
+
+    Attributes:
+        text: the text with comments blanked out; the parser reads this one.
+        original: the text as given; error messages quote it.
+        source: a file name, or None.
+    """
+
+    __slots__ = ("original", "source", "text")
+
+    def __init__(self, text: str, source: str | None = None) -> None:
+        self.original = text
+        self.source = source
+        self.text = _COMMENT_OR_STRING.sub(_blank, text) if ("/*" in text or "//" in text) else text
+
+    def error(self, pos: int, message: str) -> HloParseError:
+        """An :class:`HloParseError` at offset ``pos``."""
+        return HloParseError(message, self.original, pos, self.source)
+
+    def skip_ws(self, pos: int) -> int:
+        return WS.match(self.text, pos).end()  # type: ignore[union-attr]
+
+    def found(self, pos: int) -> str:
+        """What stands at ``pos`` (after blanks), for 'expected X, found Y' messages."""
+        pos = self.skip_ws(pos)
+        if pos >= len(self.text):
+            return "end of text"
+        m = _FOUND.match(self.text, pos)
+        token = m.group(0) if m else self.text[pos]
+        if len(token) > 40:
+            token = token[:37] + "..."
+        return repr(token)
+
+    def expect(self, pos: int, token: str, what: str) -> int:
+        """Skip blanks, require ``token`` at the cursor and return the offset after it."""
+        pos = self.skip_ws(pos)
+        if not self.text.startswith(token, pos):
+            raise self.error(pos, f"expected '{token}' {what}, found {self.found(pos)}")
+        return pos + len(token)
+
+    def name(self, pos: int, what: str) -> tuple[str, int]:
+        """Read a name (``%`` optional) after blanks; returns (name without %, end)."""
+        pos = self.skip_ws(pos)
+        m = NAME.match(self.text, pos)
+        if not m:
+            raise self.error(pos, f"expected {what}, found {self.found(pos)}")
+        return m.group(1), m.end()
+
+    def integer(self, pos: int, what: str) -> tuple[int, int]:
+        pos = self.skip_ws(pos)
+        m = INT.match(self.text, pos)
+        if not m:
+            raise self.error(pos, f"expected {what} (an integer), found {self.found(pos)}")
+        return int(m.group(0)), m.end()
+
+    def string(self, pos: int, what: str) -> tuple[str, int]:
+        """Read a quoted, C-escaped string; returns (unescaped value, end)."""
+        pos = self.skip_ws(pos)
+        m = STRING.match(self.text, pos)
+        if not m:
+            if self.text[pos : pos + 1] in ("'", '"'):
+                raise self.error(pos, f"unterminated string in {what}")
+            raise self.error(pos, f"expected {what} (a quoted string), found {self.found(pos)}")
+        raw = m.group(1) if m.group(1) is not None else m.group(2)
+        try:
+            return unescape(raw), m.end()
+        except ValueError as err:
+            raise self.error(pos, f"bad escape in {what}: {err}") from None
+
+    def match_brace(self, pos: int, what: str) -> int:
+        """``text[pos]`` is ``{``: return the offset after its matching ``}`` (strings may hold braces)."""
+        depth = 0
+        text = self.text
+        for m in _BRACE_SCAN.finditer(text, pos):
+            start = m.start()
+            ch = text[start]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return m.end()
+            elif m.end() - start == 1:
+                raise self.error(start, f"unterminated string in {what}")
+        raise self.error(pos, f"'{{' of {what} is never closed")
+
+
+def unescape(raw: str) -> str:
+    """Undo C escapes (``\\n``, ``\\"``, ``\\x41``, ``\\101``) as XLA's lexer does (absl::CUnescape); escaped
+    bytes are reassembled as UTF-8."""
+    if "\\" not in raw:
+        return raw
+    out = bytearray()
+    last = 0
+    for m in _ESCAPE.finditer(raw):
+        out += raw[last : m.start()].encode()
+        code = m.group(1)
+        if code[0] == "x":
+            out.append(int(code[1:], 16))
+        elif code[0] in "01234567":
+            value = int(code, 8)
+            if value > 255:
+                raise ValueError(f"octal escape \\{code} is above \\377")
+            out.append(value)
+        elif code in _SIMPLE_ESCAPES:
+            out.append(_SIMPLE_ESCAPES[code])
+        else:
+            raise ValueError(f"unknown escape \\{code}")
+        last = m.end()
+    out += raw[last:].encode()
+    return out.decode("utf-8", errors="surrogateescape")
+
+
+def escape(value: str) -> str:
+    """C-escape ``value`` and put it in double quotes (what XLA's printer does with string attributes)."""
+    data = value.encode("utf-8", errors="surrogateescape")
+    if all(32 <= b < 127 and b not in (34, 92) for b in data):
+        return f'"{value}"'
+    parts = []
+    for b in data:
+        if b in _ESCAPE_OUT:
+            parts.append(_ESCAPE_OUT[b])
+        elif 32 <= b < 127:
+            parts.append(chr(b))
+        else:
+            parts.append(f"\\{b:03o}")
+    return '"' + "".join(parts) + '"'

@@ -1,0 +1,538 @@
+"""Reading HLO module text into a :class:`~tpusim.compiler.hlo.ir.Module`.
+
+Accepts every form XLA prints (xla/hlo/parser/hlo_parser.cc is the reference grammar):
+
+* the default form (``HloModule m, entry_computation_layout={...}``, ``%names``, ``ENTRY %main (p: f32[2])
+  -> f32[2] {``, ``metadata={...}``, the FileNames / FunctionNames / FileLocations / StackFrames tables)
+  and the short form JAX prints (``jax.jit(f).lower(x).as_text(dialect="hlo")``);
+* modules before and after optimisation: fusions, scheduled modules, layouts with tiles and memory
+  spaces on every shape, async ops in XLA's short form (``custom-call-start``), comments.
+
+The parser walks the text once with position-anchored compiled regexes. Shapes are read by
+:class:`tpusim.memory.ShapeReader` and cached by their text; constants are converted in bulk by numpy.
+Every error is an :class:`HloParseError` with file, line, column, the line, a caret, and what was
+expected and found.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gc
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tpusim.compiler.hlo.attributes import ALIASES, ATTRIBUTE_KINDS, KIND_READERS
+from tpusim.compiler.hlo.ir import _CALL_ATTRIBUTES, Attributes, Computation, Instruction, Module, Raw, SourceLoc
+from tpusim.compiler.hlo.lexer import NAME, SourceText, unescape
+from tpusim.compiler.hlo.literals import parse_literal
+from tpusim.compiler.hlo.opcodes import COMMON_ATTRIBUTES, OPCODES, OpcodeInfo, lookup_async
+from tpusim.errors import LayoutError
+from tpusim.memory import AnyShape, Shape, ShapeReader, TupleShape
+
+__all__ = ["load_module", "parse_module"]
+
+_HEADER = re.compile(r"\s*HloModule\b\s*")
+_ATTR = re.compile(r"\s*,\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*=")
+_INSTR = re.compile(r"\s*(?:(ROOT)\s+)?%?([A-Za-z_][A-Za-z0-9_.\-]*)\s*=\s*")
+_OPERAND_NAME = re.compile(r"%?([A-Za-z_][A-Za-z0-9_.\-]*)")
+_OPCODE = re.compile(r"(?<![A-Za-z0-9_\-])([a-z][a-z0-9\-]*)\s*\(")
+_OPERANDS = re.compile(r"\s*((?:%?[A-Za-z_][A-Za-z0-9_.\-]*\s*,\s*)*%?[A-Za-z_][A-Za-z0-9_.\-]*)?\s*\)")
+_PARAMETER = re.compile(r"\s*(\d+)\s*\)")
+_SECTION = re.compile(r"\s*(FileNames|FunctionNames|FileLocations|StackFrames)\b")
+_SECTION_ENTRY = re.compile(r"\s*(\d+)\s+")
+_ENTRY = re.compile(r"\s*ENTRY\b\s*")
+_META_FIELD = re.compile(r'\b(op_name|source_file|source_line|stack_frame_id)=(?:"((?:[^"\\]|\\.)*)"|(-?\d+))')
+_SIMPLE_SHAPE = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\](?:\{[0-9,]*\})?(?![{\w])")
+_FIELD = re.compile(r"\b([a-z_]+)=(-?\d+)")
+_HINTS = {
+    "cos": "cosine",
+    "sin": "sine",
+    "exp": "exponential",
+    "expm1": "exponential-minus-one",
+    "log1p": "log-plus-one",
+    "clz": "count-leading-zeros",
+    "optimization-barrier": "opt-barrier",
+    "population-count": "popcnt",
+    "cross-replica-sum": "all-reduce",
+}
+
+_HEADER_KINDS = {
+    "is_scheduled": "bool",
+    "replica_count": "int",
+    "num_partitions": "int",
+    "alias_passthrough_params": "bool",
+    "entry_computation_layout": "program_shape",
+    "input_output_alias": "raw",
+    "buffer_donor": "raw",
+    "frontend_attributes": "raw",
+    "allow_spmd_sharding_propagation_to_parameters": "raw",
+    "allow_spmd_sharding_propagation_to_output": "raw",
+    "origin_recovery_table": "raw",
+}
+
+
+def parse_module(text: str, source: str | None = None, *, verify: bool = True) -> Module:
+    """Parse HLO module text.
+
+    Args:
+        text: the module as XLA prints it (default or short form).
+        source: the file name to show in errors and source locations, or None.
+        verify: run :func:`~tpusim.compiler.hlo.verifier.verify_module` on the result.
+
+    Returns:
+        The module, with typed attribute values (see docs/hlo.md).
+
+    Raises:
+        HloParseError: the text is not HLO; the message has file, line, column and a caret.
+        HloVerifyError: (when ``verify``) the module breaks an HLO rule.
+    """
+    # NOTE: parsing builds hundreds of thousands of small acyclic objects; the cyclic garbage collector
+    # would rescan them again and again (superlinear time), so it is paused while the parser runs.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        module = _Parser(text, source).module()
+    finally:
+        if enabled:
+            gc.enable()
+    if verify:
+        from tpusim.compiler.hlo.verifier import verify_module
+
+        verify_module(module)
+    return module
+
+
+def load_module(path: str | Path, *, verify: bool = True) -> Module:
+    """Read and parse the HLO text file at ``path`` (verified by default)."""
+    path = Path(path)
+    return parse_module(path.read_text(), str(path), verify=verify)
+
+
+def _compatible(a: AnyShape, b: AnyShape) -> bool:
+    """Same element types and dimensions, layouts ignored (XLA's ShapeUtil::Compatible)."""
+    if isinstance(a, TupleShape) or isinstance(b, TupleShape):
+        return (
+            isinstance(a, TupleShape)
+            and isinstance(b, TupleShape)
+            and len(a.elements) == len(b.elements)
+            and all(_compatible(x, y) for x, y in zip(a.elements, b.elements))
+        )
+    return a.element_type == b.element_type and a.dimensions == b.dimensions
+
+
+class _Parser:
+    def __init__(self, text: str, source: str | None) -> None:
+        self.src = SourceText(text, source)
+        self.text = self.src.text
+        self.source = source
+        self.shapes: dict[str, AnyShape] = {}
+        self.computations: list[Computation] = []
+        self.computation_at: dict[str, int] = {}
+        self.frames: dict[int, tuple[str | None, int | None]] = {}
+        self._line_pos = 0
+        self._line_no = 1
+
+    # ----------------------------------------------------------------------------------------- module
+    def module(self) -> Module:
+        src, text = self.src, self.text
+        pos = 0
+        name = None
+        header: list[tuple[str, Any]] = []
+        m = _HEADER.match(text, pos)
+        if m:
+            name, pos = src.name(m.end(), "the module name after HloModule")
+            pos = self._attributes(pos, header, _HEADER_KINDS, "the HloModule header")
+        elif not text.strip():
+            raise src.error(0, "expected 'HloModule name' or a computation, found an empty text")
+        sections, pos = self._sections(pos)
+        entry: str | None = None
+        entry_at = 0
+        while True:
+            pos = src.skip_ws(pos)
+            if pos >= len(text):
+                break
+            m = _ENTRY.match(text, pos)
+            if m and entry is not None:
+                raise src.error(pos, f"a second ENTRY computation (the first is {entry})")
+            computation, pos = self._computation(m.end() if m else pos, is_entry=bool(m))
+            if m:
+                entry, entry_at = computation.name, pos
+        if not self.computations:
+            raise src.error(pos, "expected at least one computation, found end of text")
+        if entry is None:  # XLA: without ENTRY, the last computation is the entry.
+            last = replace(self.computations[-1], is_entry=True)
+            self.computations[-1] = last
+            entry = last.name
+        del entry_at
+        return Module(name or f"module_{entry}", tuple(self.computations), entry, Attributes(header), sections)
+
+    def _attributes(self, pos: int, out: list[tuple[str, Any]], kinds: dict[str, str], where: str) -> int:
+        src, text = self.src, self.text
+        while True:
+            m = _ATTR.match(text, pos)
+            if not m:
+                return pos
+            key = m.group(1)
+            if key not in kinds:
+                raise src.error(m.start(1), f"unknown attribute '{key}' in {where} (known: {', '.join(kinds)})")
+            if any(k == key for k, _ in out):
+                raise src.error(m.start(1), f"attribute '{key}' appears twice in {where}")
+            value, pos = KIND_READERS[kinds[key]](src, m.end())
+            out.append((key, value))
+
+    def _sections(self, pos: int) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], int]:
+        """The FileNames / FunctionNames / FileLocations / StackFrames tables after the header."""
+        src, text = self.src, self.text
+        sections: list[tuple[str, tuple[str, ...]]] = []
+        tables: dict[str, dict[int, str]] = {}
+        while True:
+            m = _SECTION.match(text, pos)
+            if not m:
+                break
+            title = m.group(1)
+            if title in tables:
+                raise src.error(m.start(1), f"a second {title} table")
+            pos = m.end()
+            lines: list[str] = []
+            table: dict[int, str] = {}
+            while True:
+                e = _SECTION_ENTRY.match(text, pos)
+                if not e:
+                    break
+                value_at = e.end()
+                if title in ("FileNames", "FunctionNames"):
+                    value, end = src.string(value_at, f"an entry of {title}")
+                else:
+                    if not text.startswith("{", value_at):
+                        raise src.error(
+                            value_at, f"expected '{{' to start an entry of {title}, found {src.found(value_at)}"
+                        )
+                    end = src.match_brace(value_at, f"an entry of {title}")
+                    value = text[value_at:end]
+                table[int(e.group(1))] = value
+                lines.append(src.original[e.start(1) : end])
+                pos = end
+            tables[title] = table
+            sections.append((title, tuple(lines)))
+        self._resolve_frames(tables)
+        return tuple(sections), pos
+
+    def _resolve_frames(self, tables: dict[str, dict[int, str]]) -> None:
+        files = tables.get("FileNames", {})
+        locations = {}
+        for k, body in tables.get("FileLocations", {}).items():
+            fields = {f: int(v) for f, v in _FIELD.findall(body)}
+            locations[k] = (files.get(fields.get("file_name_id", 0)), fields.get("line"))
+        for k, body in tables.get("StackFrames", {}).items():
+            fields = {f: int(v) for f, v in _FIELD.findall(body)}
+            self.frames[k] = locations.get(fields.get("file_location_id", 0), (None, None))
+
+    # ------------------------------------------------------------------------------------ computation
+    def _computation(self, pos: int, is_entry: bool) -> tuple[Computation, int]:
+        src, text = self.src, self.text
+        name_at = src.skip_ws(pos)
+        name, pos = src.name(name_at, "a computation name (or ENTRY)")
+        if name in self.computation_at:
+            line = self.src.original.count("\n", 0, self.computation_at[name]) + 1
+            raise src.error(name_at, f"computation {name} is defined twice (first at line {line})")
+        signature: AnyShape | None = None
+        pos = src.skip_ws(pos)
+        sig_at = pos
+        if text.startswith("(", pos):
+            signature, pos = self._signature(pos)
+        pos = src.skip_ws(pos)
+        if not text.startswith("{", pos):
+            raise src.error(pos, f"expected '{{' to start the body of computation {name}, found {src.found(pos)}")
+        instructions, root, pos = self._body(pos + 1, name)
+        attrs: list[tuple[str, Any]] = []
+        pos = self._attributes(pos, attrs, {"execution_thread": "string"}, f"computation {name}")
+        if signature is not None and not _compatible(signature, instructions[root].shape):
+            raise src.error(
+                sig_at,
+                f"computation {name} declares result {signature} but its root %{root} has shape "
+                f"{instructions[root].shape}",
+            )
+        computation = Computation(name, tuple(instructions.values()), root, is_entry, Attributes(attrs))
+        self.computation_at[name] = name_at
+        self.computations.append(computation)
+        return computation, pos
+
+    def _signature(self, pos: int) -> tuple[AnyShape, int]:
+        """``(p0: f32[2], p1: s32[]) -> f32[2]``: checked for syntax; the parameters are the instructions."""
+        src, text = self.src, self.text
+        pos = src.skip_ws(pos + 1)
+        if not text.startswith(")", pos):
+            while True:
+                param, pos = src.name(pos, "a parameter name in the computation's signature")
+                pos = src.expect(pos, ":", f"after parameter {param} in the signature")
+                _, pos = self._shape(src.skip_ws(pos))
+                pos = src.skip_ws(pos)
+                if text.startswith(",", pos):
+                    pos += 1
+                    continue
+                break
+        pos = src.expect(pos, ")", "or ',' in the computation's parameter list")
+        pos = src.expect(pos, "->", "between the parameter list and the result shape")
+        return self._shape(src.skip_ws(pos))
+
+    def _body(self, pos: int, computation: str) -> tuple[dict[str, Instruction], str, int]:
+        src, text = self.src, self.text
+        instructions: dict[str, Instruction] = {}
+        root: str | None = None
+        match_instruction = _INSTR.match
+        while True:
+            m = match_instruction(text, pos)
+            if m is None:
+                pos = src.skip_ws(pos)
+                if text.startswith("}", pos):
+                    pos += 1
+                    break
+                if pos >= len(text):
+                    raise src.error(pos, f"computation {computation} is never closed: expected '}}', found end of text")
+                raise src.error(
+                    pos,
+                    f"expected an instruction 'name = shape opcode(operands)' or '}}' in computation "
+                    f"{computation}, found {src.found(pos)}",
+                )
+            name = m.group(2)
+            if name in instructions:
+                line = instructions[name].loc.line  # type: ignore[union-attr]
+                raise src.error(
+                    m.start(2),
+                    f"instruction %{name} is defined twice in computation {computation} (first at line {line})",
+                )
+            instruction, pos = self._instruction(m.end(), name, m.start(2), instructions, computation)
+            if m.group(1):
+                if root is not None:
+                    raise src.error(
+                        m.start(1),
+                        f"a second ROOT in computation {computation} (the first is "
+                        f"%{root} at line {instructions[root].loc.line})",
+                    )  # type: ignore[union-attr]
+                root = name
+            instructions[name] = instruction
+        if not instructions:
+            raise src.error(pos - 1, f"computation {computation} has no instructions")
+        return instructions, root if root is not None else next(reversed(instructions)), pos
+
+    # ------------------------------------------------------------------------------------ instruction
+    def _instruction(
+        self, pos: int, name: str, name_at: int, defined: dict[str, Instruction], computation: str
+    ) -> tuple[Instruction, int]:
+        # NOTE: this is the hot path (one call per instruction): regexes anchored at `pos`, few calls.
+        src, text = self.src, self.text
+        line_end = text.find("\n", pos)
+        om = _OPCODE.search(text, pos, len(text) if line_end < 0 else line_end)
+        if om is None:
+            om = _OPCODE.search(text, pos, pos + 4096)
+        shape = self.shapes.get(text[pos : om.start()]) if om else None
+        if shape is None:
+            shape, end = self._shape(pos)
+            end = src.skip_ws(end)
+            if om is None or end != om.start():
+                raise src.error(end, f"expected an opcode and '(' after the shape of %{name}, found {src.found(end)}")
+            self.shapes[text[pos : om.start()]] = shape
+        opcode = om.group(1)
+        info = OPCODES.get(opcode)
+        wrapped: OpcodeInfo | None = None
+        attrs: list[tuple[str, Any]] = []
+        if info is None:
+            sugar = lookup_async(opcode)
+            if sugar is None:
+                raise src.error(om.start(1), _unknown_opcode(opcode))
+            info, wrapped = OPCODES[sugar[0]], OPCODES[sugar[1]]
+            attrs.append(("async_wrapped_opcode", wrapped.name))
+            if info.name != "async-start":
+                wrapped = None  # -update and -done take only the async attributes (XLA parses no wrapped ones)
+        pos = om.end()
+        operands: tuple[str, ...] = ()
+        opcode = info.name
+        if opcode == "parameter":
+            p = _PARAMETER.match(text, pos)
+            if not p:
+                raise src.error(pos, f"expected the parameter number and ')' in parameter(N), found {src.found(pos)}")
+            attrs.append(("parameter_number", int(p.group(1))))
+            pos = p.end()
+        elif opcode == "constant":
+            literal, pos = parse_literal(src, pos, shape)
+            attrs.append(("literal", literal))
+            pos = src.expect(pos, ")", f"to end the value of constant %{name}")
+        else:
+            p = _OPERANDS.match(text, pos)
+            if p:
+                group = p.group(1)
+                if group:
+                    operands = tuple(_OPERAND_NAME.findall(group))
+                    for operand in operands:
+                        if operand not in defined:
+                            raise src.error(text.find(operand, pos, p.end()), _undefined(operand, defined, computation))
+                pos = p.end()
+            else:
+                operands, pos = self._operands_slow(pos, defined, computation)
+        spec = wrapped if wrapped is not None else info
+        metadata = None
+        m = _ATTR.match(text, pos)
+        if m is not None:
+            readers = _readers(info, wrapped)
+            while m is not None:
+                printed = m.group(1)
+                key = ALIASES.get(printed, printed)
+                read = readers.get(key)
+                if read is None:
+                    raise src.error(m.start(1), _unknown_attribute(printed, info, wrapped))
+                if any(k == key for k, _ in attrs):
+                    raise src.error(m.start(1), f"attribute '{printed}' appears twice on %{name}")
+                value, pos = read(src, m.end())
+                if key in _CALL_ATTRIBUTES:
+                    self._check_callees(value, key, m.end())
+                elif key == "metadata":
+                    metadata = value
+                attrs.append((key, value))
+                m = _ATTR.match(text, pos)
+        if spec.required:
+            missing = spec.required.difference(k for k, _ in attrs)
+            if missing:
+                raise src.error(om.start(1), f"{spec.name} %{name} needs attribute(s) {', '.join(sorted(missing))}")
+        if opcode == "async-start" and wrapped is None and not any(k == "calls" for k, _ in attrs):
+            raise src.error(om.start(1), f"async-start %{name} needs attribute calls (or XLA's short form X-start)")
+        n = len(operands)
+        if (n < spec.min_operands or (spec.max_operands is not None and n > spec.max_operands)) and opcode not in (
+            "parameter",
+            "constant",
+        ):
+            raise src.error(om.end(), f"{spec.name} takes {spec.arity_text()}, found {n}")
+        return Instruction(name, opcode, shape, operands, Attributes(attrs), self._loc(name_at, metadata)), pos
+
+    def _check_callees(self, value: Any, key: str, at: int) -> None:
+        for callee in value if isinstance(value, tuple) else (value,):
+            if callee not in self.computation_at:
+                raise self.src.error(self.src.skip_ws(at), self._undefined_computation(callee, key))
+
+    def _shape(self, pos: int) -> tuple[AnyShape, int]:
+        """Read a shape at ``pos``; plain array shapes are cached by their text."""
+        m = _SIMPLE_SHAPE.match(self.text, pos)
+        if m:
+            shape = self.shapes.get(m.group(0))
+            if shape is not None:
+                return shape, m.end()
+        reader = ShapeReader(self.text, pos, self.source)
+        try:
+            shape = reader.read_shape()
+        except LayoutError as err:
+            raise self.src.error(err.offset, err.message) from None
+        if m and reader.pos == m.end():
+            self.shapes[m.group(0)] = shape
+        return shape, reader.pos
+
+    def _operands_slow(
+        self, pos: int, defined: dict[str, Instruction], computation: str
+    ) -> tuple[tuple[str, ...], int]:
+        """Operands in the long form (``f32[2]{0} %x``) or with odd spacing; checks declared shapes."""
+        src, text = self.src, self.text
+        out: list[str] = []
+        pos = src.skip_ws(pos)
+        if text.startswith(")", pos):
+            return (), pos + 1
+        while True:
+            pos = src.skip_ws(pos)
+            declared: AnyShape | None = None
+            if not NAME.match(text, pos) or _looks_like_shape(text, pos):
+                declared, pos = self._shape(pos)
+                pos = src.skip_ws(pos)
+            at = pos
+            operand, pos = src.name(pos, "an operand name")
+            if operand not in defined:
+                raise src.error(at, _undefined(operand, defined, computation))
+            if declared is not None and not _compatible(declared, defined[operand].shape):
+                raise src.error(
+                    at, f"operand %{operand} is written with shape {declared} but has shape {defined[operand].shape}"
+                )
+            out.append(operand)
+            pos = src.skip_ws(pos)
+            if text.startswith(",", pos):
+                pos += 1
+                continue
+            return tuple(out), src.expect(pos, ")", "or ',' after an operand")
+
+    def _undefined_computation(self, callee: str, key: str) -> str:
+        known = list(self.computation_at)
+        close = difflib.get_close_matches(callee, known, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        where = f" (defined so far: {', '.join(known[-8:])})" if known else " (none is defined before this point)"
+        return f"{key} names computation {callee}, which is not defined before this point{where}{hint}"
+
+    def _loc(self, pos: int, metadata: Raw | None) -> SourceLoc:
+        text = self.text
+        if pos < self._line_pos:
+            self._line_pos, self._line_no = 0, 1
+        self._line_no += text.count("\n", self._line_pos, pos)
+        self._line_pos = pos
+        column = pos - text.rfind("\n", 0, pos)
+        if metadata is None:
+            return SourceLoc(self._line_no, column, self.source)
+        op_name = source_file = source_line = frame = None
+        for m in _META_FIELD.finditer(metadata.text):
+            field, text_value, int_value = m.groups()
+            if field == "op_name":
+                op_name = unescape(text_value or "")
+            elif field == "source_file":
+                source_file = unescape(text_value or "")
+            elif field == "source_line":
+                source_line = int(int_value) if int_value else None
+            else:
+                frame = int(int_value) if int_value else None
+        if source_file is None and frame in self.frames:
+            source_file, source_line = self.frames[frame]
+        return SourceLoc(self._line_no, column, self.source, op_name, source_file, source_line)
+
+
+def _looks_like_shape(text: str, pos: int) -> bool:
+    m = NAME.match(text, pos)
+    return bool(m and not m.group(0).startswith("%") and text.startswith("[", m.end()))
+
+
+_READERS: dict[tuple[str, str | None], dict[str, Any]] = {}
+
+
+def _readers(info: OpcodeInfo, wrapped: OpcodeInfo | None) -> dict[str, Any]:
+    """Attribute key -> value reader, for the keys ``info`` (and the op it wraps) accept."""
+    cache_key = (info.name, wrapped.name if wrapped is not None else None)
+    table = _READERS.get(cache_key)
+    if table is None:
+        table = {}
+        for spec in (info, wrapped) if wrapped is not None else (info,):
+            kinds = dict(spec.kinds)
+            for key in (*spec.required, *spec.optional, *COMMON_ATTRIBUTES):
+                if key in ATTRIBUTE_KINDS or key in kinds:
+                    table[key] = KIND_READERS[kinds.get(key) or ATTRIBUTE_KINDS[key]]
+        _READERS[cache_key] = table
+    return table
+
+
+def _unknown_attribute(printed: str, info: OpcodeInfo, wrapped: OpcodeInfo | None) -> str:
+    spec = wrapped if wrapped is not None else info
+    shown = wrapped.name + "-start" if wrapped is not None else info.name
+    allowed = ", ".join(spec.attribute_names) or "only metadata, sharding, backend_config and the like"
+    close = difflib.get_close_matches(printed, [*spec.attribute_names, *COMMON_ATTRIBUTES], n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return f"unknown attribute '{printed}' for opcode {shown} (allowed: {allowed}){hint}"
+
+
+def _unknown_opcode(opcode: str) -> str:
+    close = difflib.get_close_matches(opcode, OPCODES, n=3, cutoff=0.6)
+    if opcode in _HINTS:
+        close = [_HINTS[opcode], *[c for c in close if c != _HINTS[opcode]]]
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"unknown opcode '{opcode}'{hint}"
+
+
+def _undefined(operand: str, defined: dict[str, Instruction], computation: str) -> str:
+    close = difflib.get_close_matches(operand, list(defined), n=1)
+    hint = f"; did you mean %{close[0]}?" if close else ""
+    return f"operand %{operand} is not defined before this point in computation {computation}{hint}"
+
+
+def _entry_shape(module: Module) -> Shape | TupleShape:  # pragma: no cover - helper for callers
+    return module.entry_computation.root_instruction.shape

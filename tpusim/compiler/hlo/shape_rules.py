@@ -1,0 +1,470 @@
+"""Shape rules: for each opcode, what its result shape must be given its operands and attributes.
+
+One function per opcode (or group), registered in :data:`SHAPE_RULES` by :func:`rule`. A rule raises
+:class:`RuleError` with a sentence naming the rule and the shapes involved; the verifier adds the
+computation, the instruction and the source location. The rules follow XLA's shape inference
+(xla/service/shape_inference.cc) and the operation semantics (seed 003). Element types are checked where
+XLA fixes them (compare gives pred, elementwise ops keep their operand type); dot and convolution may
+change the element type (``preferred_element_type``), so only their dimensions are checked.
+Layouts never matter here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from math import prod
+
+from tpusim.compiler.hlo.ir import Instruction, Module, ReplicaGroups
+from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from tpusim.memory import AnyShape, Shape, TupleShape
+
+__all__ = ["SHAPE_RULES", "RuleError", "compatible", "rule"]
+
+Rule = Callable[[Instruction, Sequence[AnyShape], Module], None]
+SHAPE_RULES: dict[str, Rule] = {}
+
+
+class RuleError(Exception):
+    """A broken shape rule (turned into an HloVerifyError by the verifier)."""
+
+
+def rule(*opcodes: str) -> Callable[[Rule], Rule]:
+    """Decorator registering the shape rule of one or more opcodes."""
+
+    def deco(fn: Rule) -> Rule:
+        for opcode in opcodes:
+            SHAPE_RULES[opcode] = fn
+        return fn
+
+    return deco
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def compatible(a: AnyShape, b: AnyShape) -> bool:
+    """Same element types and dimensions, layouts ignored (XLA's ShapeUtil::Compatible)."""
+    if isinstance(a, TupleShape) or isinstance(b, TupleShape):
+        return (
+            isinstance(a, TupleShape)
+            and isinstance(b, TupleShape)
+            and len(a.elements) == len(b.elements)
+            and all(compatible(x, y) for x, y in zip(a.elements, b.elements))
+        )
+    return a.element_type == b.element_type and a.dimensions == b.dimensions
+
+
+def _array(shape: AnyShape, what: str) -> Shape:
+    if not isinstance(shape, Shape):
+        raise RuleError(f"{what} must be an array, not the tuple {shape}")
+    return shape
+
+
+def _tuple(shape: AnyShape, what: str, at_least: int = 0) -> TupleShape:
+    if not isinstance(shape, TupleShape) or len(shape.elements) < at_least:
+        raise RuleError(f"{what} must be a tuple of at least {at_least} elements, not {shape}")
+    return shape
+
+
+def _dims(dims: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+Because = str | Callable[[], str]
+"""Why a result shape is expected; a callable builds the text only when the rule fails (formatting shapes
+for every instruction would dominate the verifier's time)."""
+
+
+def _why(because: Because) -> str:
+    return because if isinstance(because, str) else because()
+
+
+def _result_dims(ins: Instruction, dims: Sequence[int], because: Because) -> None:
+    result = _array(ins.shape, "the result")
+    if result.dimensions != tuple(dims):
+        raise RuleError(f"result {result} should have dimensions {_dims(dims)} ({_why(because)})")
+
+
+def _same(ins: Instruction, expected: AnyShape, because: Because) -> None:
+    if not compatible(ins.shape, expected):
+        raise RuleError(f"result {ins.shape} should be {expected} ({_why(because)})")
+
+
+def _dim_list(values: Sequence[int], rank: int, what: str, unique: bool = True) -> None:
+    for d in values:
+        if not 0 <= d < rank:
+            raise RuleError(f"{what} {list(values)} has {d}, which is not a dimension of a rank-{rank} operand")
+    if unique and len(set(values)) != len(values):
+        raise RuleError(f"{what} {list(values)} repeats a dimension")
+
+
+def _scalar(shape: AnyShape, what: str) -> Shape:
+    s = _array(shape, what)
+    if s.rank:
+        raise RuleError(f"{what} must be a scalar, not {s}")
+    return s
+
+
+def _signature(
+    module: Module, name: str, params: Sequence[AnyShape] | int, result: AnyShape | str | None, role: str
+) -> None:
+    """Check that computation ``name`` takes ``params`` (shapes or a count) and returns ``result``
+    (a shape, 'scalars' for scalar or tuple-of-scalar results, or None for any)."""
+    if name not in module:
+        raise RuleError(f"{role} computation {name} does not exist")
+    comp = module[name]
+    got = [p.shape for p in comp.parameters]
+    if isinstance(params, int):
+        if len(got) != params:
+            raise RuleError(f"{role} computation {name} should take {params} parameters, it takes {len(got)}")
+    else:
+        if len(got) != len(params):
+            raise RuleError(f"{role} computation {name} should take {len(params)} parameters, it takes {len(got)}")
+        for i, (g, want) in enumerate(zip(got, params)):
+            if not compatible(g, want):
+                raise RuleError(f"parameter {i} of {role} computation {name} is {g}, expected {want}")
+    root = comp.root_instruction.shape if comp.root in comp else None
+    if root is None or result is None:
+        return
+    if result == "scalars":
+        leaves = root.leaves() if isinstance(root, TupleShape) else [root]
+        if any(leaf.rank for leaf in leaves):
+            raise RuleError(f"{role} computation {name} should return scalars, it returns {root}")
+    elif not isinstance(result, str) and not compatible(root, result):
+        raise RuleError(f"{role} computation {name} returns {root}, expected {result}")
+
+
+def _scalar_of(shape: Shape) -> Shape:
+    return Shape(shape.element_type, ())
+
+
+def _window_out(size: int, dim: object) -> int:
+    padded = (size - 1) * dim.lhs_dilate + 1 + dim.pad_low + dim.pad_high if size else 0  # type: ignore[attr-defined]
+    window = (dim.size - 1) * dim.rhs_dilate + 1  # type: ignore[attr-defined]
+    return 0 if padded < window else (padded - window) // dim.stride + 1  # type: ignore[attr-defined]
+
+
+def _group_size(ins: Instruction) -> int | None:
+    groups = ins.attr("replica_groups")
+    if isinstance(groups, ReplicaGroups) and groups.groups:
+        sizes = {len(g) for g in groups.groups}
+        if len(sizes) != 1:
+            raise RuleError(f"replica groups have different sizes {sorted(sizes)}")
+        return sizes.pop()
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# elementwise
+# ---------------------------------------------------------------------------------------------
+_COMPONENT = {"c64": "f32", "c128": "f64"}
+_COMPLEX = {"f32": "c64", "f64": "c128"}
+
+
+@rule(*UNARY_ELEMENTWISE)
+def _unary(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x = _array(ops[0], "the operand")
+    etype = x.element_type.name
+    if ins.opcode == "is-finite":
+        etype = "pred"
+    elif ins.opcode in ("real", "imag", "abs") and etype in _COMPONENT:
+        etype = _COMPONENT[etype]
+    _same(ins, Shape(etype, x.dimensions), lambda: f"{ins.opcode} of {x}")
+
+
+@rule(*(BINARY_ELEMENTWISE - {"complex"}))
+def _binary(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    a, b = _array(ops[0], "the lhs"), _array(ops[1], "the rhs")
+    if not compatible(a, b):
+        raise RuleError(f"{ins.opcode} needs operands of one shape, found {a} and {b}")
+    _same(ins, a, lambda: f"{ins.opcode} of {a} and {b}")
+
+
+@rule("complex")
+def _complex(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    a, b = _array(ops[0], "the real part"), _array(ops[1], "the imaginary part")
+    if not compatible(a, b) or a.element_type.name not in _COMPLEX:
+        raise RuleError(f"complex needs two f32 or f64 operands of one shape, found {a} and {b}")
+    _same(ins, Shape(_COMPLEX[a.element_type.name], a.dimensions), lambda: f"complex of {a} and {b}")
+
+
+@rule("stochastic-convert")
+def _stochastic_convert(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    a, bits = _array(ops[0], "the operand"), _array(ops[1], "the random bits")
+    if a.dimensions != bits.dimensions:
+        raise RuleError(f"operand {a} and random bits {bits} must have the same dimensions")
+    _result_dims(ins, a.dimensions, lambda: f"stochastic-convert of {a}")
+
+
+@rule("compare")
+def _compare(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    a, b = _array(ops[0], "the lhs"), _array(ops[1], "the rhs")
+    if not compatible(a, b):
+        raise RuleError(f"compare needs operands of one shape, found {a} and {b}")
+    _same(ins, Shape("pred", a.dimensions), lambda: f"compare of {a} and {b} gives pred")
+
+
+@rule("select")
+def _select(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    pred, on_true, on_false = ops
+    p = _array(pred, "the predicate")
+    if p.element_type.name != "pred":
+        raise RuleError(f"the predicate of select must be pred, not {p}")
+    if not compatible(on_true, on_false):
+        raise RuleError(f"select needs both branches of one shape, found {on_true} and {on_false}")
+    if isinstance(on_true, Shape) and p.rank and p.dimensions != on_true.dimensions:
+        raise RuleError(f"predicate {p} and branches {on_true} have different dimensions")
+    _same(ins, on_true, lambda: f"select of {on_true}")
+
+
+@rule("clamp")
+def _clamp(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    low, x, high = (_array(s, w) for s, w in zip(ops, ("min", "operand", "max")))
+    for bound, what in ((low, "min"), (high, "max")):
+        if bound.element_type != x.element_type or (bound.rank and bound.dimensions != x.dimensions):
+            raise RuleError(f"clamp's {what} {bound} must be a scalar or match the operand {x}")
+    _same(ins, x, lambda: f"clamp of {x}")
+
+
+@rule(
+    "convert",
+    "reduce-precision",
+    "copy",
+    "domain",
+    "collective-broadcast",
+    "collective-permute-done",
+    "all-reduce-done",
+    "async-update",
+    "opt-barrier",
+    "cholesky",
+)
+def _same_dims_or_shape(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x = ops[0]
+    if ins.opcode == "convert":
+        _result_dims(ins, _array(x, "the operand").dimensions, lambda: f"convert of {x}")
+        return
+    if ins.opcode == "collective-permute-done" and isinstance(x, TupleShape) and len(x.elements) >= 2:
+        x = x.elements[1]
+    if ins.opcode == "cholesky":
+        a = _array(x, "the operand")
+        if a.rank < 2 or a.dimensions[-1] != a.dimensions[-2]:
+            raise RuleError(f"cholesky needs square matrices in the last two dimensions, found {a}")
+    _same(ins, x, lambda: f"{ins.opcode} keeps its operand's shape")
+
+
+@rule("bitcast-convert")
+def _bitcast_convert(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x, out = _array(ops[0], "the operand"), _array(ins.shape, "the result")
+    a, b = x.element_type.bits, out.element_type.bits
+    if a == b:
+        expected = x.dimensions
+    elif a > b:
+        expected = (*x.dimensions, a // b)
+    else:
+        if not x.rank or x.dimensions[-1] != b // a:
+            raise RuleError(f"bitcast-convert from {x} to {out.element_type.name} needs a last dimension of {b // a}")
+        expected = x.dimensions[:-1]
+    _result_dims(ins, expected, lambda: f"bitcast-convert of {x} to {out.element_type.name}")
+
+
+@rule("bitcast")
+def _bitcast(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x, out = _array(ops[0], "the operand"), _array(ins.shape, "the result")
+    if prod(x.dimensions) * x.element_type.bits != prod(out.dimensions) * out.element_type.bits:
+        raise RuleError(f"bitcast from {x} to {out} changes the number of bits")
+
+
+# ---------------------------------------------------------------------------------------------
+# leaves and structure
+# ---------------------------------------------------------------------------------------------
+@rule("iota")
+def _iota(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    out = _array(ins.shape, "the result")
+    d = ins.attr("iota_dimension")
+    if not isinstance(d, int) or not 0 <= d < out.rank:
+        raise RuleError(f"iota_dimension={d} is not a dimension of {out}")
+
+
+@rule("constant")
+def _constant(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    literal = ins.attr("literal")
+    if literal is None or not compatible(literal.shape, ins.shape):
+        raise RuleError(f"the constant's value does not have its shape {ins.shape}")
+
+
+@rule("replica-id", "partition-id")
+def _device_id(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    _same(ins, Shape("u32", ()), lambda: f"{ins.opcode} is a u32 scalar")
+
+
+@rule("after-all")
+def _after_all(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    for i, s in enumerate(ops):
+        if not (isinstance(s, Shape) and s.element_type.name == "token"):
+            raise RuleError(f"operand {i} of after-all must be a token, not {s}")
+    _same(ins, Shape("token", ()), "after-all gives a token")
+
+
+@rule("add-dependency")
+def _add_dependency(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    _same(ins, ops[0], "add-dependency passes its first operand through")
+
+
+@rule("tuple")
+def _tuple_rule(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    _same(ins, TupleShape(tuple(ops)), "a tuple holds its operands")
+
+
+@rule("get-tuple-element")
+def _gte(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    t = _tuple(ops[0], "the operand of get-tuple-element")
+    i = ins.attr("index")
+    if not isinstance(i, int) or not 0 <= i < len(t.elements):
+        raise RuleError(f"index={i} is out of range for the {len(t.elements)}-element tuple {t}")
+    _same(ins, t.elements[i], lambda: f"element {i} of {t}")
+
+
+# ---------------------------------------------------------------------------------------------
+# shape manipulation
+# ---------------------------------------------------------------------------------------------
+@rule("broadcast")
+def _broadcast(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x, out = _array(ops[0], "the operand"), _array(ins.shape, "the result")
+    dims = ins.attr("dimensions", () if x.rank == 0 else None)
+    if dims is None:
+        raise RuleError(f"broadcast of the non-scalar {x} needs dimensions=")
+    if len(dims) != x.rank:
+        raise RuleError(f"dimensions={list(dims)} must list one result dimension per operand dimension of {x}")
+    _dim_list(dims, out.rank, "dimensions")
+    if list(dims) != sorted(dims):
+        raise RuleError(f"broadcast dimensions={list(dims)} must be increasing")
+    for i, d in enumerate(dims):
+        if out.dimensions[d] != x.dimensions[i]:
+            raise RuleError(f"operand dimension {i} of {x} maps to result dimension {d} of {out}: sizes differ")
+    if out.element_type != x.element_type:
+        raise RuleError(f"broadcast changes the element type from {x} to {out}")
+
+
+@rule("reshape")
+def _reshape(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x, out = _array(ops[0], "the operand"), _array(ins.shape, "the result")
+    if out.element_type != x.element_type or prod(x.dimensions) != prod(out.dimensions):
+        raise RuleError(f"reshape from {x} to {out} must keep the element type and count")
+
+
+@rule("dynamic-reshape")
+def _dynamic_reshape(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    out = _array(ins.shape, "the result")
+    if out.rank != len(ops) - 1:
+        raise RuleError(f"dynamic-reshape to {out} needs {out.rank} size operands, found {len(ops) - 1}")
+
+
+@rule("transpose")
+def _transpose(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x = _array(ops[0], "the operand")
+    perm = ins.attr("dimensions", ())
+    if sorted(perm) != list(range(x.rank)):
+        raise RuleError(f"dimensions={list(perm)} is not a permutation of the {x.rank} dimensions of {x}")
+    _same(ins, Shape(x.element_type, tuple(x.dimensions[p] for p in perm)), lambda: f"transpose of {x} by {list(perm)}")
+
+
+@rule("reverse")
+def _reverse(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x = _array(ops[0], "the operand")
+    _dim_list(ins.attr("dimensions", ()), x.rank, "dimensions")
+    _same(ins, x, lambda: f"reverse keeps the shape of {x}")
+
+
+@rule("slice")
+def _slice(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x = _array(ops[0], "the operand")
+    ranges = ins.attr("slice", ())
+    if len(ranges) != x.rank:
+        raise RuleError(f"slice has {len(ranges)} ranges for the rank-{x.rank} operand {x}")
+    out = []
+    for i, (r, d) in enumerate(zip(ranges, x.dimensions)):
+        if not (0 <= r.start <= r.limit <= d and r.stride > 0):
+            raise RuleError(
+                f"slice range [{r.start}:{r.limit}:{r.stride}] does not fit dimension {i} (size {d}) of {x}"
+            )
+        out.append(-(-(r.limit - r.start) // r.stride))
+    _same(ins, Shape(x.element_type, tuple(out)), lambda: f"slice of {x}")
+
+
+def _check_indices(ops: Sequence[AnyShape], first: int, rank: int, opcode: str) -> None:
+    indices = ops[first:]
+    if len(indices) == 1 and isinstance(indices[0], Shape) and indices[0].rank == 1 and rank != 1:
+        return  # the old form: one vector of start indices
+    if len(indices) != rank:
+        raise RuleError(f"{opcode} of a rank-{rank} operand needs {rank} scalar start indices, found {len(indices)}")
+    for i, s in enumerate(indices):
+        _scalar(s, f"start index {i}")
+
+
+@rule("dynamic-slice")
+def _dynamic_slice(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x = _array(ops[0], "the operand")
+    _check_indices(ops, 1, x.rank, "dynamic-slice")
+    sizes = ins.attr("dynamic_slice_sizes", ())
+    if len(sizes) != x.rank or any(not 0 <= s <= d for s, d in zip(sizes, x.dimensions)):
+        raise RuleError(f"dynamic_slice_sizes={list(sizes)} do not fit the operand {x}")
+    _same(ins, Shape(x.element_type, tuple(sizes)), lambda: f"dynamic-slice of {x}")
+
+
+@rule("dynamic-update-slice")
+def _dynamic_update_slice(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x, update = _array(ops[0], "the operand"), _array(ops[1], "the update")
+    _check_indices(ops, 2, x.rank, "dynamic-update-slice")
+    if update.rank != x.rank or any(u > d for u, d in zip(update.dimensions, x.dimensions)):
+        raise RuleError(f"update {update} does not fit inside the operand {x}")
+    _same(ins, x, lambda: f"dynamic-update-slice keeps the shape of {x}")
+
+
+@rule("concatenate")
+def _concatenate(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    arrays = [_array(s, f"operand {i}") for i, s in enumerate(ops)]
+    (d,) = ins.attr("dimensions", (None,))[:1] or (None,)
+    first = arrays[0]
+    if not isinstance(d, int) or not 0 <= d < first.rank:
+        raise RuleError(f"dimensions={list(ins.attr('dimensions', ()))} is not one dimension of {first}")
+    for a in arrays[1:]:
+        if (
+            a.rank != first.rank
+            or a.element_type != first.element_type
+            or any(x != y for i, (x, y) in enumerate(zip(a.dimensions, first.dimensions)) if i != d)
+        ):
+            raise RuleError(f"cannot concatenate {first} and {a} along dimension {d}")
+    dims = list(first.dimensions)
+    dims[d] = sum(a.dimensions[d] for a in arrays)
+    _same(ins, Shape(first.element_type, tuple(dims)), lambda: f"concatenation along dimension {d}")
+
+
+@rule("pad")
+def _pad(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x = _array(ops[0], "the operand")
+    value = _scalar(ops[1], "the padding value")
+    if value.element_type != x.element_type:
+        raise RuleError(f"padding value {value} and operand {x} have different element types")
+    config = ins.attr("padding", ())
+    if len(config) != x.rank:
+        raise RuleError(f"padding has {len(config)} dimensions for the rank-{x.rank} operand {x}")
+    dims = []
+    for p, d in zip(config, x.dimensions):
+        if p.interior < 0:
+            raise RuleError(f"interior padding {p.interior} is negative")
+        dims.append(p.low + p.high + d + max(d - 1, 0) * p.interior)
+    _same(ins, Shape(x.element_type, tuple(dims)), lambda: f"pad of {x}")
+
+
+@rule("get-dimension-size")
+def _get_dimension_size(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x = _array(ops[0], "the operand")
+    _dim_list(ins.attr("dimensions", ())[:1], x.rank, "dimensions")
+    _same(ins, Shape("s32", ()), "get-dimension-size gives an s32 scalar")
+
+
+@rule("set-dimension-size")
+def _set_dimension_size(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    x = _array(ops[0], "the operand")
+    _dim_list(ins.attr("dimensions", ())[:1], x.rank, "dimensions")
+    _result_dims(ins, x.dimensions, lambda: f"set-dimension-size keeps the dimensions of {x}")
