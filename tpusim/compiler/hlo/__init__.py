@@ -24,3 +24,7 @@ __all__ = [
     "print_module",
     "verify_module",
 ]
+
+from tpusim.compiler.hlo.reference import evaluate, evaluate_spmd  # the numpy oracle
+
+__all__ += ["evaluate", "evaluate_spmd"]
