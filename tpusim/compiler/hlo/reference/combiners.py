@@ -5,11 +5,12 @@ Python: a computation recognised as one numpy ufunc (``ROOT add(p0, p1)``) runs 
 computation is applied with :meth:`EvalContext.vectorized_call` over whole arrays, a logarithmic number
 of times for a reduction (pairwise tree) and once per *duplicate rank* for a scatter.
 
-Numerics decision (documented in docs of reduce): a recognised floating-point ``add`` or ``multiply``
-reduction over a type narrower than f32 (bf16, f16, f8) accumulates in f32 and rounds once to the result
-type, as TPUs do and as XLA CPU does for bf16 (measured: a bf16 reduce of 4096 ones gives 4096, not the
-256 a bf16 accumulator would give). XLA leaves the reduction order unspecified (Operation Semantics,
-"Reduce"); f32 and f64 sums use numpy's pairwise summation, whose error grows as O(log n) ulp.
+Numerics decision: a recognised floating-point ``add`` or ``multiply`` reduction over a type narrower
+than f32 (bf16, f16, f8) accumulates in f32 and rounds once to the result type, as TPUs do; the result is
+the correctly rounded sum up to f32 error, the value every reduction order approximates. XLA leaves the
+order unspecified (Operation Semantics, "Reduce"), and XLA CPU rounds each partial sum to the narrow type
+in a tree (a bf16 sum of 4096 ones is 4096 there too, but sums that cancel differ by several bf16 ulp: the
+tests' tolerance rows say by how much). f32 and f64 sums use numpy's pairwise summation (O(log n) ulp).
 """
 
 from __future__ import annotations

@@ -11,25 +11,23 @@ Numerics, checked against XLA CPU through JAX:
   s32 converts the operands to s32 first, like XLA).
 * ``precision_config`` does not change the oracle: XLA CPU computes f32 dots exactly in f32 at every
   precision. TPU-like bf16 passes belong to the device model.
-* ``algorithm=`` (a dot algorithm preset, e.g. ``dot_bf16_bf16_f32``) *is* a numerics contract: the
-  operands are rounded to the named input type (bf16, tf32, f16) before an exact f32 accumulation; the
-  ``_x3``/``_x6``/``_x9`` variants split each f32 operand into 2 or 3 bf16 (tf32 for tf32_x3) terms and
-  keep the 3, 6 or 9 most significant partial products, as XLA's algorithm documentation describes.
+* ``algorithm=`` presets (``dot_bf16_bf16_f32``, ``_x3``, ``_x6``) do not change it either: XLA CPU (JAX
+  0.10.2) runs them as plain f32 dots (measured on 8x64 @ 64x4 normal data: max |error| against f64 1.7e-6,
+  against the product of bf16-rounded operands 3.6e-2), and so does the oracle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from math import prod
 
-import ml_dtypes
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Instruction
 from tpusim.compiler.hlo.reference.combiners import NARROW_FLOATS
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value, register
 
-__all__ = ["DOT_ALGORITHMS", "accumulation_dtype", "dot_general"]
+__all__ = ["accumulation_dtype", "dot_general"]
 
 
 def accumulation_dtype(result: np.dtype) -> np.dtype:
@@ -79,87 +77,6 @@ def dot_general(
     return out.astype(result)
 
 
-# ---------------------------------------------------------------------------------------------
-# Dot algorithm presets (``algorithm=dot_...``)
-# ---------------------------------------------------------------------------------------------
-def _round_to(dtype: object) -> Callable[[np.ndarray], np.ndarray]:
-    return lambda x: x.astype(dtype).astype(np.float32)
-
-
-def _tf32(x: np.ndarray) -> np.ndarray:
-    """Round f32 to TF32 (10 explicit mantissa bits), to nearest even."""
-    bits = x.astype(np.float32).view(np.uint32)
-    finite = np.isfinite(x)
-    lsb = (bits >> 13) & 1
-    rounded = ((bits + 0x0FFF + lsb) & ~np.uint32(0x1FFF)).astype(np.uint32)
-    return np.where(finite, rounded, bits).view(np.float32)
-
-
-def _split(x: np.ndarray, parts: int, rounder: Callable[[np.ndarray], np.ndarray]) -> list[np.ndarray]:
-    """``x`` (f32) as ``parts`` terms of decreasing magnitude, each representable in the rounder's type."""
-    out = []
-    rest = x.astype(np.float32)
-    for _ in range(parts):
-        term = rounder(rest)
-        out.append(term)
-        rest = (rest - term).astype(np.float32)
-    return out
-
-
-def _split_dot(parts: int, products: int, rounder: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
-    """A dot of f32 operands split into ``parts`` terms, keeping the ``products`` most significant pairs."""
-    # Pairs (i, j) ordered by significance i + j; ties by i. 3 = hi*hi, hi*lo, lo*hi; 6 adds the three
-    # with i + j == 2; 9 keeps all of a 3-way split.
-    pairs = sorted(((i, j) for i in range(parts) for j in range(parts)), key=lambda p: (p[0] + p[1], p[0]))[:products]
-
-    def run(lhs: np.ndarray, rhs: np.ndarray, dims: tuple[Sequence[int], ...], result: np.dtype) -> np.ndarray:
-        ls, rs = _split(lhs, parts, rounder), _split(rhs, parts, rounder)
-        # Accumulate the small products first, as the x3/x6 recipes do.
-        total: np.ndarray | None = None
-        for i, j in reversed(pairs):
-            term = dot_general(ls[i], rs[j], *dims, np.dtype(np.float32))
-            total = term if total is None else total + term
-        assert total is not None
-        return total.astype(result)
-
-    return run
-
-
-def _rounded_dot(rounder: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
-    def run(lhs: np.ndarray, rhs: np.ndarray, dims: tuple[Sequence[int], ...], result: np.dtype) -> np.ndarray:
-        return dot_general(rounder(lhs), rounder(rhs), *dims, np.dtype(np.float32)).astype(result)
-
-    return run
-
-
-def _plain_dot(lhs: np.ndarray, rhs: np.ndarray, dims: tuple[Sequence[int], ...], result: np.dtype) -> np.ndarray:
-    return dot_general(lhs, rhs, *dims, result)
-
-
-def _f64_dot(lhs: np.ndarray, rhs: np.ndarray, dims: tuple[Sequence[int], ...], result: np.dtype) -> np.ndarray:
-    return dot_general(lhs.astype(np.float64), rhs.astype(np.float64), *dims, np.dtype(np.float64)).astype(result)
-
-
-_bf16 = _round_to(ml_dtypes.bfloat16)
-DOT_ALGORITHMS: dict[str, Callable[..., np.ndarray]] = {
-    "dot_any_f8_any_f8_f32": _plain_dot,
-    "dot_any_f8_any_f8_f32_fast_accum": _plain_dot,
-    "dot_any_f8_any_f8_any": _plain_dot,
-    "dot_f16_f16_f16": _rounded_dot(_round_to(np.float16)),
-    "dot_f16_f16_f32": _rounded_dot(_round_to(np.float16)),
-    "dot_bf16_bf16_bf16": _rounded_dot(_bf16),
-    "dot_bf16_bf16_f32": _rounded_dot(_bf16),
-    "dot_bf16_bf16_f32_x3": _split_dot(2, 3, _bf16),
-    "dot_bf16_bf16_f32_x6": _split_dot(3, 6, _bf16),
-    "dot_bf16_bf16_f32_x9": _split_dot(3, 9, _bf16),
-    "dot_tf32_tf32_f32": _rounded_dot(_tf32),
-    "dot_tf32_tf32_f32_x3": _split_dot(2, 3, _tf32),
-    "dot_f32_f32_f32": _plain_dot,
-    "dot_f64_f64_f64": _f64_dot,
-}
-"""``algorithm=`` preset name (XLA's PrecisionConfig.Algorithm, lowercase) -> dot function."""
-
-
 @register("dot")
 def _dot(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     if len(args) != 2:
@@ -186,10 +103,4 @@ def _dot(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
             )
     result = instr.array_shape.element_type.dtype
     assert result is not None
-    algorithm = instr.attr("algorithm")
-    if algorithm is None or str(algorithm) in ("alg_unset", "dot_any_any_any"):
-        return dot_general(lhs, rhs, lb, rb, lc, rc, result)
-    fn = DOT_ALGORITHMS.get(str(algorithm).lower())
-    if fn is None:
-        raise EvaluationError(instr, f"unknown dot algorithm {algorithm!s}; known: {', '.join(DOT_ALGORITHMS)}")
-    return fn(lhs, rhs, dims, result)
+    return dot_general(lhs, rhs, lb, rb, lc, rc, result)

@@ -1,0 +1,129 @@
+"""convolution of the reference interpreter against JAX on CPU, and against XLA CPU on HLO text."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from heavy_checks import check_hlo
+from jax_oracle import check_against_jax
+
+RNG = np.random.default_rng(1)
+
+
+def _rand(shape: tuple[int, ...], dtype: object = np.float32) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        return RNG.integers(-5, 6, size=shape).astype(dt)
+    return RNG.standard_normal(shape).astype(dt)
+
+
+CASES = [
+    # (input NCHW, kernel OIHW, strides, padding, lhs_dilation, rhs_dilation, feature_group_count)
+    ((2, 3, 8, 7), (4, 3, 3, 3), (1, 1), "SAME", None, None, 1),
+    ((1, 2, 9, 9), (3, 2, 3, 2), (2, 3), "VALID", None, None, 1),
+    ((2, 4, 6, 6), (4, 1, 3, 3), (1, 1), ((1, 2), (0, 1)), None, None, 4),  # depthwise
+    ((1, 4, 5, 5), (6, 2, 2, 2), (1, 1), ((2, -1), (1, 1)), None, None, 2),  # negative padding, groups
+    ((1, 2, 5, 4), (2, 2, 3, 3), (1, 1), ((2, 2), (2, 2)), (2, 2), None, 1),  # transposed-conv style
+    ((1, 3, 10, 9), (2, 3, 3, 2), (2, 1), "SAME", None, (2, 3), 1),  # atrous
+    ((1, 1, 4, 4), (1, 1, 5, 5), (1, 1), "VALID", None, None, 1),  # empty output
+]
+
+
+@pytest.mark.parametrize(("xs", "ks", "strides", "padding", "lhs_dil", "rhs_dil", "groups"), CASES)
+def test_conv_general_dilated_f32(
+    xs: tuple[int, ...],
+    ks: tuple[int, ...],
+    strides: tuple[int, int],
+    padding: object,
+    lhs_dil: tuple[int, int] | None,
+    rhs_dil: tuple[int, int] | None,
+    groups: int,
+) -> None:
+    def f(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(
+            x, k, strides, padding, lhs_dilation=lhs_dil, rhs_dilation=rhs_dil, feature_group_count=groups
+        )
+
+    check_against_jax(f, _rand(xs), _rand(ks))
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, np.float64])
+def test_conv_other_float_types(dtype: object) -> None:
+    def f(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(x, k, (1, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    with jax.enable_x64(dtype == np.float64):
+        check_against_jax(f, _rand((2, 6, 7, 3), dtype), _rand((3, 3, 3, 5), dtype))
+
+
+def test_conv_bf16_with_f32_result() -> None:
+    def f(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(x, k, (1,), "SAME", preferred_element_type=jnp.float32)
+
+    check_against_jax(f, _rand((2, 3, 16), ml_dtypes.bfloat16), _rand((4, 3, 5), ml_dtypes.bfloat16))
+
+
+def test_conv_1d_and_3d_with_odd_dimension_numbers() -> None:
+    def f1(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(x, k, (2,), ((1, 0),), dimension_numbers=("WCN", "OWI", "CNW"))
+
+    check_against_jax(f1, _rand((11, 3, 2)), _rand((4, 3, 3)))
+
+    def f3(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(x, k, (1, 2, 1), "SAME", dimension_numbers=("NDHWC", "DHWIO", "NCDHW"))
+
+    check_against_jax(f3, _rand((1, 4, 5, 4, 2)), _rand((2, 3, 2, 2, 3)))
+
+
+def test_conv_batch_group_count() -> None:
+    def f(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "VALID", batch_group_count=2)
+
+    check_against_jax(f, _rand((4, 3, 6, 6)), _rand((6, 3, 3, 3)))
+
+
+def test_conv_gradients_of_a_grouped_strided_conv() -> None:
+    def loss(x: jax.Array, k: jax.Array) -> jax.Array:
+        y = jax.lax.conv_general_dilated(x, k, (2, 2), "SAME", rhs_dilation=(1, 2), feature_group_count=2)
+        return jnp.sum(jnp.tanh(y) * y)
+
+    check_against_jax(jax.grad(loss, argnums=(0, 1)), _rand((2, 4, 9, 8)), _rand((6, 2, 3, 3)), tol="composite")
+
+
+def test_integer_conv_wraps() -> None:
+    text = """HloModule m
+ENTRY e {
+  x = s32[1,2,5] parameter(0)
+  k = s32[3,2,2] parameter(1)
+  ROOT c = s32[1,3,4] convolution(x, k), window={size=2}, dim_labels=bf0_oi0->bf0
+}
+"""
+    x = np.full((1, 2, 5), 2**30, np.int32)
+    k = np.arange(12, dtype=np.int32).reshape(3, 2, 2)
+    check_hlo(text, x, k)
+
+
+def test_window_reversal_and_both_dilations_against_xla() -> None:
+    text = """HloModule m
+ENTRY e {
+  x = f32[2,5,7,3] parameter(0)
+  k = f32[3,2,3,4] parameter(1)
+  ROOT c = f32[2,5,3,4] convolution(x, k), window={size=3x2 stride=2x2 pad=1_2x0_1 lhs_dilate=2x1 rhs_dilate=1x2 rhs_reversal=1x0}, dim_labels=b01f_01io->b01f
+}
+"""  # noqa: E501
+    check_hlo(text, _rand((2, 5, 7, 3)), _rand((3, 2, 3, 4)))
+
+
+def test_batch_group_count_with_batch_left_against_xla() -> None:
+    # batch 6 in 3 groups of 2: the output keeps a batch of 2; output feature group g sees batch group g.
+    text = """HloModule m
+ENTRY e {
+  x = f32[6,2,5] parameter(0)
+  k = f32[2,2,6] parameter(1)
+  ROOT c = f32[2,6,4] convolution(x, k), window={size=2}, dim_labels=bf0_i0o->bf0, batch_group_count=3
+}
+"""
+    check_hlo(text, _rand((6, 2, 5)), _rand((2, 2, 6)))

@@ -1,0 +1,158 @@
+"""cholesky, triangular-solve and the linear-algebra custom calls against XLA CPU and JAX on CPU.
+
+JAX on CPU lowers linear algebra to LAPACK custom calls (``lapack_spotrf_ffi``, ...), so the ``cholesky``
+and ``triangular-solve`` opcodes are checked on HLO text compiled by XLA CPU. Decompositions that are
+unique (Cholesky, triangular solve, Householder QR, LU with partial pivoting) compare elementwise;
+eigenvectors and singular vectors only up to sign, so those programs compare reconstructions.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from heavy_checks import check_hlo, reference_of_text
+from jax_oracle import check_against_jax, hlo_of, jax_outputs
+
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.reference import evaluate
+
+RNG = np.random.default_rng(5)
+
+
+def _spd(batch: tuple[int, ...], n: int, dtype: object = np.float32) -> np.ndarray:
+    a = RNG.standard_normal((*batch, n, n))
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * RNG.standard_normal((*batch, n, n))
+    spd = a @ np.swapaxes(a, -1, -2).conj() + n * np.eye(n)
+    return spd.astype(dtype)
+
+
+def _tri(batch: tuple[int, ...], n: int, dtype: object = np.float32) -> np.ndarray:
+    a = RNG.standard_normal((*batch, n, n)) * 0.3 + 2 * np.eye(n)
+    if np.dtype(dtype).kind == "c":
+        a = a + 0.3j * RNG.standard_normal((*batch, n, n))
+    return a.astype(dtype)
+
+
+def _name(dtype: object) -> str:
+    return {np.float32: "f32", np.float64: "f64", np.complex64: "c64"}[dtype]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
+@pytest.mark.parametrize("lower", [True, False])
+def test_cholesky_opcode_against_xla(dtype: object, lower: bool) -> None:
+    t = _name(dtype)
+    text = f"""HloModule m
+ENTRY e {{
+  a = {t}[2,5,5] parameter(0)
+  ROOT c = {t}[2,5,5] cholesky(a), lower={str(lower).lower()}
+}}
+"""
+    check_hlo(text, _spd((2,), 5, dtype))
+
+
+def test_cholesky_of_a_matrix_that_is_not_positive_definite_gives_nans() -> None:
+    text = """HloModule m
+ENTRY e {
+  a = f32[3,3] parameter(0)
+  ROOT c = f32[3,3] cholesky(a), lower=true
+}
+"""
+    a = np.array([[4, 2, 0], [2, -5, 0], [0, 0, 1]], np.float32)
+    got = reference_of_text(text, a)[0]
+    assert got[0, 0] == 2 and np.isnan(got[1, 1])
+
+
+@pytest.mark.parametrize(
+    ("left", "lower", "trans", "unit"),
+    list(itertools.product([True, False], [True, False], ["NO_TRANSPOSE", "TRANSPOSE", "ADJOINT"], [False, True])),
+)
+def test_triangular_solve_opcode_against_xla(left: bool, lower: bool, trans: str, unit: bool) -> None:
+    bshape = "2,4,3" if left else "2,3,4"
+    text = f"""HloModule m
+ENTRY e {{
+  a = c64[2,4,4] parameter(0)
+  b = c64[{bshape}] parameter(1)
+  ROOT x = c64[{bshape}] triangular-solve(a, b), left_side={str(left).lower()}, lower={str(lower).lower()}, ATTRS
+}}
+""".replace("ATTRS", f"unit_diagonal={str(unit).lower()}, transpose_a={trans}")
+    b = (RNG.standard_normal((2, 4, 3) if left else (2, 3, 4)) + 1j).astype(np.complex64)
+    check_hlo(text, _tri((2,), 4, np.complex64), b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_jax_cholesky_uses_lapack_potrf(dtype: object) -> None:
+    assert "potrf" in hlo_of(jnp.linalg.cholesky, _spd((), 4, dtype))
+    check_against_jax(jnp.linalg.cholesky, _spd((3,), 6, dtype))
+
+
+@pytest.mark.parametrize(
+    ("lower", "trans", "unit"), list(itertools.product([True, False], [0, 1, 2], [False, True]))
+)
+def test_jax_solve_triangular_uses_lapack_trsm(lower: bool, trans: int, unit: bool) -> None:
+    def f(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jax.scipy.linalg.solve_triangular(a, b, lower=lower, trans=trans, unit_diagonal=unit)
+
+    check_against_jax(f, _tri((), 5), RNG.standard_normal((5, 3)).astype(np.float32))
+
+
+def test_jax_qr_lu_solve_inv_det() -> None:
+    a = _tri((2,), 5) + RNG.standard_normal((2, 5, 5)).astype(np.float32)
+    b = RNG.standard_normal((2, 5, 2)).astype(np.float32)
+    check_against_jax(lambda x: jnp.linalg.qr(x), a)
+    check_against_jax(lambda x: (jax.scipy.linalg.lu(x[0]), jax.lax.linalg.lu(x)), a)
+    check_against_jax(lambda x, y: (jnp.linalg.solve(x, y), jnp.linalg.inv(x), jnp.linalg.det(x)), a, b)
+
+
+def test_jax_complex_qr() -> None:
+    check_against_jax(lambda x: jnp.linalg.qr(x), _tri((), 4, np.complex64) + 0.5j)
+
+
+def _reconstruct_eigh(w: np.ndarray, v: np.ndarray) -> np.ndarray:
+    return (v * w[..., None, :]) @ np.swapaxes(v, -1, -2).conj()
+
+
+def test_jax_eigh_and_svd_up_to_vector_signs() -> None:
+    a = _spd((2,), 5) / 5
+
+    def f(x: jax.Array) -> tuple[jax.Array, ...]:
+        w, v = jnp.linalg.eigh(x)
+        u, s, vt = jnp.linalg.svd(x[..., :4])
+        return w, v, u, s, vt
+
+    got = evaluate(parse_module(hlo_of(f, a)), [a])
+    want = jax_outputs(f, a)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)  # eigenvalues
+    np.testing.assert_allclose(_reconstruct_eigh(got[0], got[1]), a, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.abs(got[1]), np.abs(want[1]), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(got[3], want[3], rtol=1e-5, atol=1e-5)  # singular values
+    u, s, vt = got[2], got[3], got[4]
+    np.testing.assert_allclose((u[..., :4] * s[..., None, :]) @ vt, a[..., :4], rtol=1e-4, atol=1e-4)
+
+
+def test_tpu_lowered_linear_algebra_custom_calls() -> None:
+    # The TPU lowering of qr/eigh/lu uses the Qr, ProductOfElementaryHouseholderReflectors, Eigh and
+    # LuDecomposition custom calls; the reference must agree with JAX's CPU results of the same functions.
+    a = _tri((), 5) + RNG.standard_normal((5, 5)).astype(np.float32)
+    s = _spd((), 5) / 5
+
+    def f(x: jax.Array, y: jax.Array) -> tuple[jax.Array, ...]:
+        q, r = jnp.linalg.qr(x)
+        lu, piv, perm = jax.lax.linalg.lu(x)
+        w, _ = jnp.linalg.eigh(y)
+        return q, r, lu, piv, perm, w
+
+    text = jax.jit(f).trace(a, s).lower(lowering_platforms=("tpu",)).as_text("hlo")
+    for target in ("Qr", "ProductOfElementaryHouseholderReflectors", "Eigh", "LuDecomposition"):
+        assert f'custom_call_target="{target}"' in text
+    got = evaluate(parse_module(text), [a, s])
+    want = jax_outputs(f, a, s)
+    for g, w in zip(got, want):
+        if g.dtype.kind == "f":
+            np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+        else:
+            np.testing.assert_array_equal(g, w)

@@ -1,0 +1,211 @@
+"""reduce, reduce-window and select-and-scatter against JAX on CPU and XLA CPU on HLO text."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from heavy_checks import check_hlo
+from jax_oracle import check_against_jax
+
+RNG = np.random.default_rng(2)
+
+
+def _rand(shape: tuple[int, ...], dtype: object = np.float32) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return RNG.random(shape) < 0.5
+    if dt.kind in "iu":
+        return RNG.integers(0 if dt.kind == "u" else -50, 50, size=shape).astype(dt)
+    if dt.kind == "c":
+        return (RNG.standard_normal(shape) + 1j * RNG.standard_normal(shape)).astype(dt)
+    return RNG.standard_normal(shape).astype(dt)
+
+
+def _reduce(op: object, init: object, dims: tuple[int, ...]) -> object:
+    return lambda x: jax.lax.reduce(x, np.asarray(init, x.dtype), op, dims)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16, np.int32, np.uint8, np.complex64])
+@pytest.mark.parametrize("dims", [(0,), (1,), (0, 2), (0, 1, 2)])
+def test_sum_over_dimensions(dtype: object, dims: tuple[int, ...]) -> None:
+    check_against_jax(_reduce(jax.lax.add, 0, dims), _rand((5, 4, 3), dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.int32, np.uint8])
+@pytest.mark.parametrize(("op", "ident"), [(jax.lax.max, "min"), (jax.lax.min, "max"), (jax.lax.mul, 1)])
+def test_max_min_product(dtype: object, op: object, ident: object) -> None:
+    dt = np.dtype(dtype)
+    info = ml_dtypes.finfo(dt) if dt.kind not in "iu" else np.iinfo(dt)
+    init = {"min": -np.inf if dt.kind not in "iu" else info.min, "max": np.inf if dt.kind not in "iu" else info.max}
+    check_against_jax(_reduce(op, init.get(ident, ident), (1,)), _rand((4, 6), dtype))
+
+
+def test_max_propagates_nan() -> None:
+    x = _rand((3, 4))
+    x[1, 2] = np.nan
+    got = check_against_jax(_reduce(jax.lax.max, -np.inf, (1,)), x)
+    assert np.isnan(got[0][1]) and not np.isnan(got[0][0])
+
+
+def test_pred_any_and_all() -> None:
+    x = _rand((4, 7), np.bool_)
+    check_against_jax(lambda a: (jnp.any(a, axis=1), jnp.all(a, axis=0)), x)
+
+
+def test_long_f32_sum_stays_within_a_few_ulp() -> None:
+    check_against_jax(lambda a: jnp.sum(a, axis=-1), _rand((3, 4000)))
+
+
+def test_bf16_reduce_accumulates_in_f32() -> None:
+    # 4096 ones: a bf16 accumulator would stop at 256.
+    got = check_against_jax(_reduce(jax.lax.add, 0, (0,)), np.ones(4096, ml_dtypes.bfloat16))
+    assert float(got[0]) == 4096.0
+
+
+def test_empty_reduction_gives_init() -> None:
+    got = check_against_jax(_reduce(jax.lax.max, -np.inf, (1,)), np.zeros((3, 0), np.float32))
+    assert np.all(got[0] == -np.inf)
+
+
+def test_argmax_and_argmin_variadic_reduce() -> None:
+    x = np.round(_rand((5, 9)), 1)
+    x[2, 3] = np.nan
+    check_against_jax(lambda a: (jnp.argmax(a, axis=1), jnp.argmin(a, axis=0)), x)
+
+
+def test_variadic_reduce_with_a_generic_computation_against_xla() -> None:
+    # (sum, sum of squares) of a row, and a non-commutative-looking but associative combiner (max of
+    # value, keeping the first index of the max): one vectorised call per tree level.
+    text = """HloModule m
+comb {
+  a0 = f32[] parameter(0)
+  a1 = s32[] parameter(1)
+  b0 = f32[] parameter(2)
+  b1 = s32[] parameter(3)
+  gt = pred[] compare(b0, a0), direction=GT
+  v = f32[] select(gt, b0, a0)
+  i = s32[] select(gt, b1, a1)
+  ROOT t = (f32[], s32[]) tuple(v, i)
+}
+ENTRY e {
+  x = f32[4,13] parameter(0)
+  idx = s32[4,13] parameter(1)
+  lo = f32[] constant(-inf)
+  z = s32[] constant(0)
+  ROOT r = (f32[4], s32[4]) reduce(x, idx, lo, z), dimensions={1}, to_apply=comb
+}
+"""
+    x = np.round(_rand((4, 13)), 0)
+    idx = np.broadcast_to(np.arange(13, dtype=np.int32), (4, 13)).copy()
+    check_hlo(text, x, idx)
+
+
+POOLS = [
+    # window, strides, padding, base_dilation, window_dilation
+    ((2, 2), (2, 2), "VALID", None, None),
+    ((3, 3), (1, 1), "SAME", None, None),
+    ((3, 2), (2, 1), ((1, 2), (0, 1)), (1, 2), (2, 1)),
+    ((1, 4), (1, 3), ((0, 0), (2, 2)), None, (1, 2)),
+]
+
+
+@pytest.mark.parametrize(("window", "strides", "padding", "base", "wdil"), POOLS)
+@pytest.mark.parametrize("kind", ["max", "sum"])
+def test_reduce_window_pools(
+    window: tuple[int, int],
+    strides: tuple[int, int],
+    padding: object,
+    base: tuple[int, int] | None,
+    wdil: tuple[int, int] | None,
+    kind: str,
+) -> None:
+    op, init = (jax.lax.max, -np.inf) if kind == "max" else (jax.lax.add, 0.0)
+
+    def f(x: jax.Array) -> jax.Array:
+        return jax.lax.reduce_window(x, np.float32(init), op, window, strides, padding, base, wdil)
+
+    check_against_jax(f, _rand((7, 9)))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, ml_dtypes.bfloat16])
+def test_cumulative_ops(dtype: object) -> None:
+    check_against_jax(lambda a: (jnp.cumsum(a, axis=1), jax.lax.cummax(a, axis=0)), _rand((6, 10), dtype))
+
+
+def test_variadic_reduce_window_against_xla() -> None:
+    text = """HloModule m
+comb {
+  a0 = f32[] parameter(0)
+  a1 = s32[] parameter(1)
+  b0 = f32[] parameter(2)
+  b1 = s32[] parameter(3)
+  s = f32[] add(a0, b0)
+  m = s32[] maximum(a1, b1)
+  ROOT t = (f32[], s32[]) tuple(s, m)
+}
+ENTRY e {
+  x = f32[6,5] parameter(0)
+  y = s32[6,5] parameter(1)
+  z = f32[] constant(0)
+  lo = s32[] constant(-2147483648)
+  ROOT r = (f32[3,5], s32[3,5]) reduce-window(x, y, z, lo), window={size=3x2 stride=2x1 pad=1_1x1_0}, to_apply=comb
+}
+"""
+    check_hlo(text, _rand((6, 5)), _rand((6, 5), np.int32))
+
+
+def test_max_pool_gradient_uses_select_and_scatter() -> None:
+    def pool_sum(x: jax.Array) -> jax.Array:
+        return jnp.sum(jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME") ** 2)
+
+    x = np.round(_rand((2, 7, 8, 3)), 1)  # rounded: ties inside windows
+    check_against_jax(jax.grad(pool_sum), x)
+
+
+def test_select_and_scatter_overlapping_windows_padding_and_ties_against_xla() -> None:
+    # GE selects the first of equal maxima; overlapping windows add their source values.
+    text = """HloModule m
+ge {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = pred[] compare(a, b), direction=GE
+}
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+ENTRY e {
+  x = f32[5,6] parameter(0)
+  s = f32[3,3] parameter(1)
+  z = f32[] constant(0.5)
+  ROOT r = f32[5,6] select-and-scatter(x, s, z), window={size=3x3 stride=2x2 pad=1_1x0_1}, select=ge, scatter=add
+}
+"""
+    x = RNG.integers(0, 3, size=(5, 6)).astype(np.float32)
+    check_hlo(text, x, _rand((3, 3)))
+
+
+def test_select_and_scatter_min_select_and_non_commutative_scatter_against_xla() -> None:
+    text = """HloModule m
+le {
+  a = s32[] parameter(0)
+  b = s32[] parameter(1)
+  ROOT c = pred[] compare(a, b), direction=LE
+}
+sub {
+  a = s32[] parameter(0)
+  b = s32[] parameter(1)
+  ROOT c = s32[] subtract(a, b)
+}
+ENTRY e {
+  x = s32[6] parameter(0)
+  s = s32[5] parameter(1)
+  z = s32[] constant(100)
+  ROOT r = s32[6] select-and-scatter(x, s, z), window={size=2 stride=1}, select=le, scatter=sub
+}
+"""
+    check_hlo(text, np.array([3, 1, 1, 4, 0, 0], np.int32), np.array([1, 2, 4, 8, 16], np.int32))
