@@ -18,6 +18,7 @@ import numpy as np
 
 from tpusim.compiler.hlo.ir import Instruction, Literal
 from tpusim.compiler.hlo.reference.core import (
+    REFERENCE,
     TOKEN,
     EvalContext,
     EvaluationError,
@@ -138,7 +139,14 @@ def package_start(instr: Instruction, operands: Sequence[Value], result: Value) 
 
 @register("async-start")
 def _async_start(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
-    result = ctx.call(instr.attr("calls"), args)
+    wrapped = instr.async_wrapped_instruction()  # XLA's short form, e.g. custom-call-start(...)
+    if wrapped is not None:
+        fn = REFERENCE.get(wrapped.opcode)
+        if fn is None:
+            raise UnsupportedOpcodeError(instr, f"the wrapped opcode {wrapped.opcode!r} has no reference function")
+        result = fn(ctx, wrapped, args)
+    else:
+        result = ctx.call(instr.attr("calls"), args)
     return package_start(instr, args, result)
 
 

@@ -1,0 +1,266 @@
+"""Inputs and outputs of reference runs as ``.npz`` files, seeded random inputs, and ``tpusim run --reference``.
+
+Conventions:
+
+* Inputs are keyed ``arg0 .. argN-1`` in entry parameter order; a tuple-shaped parameter has one key per
+  leaf, ``arg<i>.<j>[.<k>...]``; token parameters take no key. Outputs (the root flattened depth first)
+  are ``out0 .. outM-1``; values of ``outfeed`` instructions follow as ``outfeed0 ..`` (arrays only).
+* Element types an ``.npz`` cannot hold are written as the smallest standard type that holds every
+  value exactly: bf16 and the f8/f4 types as float32; s2/s4 as int8, u2/u4 as uint8.
+  On input they are accepted as float32/float64 (rounded to nearest even, as ``convert`` does), as the
+  raw bit pattern of the same width (uint16 for bf16, uint8 for f8), or as int8/uint8/int32... values
+  in range for sub-byte integers. Every other type must be given in its exact numpy dtype: tpusim never
+  converts silently.
+* With ``num_devices`` N > 1 every input and output has a leading axis of size N (device ``d`` is
+  replica ``d // partitions``, partition ``d % partitions``).
+* Random inputs (no ``--inputs``): ``numpy.random.default_rng([seed, device, parameter])`` per array, so
+  the values do not depend on other parameters; floats standard normal (f8/f4 types clipped into their
+  finite range), signed integers uniform in [-8, 8], unsigned in [0, 16], pred fair coin flips, complex
+  numbers normal real and imaginary parts. The default seed is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.hlo.reference.core import TOKEN, Host, Value, evaluate, evaluate_spmd
+from tpusim.errors import TpusimError
+from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type_of_dtype
+
+__all__ = [
+    "DEFAULT_SEED",
+    "InputFileError",
+    "configure_run_reference",
+    "load_inputs",
+    "random_inputs",
+    "run_reference_command",
+    "save_outputs",
+    "storage_array",
+]
+
+DEFAULT_SEED = 0
+
+
+class InputFileError(TpusimError):
+    """An inputs file that does not fit the program (missing or extra key, wrong dtype or shape)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter leaves
+# ---------------------------------------------------------------------------------------------
+def _leaves(shape: AnyShape, key: str) -> list[tuple[str, Shape]]:
+    """(npz key, array shape) of every array leaf of a parameter shape (tokens have none)."""
+    if isinstance(shape, TupleShape):
+        out: list[tuple[str, Shape]] = []
+        for j, e in enumerate(shape.elements):
+            out.extend(_leaves(e, f"{key}.{j}"))
+        return out
+    return [] if shape.element_type.dtype is None else [(key, shape)]
+
+
+def _assemble(shape: AnyShape, key: str, arrays: dict[str, np.ndarray]) -> Value:
+    if isinstance(shape, TupleShape):
+        return tuple(_assemble(e, f"{key}.{j}", arrays) for j, e in enumerate(shape.elements))
+    return TOKEN if shape.element_type.dtype is None else arrays[key]
+
+
+def _parameter_keys(module: Module) -> list[tuple[str, Shape]]:
+    out: list[tuple[str, Shape]] = []
+    for i, p in enumerate(module.entry_computation.parameters):
+        out.extend(_leaves(p.shape, f"arg{i}"))
+    return out
+
+
+def _storage_dtype(et: ElementType) -> np.dtype:
+    """The standard numpy dtype an npz file stores values of ``et`` in (exactly)."""
+    assert et.dtype is not None
+    if et.dtype.kind != "V" and et.dtype.type.__module__ == "numpy":
+        return et.dtype
+    if et.kind == "float":
+        return np.dtype(np.float32)
+    return np.dtype(np.int8 if et.kind == "signed" else np.uint8)
+
+
+def storage_array(value: np.ndarray) -> np.ndarray:
+    """``value`` in a dtype an npz file holds exactly (see the module docstring)."""
+    et = element_type_of_dtype(value.dtype)
+    dt = _storage_dtype(et)
+    return value if value.dtype == dt else value.astype(dt)
+
+
+def _from_storage(array: np.ndarray, shape: Shape, where: str) -> np.ndarray:
+    """Accept an npz array for ``shape`` by the rules of the module docstring, or raise InputFileError."""
+    et = shape.element_type
+    want = et.dtype
+    assert want is not None
+    got = array.dtype
+    if got == want:
+        return array
+    if _storage_dtype(et) != want:  # a type npz cannot hold
+        if et.kind == "float" and got in (np.float32, np.float64):
+            return array.astype(want)  # rounded to nearest even by ml_dtypes, as XLA's convert
+        if got.kind in "uV" and got.itemsize * 8 == et.bits:
+            return array.view(et.raw_dtype).view(want)  # raw bit pattern of the same width
+        if et.kind in ("signed", "unsigned") and got.kind in "iu":
+            info = ml_dtypes.iinfo(want)
+            lo, hi = int(array.min(initial=0)), int(array.max(initial=0))
+            if lo < int(info.min) or hi > int(info.max):
+                raise InputFileError(f"{where}: values [{lo}, {hi}] do not fit {et.name} [{info.min}, {info.max}]")
+            return array.astype(want)
+    accepted = {want.name}
+    if _storage_dtype(et) != want:
+        accepted |= {"float32", "float64"} if et.kind == "float" else {"int8", "uint8", "int32"}
+        accepted.add(f"uint{et.bits}" if et.bits >= 8 else "uint8 (raw bits)")
+    raise InputFileError(
+        f"{where}: dtype {got} cannot be the {et.name} input; give {' or '.join(sorted(accepted))} "
+        f"(tpusim never converts silently)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+def load_inputs(path: str | Path, module: Module, num_devices: int = 1) -> list[list[Value]]:
+    """Read ``path`` (npz) into per-device entry inputs for ``module``.
+
+    Args:
+        path: the npz file (keys ``arg0 ..``; see the module docstring).
+        module: the program.
+        num_devices: N; for N > 1 every array has a leading axis of size N.
+
+    Returns:
+        For each device, its inputs in parameter order (ready for :func:`evaluate` / :func:`evaluate_spmd`).
+    """
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputFileError(f"{path}: cannot read an npz file: {exc}") from None
+    keys = _parameter_keys(module)
+    missing = [k for k, _ in keys if k not in arrays]
+    extra = sorted(set(arrays) - {k for k, _ in keys})
+    if missing or extra:
+        listing = ", ".join(f"{k}: {s}" for k, s in keys) or "none"
+        parts = [f"missing {', '.join(missing)}"] if missing else []
+        parts += [f"unexpected {', '.join(extra)}"] if extra else []
+        raise InputFileError(f"{path}: {'; '.join(parts)} (the program takes {listing})")
+    per_device: list[dict[str, np.ndarray]] = [{} for _ in range(num_devices)]
+    for key, shape in keys:
+        a = arrays[key]
+        want = (num_devices, *shape.dimensions) if num_devices > 1 else shape.dimensions
+        if a.shape != want:
+            per = f" (a leading axis of {num_devices} devices, then {list(shape.dimensions)})"
+            per = per if num_devices > 1 else ""
+            raise InputFileError(f"{path}: {key} has shape {list(a.shape)}, expected {list(want)}{per} for {shape}")
+        a = _from_storage(a, shape, f"{path}: {key}")
+        for d in range(num_devices):
+            per_device[d][key] = a[d] if num_devices > 1 else a
+    params = module.entry_computation.parameters
+    return [[_assemble(p.shape, f"arg{i}", dev) for i, p in enumerate(params)] for dev in per_device]
+
+
+def _random_array(shape: Shape, rng: np.random.Generator) -> np.ndarray:
+    et = shape.element_type
+    dt = et.dtype
+    assert dt is not None
+    dims = shape.dimensions
+    if et.kind == "pred":
+        return rng.integers(0, 2, dims).astype(bool)
+    if et.kind == "signed":
+        return rng.integers(-8, 8, dims, endpoint=True).astype(dt)
+    if et.kind == "unsigned":
+        return rng.integers(0, 16, dims, endpoint=True).astype(dt)
+    if et.kind == "complex":
+        return (rng.standard_normal(dims) + 1j * rng.standard_normal(dims)).astype(dt)
+    values = rng.standard_normal(dims)
+    if et.bits <= 8:
+        finite = float(ml_dtypes.finfo(dt).max)
+        values = np.clip(values, -finite, finite)
+    return np.asarray(values).astype(np.float32).astype(dt)
+
+
+def random_inputs(module: Module, seed: int = DEFAULT_SEED, num_devices: int = 1) -> list[list[Value]]:
+    """Seeded random inputs for every device (see the module docstring for the ranges)."""
+    params = module.entry_computation.parameters
+    out = []
+    for d in range(num_devices):
+        arrays = {}
+        for i, p in enumerate(params):
+            for j, (key, shape) in enumerate(_leaves(p.shape, f"arg{i}")):
+                arrays[key] = _random_array(shape, np.random.default_rng([seed, d, i, j]))
+        out.append([_assemble(p.shape, f"arg{i}", arrays) for i, p in enumerate(params)])
+    return out
+
+
+def save_outputs(path: str | Path, outputs: Sequence[np.ndarray], extra: dict[str, np.ndarray] | None = None) -> None:
+    """Write ``outputs`` as ``out0 ..`` (plus ``extra`` keys) to ``path``, in npz-storable dtypes."""
+    arrays = {f"out{i}": storage_array(np.asarray(o)) for i, o in enumerate(outputs)}
+    for k, v in (extra or {}).items():
+        arrays[k] = storage_array(np.asarray(v))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+
+
+def stack_devices(per_device: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
+    """Per-device output lists -> one array per output with a leading device axis."""
+    return [np.stack([dev[i] for dev in per_device]) for i in range(len(per_device[0]))] if per_device else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+def configure_run_reference(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments ``run_reference_command`` reads (for a parser of its own; ``tpusim run`` has them)."""
+    parser.add_argument("program", type=Path, help="the HLO text file")
+    parser.add_argument("--inputs", type=Path, help="npz with arg0..argN-1 (default: seeded random inputs)")
+    parser.add_argument("--out", type=Path, default=Path("reports/out.npz"), help="npz to write out0..outM-1")
+    parser.add_argument("--replicas", type=int, help="run N devices; inputs and outputs get a leading axis of N")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default 0)")
+
+
+def run_reference_command(args: argparse.Namespace) -> int:
+    """``tpusim run PROGRAM --reference [--inputs IN.npz] [--out OUT.npz] [--replicas N] [--seed S]``.
+
+    Reads ``args.program``, ``args.inputs`` (optional), ``args.out``, ``args.replicas`` (optional) and
+    ``args.seed`` (optional); prints one line per output to stderr. Returns the exit status (0).
+    """
+    from tpusim.compiler.hlo import load_module
+
+    module = load_module(args.program)
+    declared = module.replica_count * module.num_partitions
+    replicas = getattr(args, "replicas", None)
+    n = int(replicas) if replicas is not None else declared
+    if n < 1:
+        raise TpusimError(f"--replicas {n}: the number of devices must be at least 1")
+    inputs_path = getattr(args, "inputs", None)
+    seed = getattr(args, "seed", None)
+    seed = DEFAULT_SEED if seed is None else int(seed)
+    inputs = load_inputs(inputs_path, module, n) if inputs_path is not None else random_inputs(module, seed, n)
+    stacked = n > 1 or replicas is not None
+    hosts = [Host() for _ in range(n)]
+    if n == 1 and declared == 1:
+        outputs: list[np.ndarray] = evaluate(module, inputs[0], host=hosts[0])
+        per_device = [outputs]
+    else:
+        per_device = evaluate_spmd(module, inputs, num_devices=n, host=hosts)
+    outputs = stack_devices(per_device) if stacked else per_device[0]
+    feeds = [[v for v in h.outfeed if isinstance(v, np.ndarray)] for h in hosts]
+    extra = {}
+    for i in range(min(len(f) for f in feeds)):
+        extra[f"outfeed{i}"] = np.stack([f[i] for f in feeds]) if stacked else feeds[0][i]
+    out = getattr(args, "out", None) or Path("reports/out.npz")
+    save_outputs(out, outputs, extra)
+    source = f"inputs {inputs_path}" if inputs_path is not None else f"random inputs (seed {seed})"
+    print(f"reference: {args.program} on {n} device(s), {source} -> {out}", file=sys.stderr)
+    for i, o in enumerate(outputs):
+        print(f"  out{i}: {element_type_of_dtype(o.dtype).name}{list(o.shape)}", file=sys.stderr)
+    return 0
