@@ -257,7 +257,7 @@ def check_against_jax(
     from tpusim.compiler.hlo.reference import evaluate
 
     module = _parse(hlo_of(fn, *args, optimized=optimized))
-    inputs = [np.asarray(a) for a in jax.tree_util.tree_leaves(args)]
+    inputs = [np.asarray(jax.numpy.asarray(a)) for a in jax.tree_util.tree_leaves(args)]  # JAX's dtypes
     got = evaluate(module, inputs)
     want = jax_outputs(fn, *args)
     assert len(got) == len(want), f"reference gives {len(got)} outputs, JAX {len(want)}"

@@ -537,6 +537,8 @@ def _check_inputs(module: Module, inputs: Sequence[Any], device: str = "") -> li
     for p, value in zip(params, inputs):
         if isinstance(p.shape, Shape) and p.shape.element_type.dtype is None and value is None:
             value = TOKEN
+        if isinstance(value, np.generic):  # a numpy scalar is a 0-d array of its exact dtype
+            value = np.asarray(value)
         why = check_value(value, p.shape)
         if why is not None:
             number = p.attr("parameter_number")
@@ -554,8 +556,9 @@ def evaluate(module: Module, inputs: Sequence[Any], *, host: Host | None = None)
 
     Args:
         module: the HLO module.
-        inputs: one value per entry parameter, in parameter order; arrays must match the parameter's
-            dimensions and numpy dtype exactly (tuple parameters take tuples, token parameters None).
+        inputs: one value per entry parameter, in parameter order; arrays (or numpy scalars) must match the
+            parameter's dimensions and numpy dtype exactly (tuple parameters take tuples, token parameters
+            None or TOKEN).
         host: infeed/outfeed/send/recv queues; a fresh empty :class:`Host` when None.
 
     Returns:
