@@ -43,7 +43,9 @@ _PARAMETER = re.compile(r"\s*(\d+)\s*\)")
 _SECTION = re.compile(r"\s*(FileNames|FunctionNames|FileLocations|StackFrames)\b")
 _SECTION_ENTRY = re.compile(r"\s*(\d+)\s+")
 _ENTRY = re.compile(r"\s*ENTRY\b\s*")
-_META_FIELD = re.compile(r'\b(op_name|source_file|source_line|stack_frame_id)=(?:"((?:[^"\\]|\\.)*)"|(-?\d+))')
+_META_FIELD = re.compile(
+    r"""\b(op_name|source_file|source_line|stack_frame_id)=(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|(-?\d+))"""
+)
 _SIMPLE_SHAPE = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\](?:\{[0-9,]*\})?(?![{\w])")
 _FIELD = re.compile(r"\b([a-z_]+)=(-?\d+)")
 _HINTS = {
@@ -298,7 +300,7 @@ class _Parser:
                 )
             name = m.group(2)
             if name in instructions:
-                line = instructions[name].loc.line  # type: ignore[union-attr]
+                line = _line(instructions[name])
                 raise src.error(
                     m.start(2),
                     f"instruction %{name} is defined twice in computation {computation} (first at line {line})",
@@ -309,8 +311,8 @@ class _Parser:
                     raise src.error(
                         m.start(1),
                         f"a second ROOT in computation {computation} (the first is "
-                        f"%{root} at line {instructions[root].loc.line})",
-                    )  # type: ignore[union-attr]
+                        f"%{root} at line {_line(instructions[root])})",
+                    )
                 root = name
             instructions[name] = instruction
         if not instructions:
@@ -334,6 +336,7 @@ class _Parser:
             if om is None or end != om.start():
                 raise src.error(end, f"expected an opcode and '(' after the shape of %{name}, found {src.found(end)}")
             self.shapes[text[pos : om.start()]] = shape
+        assert om is not None  # the branch above raised otherwise
         opcode = om.group(1)
         info = OPCODES.get(opcode)
         wrapped: OpcodeInfo | None = None
@@ -443,6 +446,8 @@ class _Parser:
                 pos = src.skip_ws(pos)
             at = pos
             operand, pos = src.name(pos, "an operand name")
+            if text.startswith("=", src.skip_ws(pos)):
+                raise src.error(at, f"expected ')' to end the operands, found the attribute '{operand}='")
             if operand not in defined:
                 raise src.error(at, _undefined(operand, defined, computation))
             if declared is not None and not _compatible(declared, defined[operand].shape):
@@ -474,7 +479,8 @@ class _Parser:
             return SourceLoc(self._line_no, column, self.source)
         op_name = source_file = source_line = frame = None
         for m in _META_FIELD.finditer(metadata.text):
-            field, text_value, int_value = m.groups()
+            field, double_quoted, single_quoted, int_value = m.groups()
+            text_value = double_quoted if double_quoted is not None else single_quoted
             if field == "op_name":
                 op_name = unescape(text_value or "")
             elif field == "source_file":
@@ -486,6 +492,10 @@ class _Parser:
         if source_file is None and frame in self.frames:
             source_file, source_line = self.frames[frame]
         return SourceLoc(self._line_no, column, self.source, op_name, source_file, source_line)
+
+
+def _line(instruction: Instruction) -> int:
+    return instruction.loc.line if instruction.loc is not None else 0
 
 
 def _looks_like_shape(text: str, pos: int) -> bool:

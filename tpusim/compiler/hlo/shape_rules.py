@@ -16,9 +16,9 @@ from math import prod
 
 from tpusim.compiler.hlo.ir import Instruction, Module, ReplicaGroups
 from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
-from tpusim.memory import AnyShape, Shape, TupleShape
+from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type
 
-__all__ = ["SHAPE_RULES", "RuleError", "compatible", "rule"]
+__all__ = ["SHAPE_RULES", "RuleError", "compatible", "make_shape", "rule"]
 
 Rule = Callable[[Instruction, Sequence[AnyShape], Module], None]
 SHAPE_RULES: dict[str, Rule] = {}
@@ -90,10 +90,13 @@ def _same(ins: Instruction, expected: AnyShape, because: Because) -> None:
         raise RuleError(f"result {ins.shape} should be {expected} ({_why(because)})")
 
 
-def _dim_list(values: Sequence[int], rank: int, what: str, unique: bool = True) -> None:
+def _dim_list(values: Sequence[int], rank: int, what: str, unique: bool = True, of: object = None) -> None:
+    operand = f" {of}" if of is not None else ""
     for d in values:
         if not 0 <= d < rank:
-            raise RuleError(f"{what} {list(values)} has {d}, which is not a dimension of a rank-{rank} operand")
+            raise RuleError(
+                f"{what} {list(values)} has {d}, which is not a dimension of the rank-{rank} operand{operand}"
+            )
     if unique and len(set(values)) != len(values):
         raise RuleError(f"{what} {list(values)} repeats a dimension")
 
@@ -134,8 +137,14 @@ def _signature(
         raise RuleError(f"{role} computation {name} returns {root}, expected {result}")
 
 
+def make_shape(etype: ElementType, dims: Sequence[int]) -> Shape:
+    """A shape for comparisons: unbounded dimensions (-1) are marked dynamic so the Shape is valid."""
+    dims = tuple(dims)
+    return Shape(etype, dims, tuple(d < 0 for d in dims))
+
+
 def _scalar_of(shape: Shape) -> Shape:
-    return Shape(shape.element_type, ())
+    return make_shape(shape.element_type, ())
 
 
 def _window_out(size: int, dim: object) -> int:
@@ -169,7 +178,7 @@ def _unary(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
         etype = "pred"
     elif ins.opcode in ("real", "imag", "abs") and etype in _COMPONENT:
         etype = _COMPONENT[etype]
-    _same(ins, Shape(etype, x.dimensions), lambda: f"{ins.opcode} of {x}")
+    _same(ins, make_shape(element_type(etype), x.dimensions), lambda: f"{ins.opcode} of {x}")
 
 
 @rule(*(BINARY_ELEMENTWISE - {"complex"}))
@@ -185,7 +194,7 @@ def _complex(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     a, b = _array(ops[0], "the real part"), _array(ops[1], "the imaginary part")
     if not compatible(a, b) or a.element_type.name not in _COMPLEX:
         raise RuleError(f"complex needs two f32 or f64 operands of one shape, found {a} and {b}")
-    _same(ins, Shape(_COMPLEX[a.element_type.name], a.dimensions), lambda: f"complex of {a} and {b}")
+    _same(ins, make_shape(element_type(_COMPLEX[a.element_type.name]), a.dimensions), lambda: f"complex of {a} and {b}")
 
 
 @rule("stochastic-convert")
@@ -201,7 +210,7 @@ def _compare(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     a, b = _array(ops[0], "the lhs"), _array(ops[1], "the rhs")
     if not compatible(a, b):
         raise RuleError(f"compare needs operands of one shape, found {a} and {b}")
-    _same(ins, Shape("pred", a.dimensions), lambda: f"compare of {a} and {b} gives pred")
+    _same(ins, make_shape(element_type("pred"), a.dimensions), lambda: f"compare of {a} and {b} gives pred")
 
 
 @rule("select")
@@ -294,7 +303,7 @@ def _constant(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None
 
 @rule("replica-id", "partition-id")
 def _device_id(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
-    _same(ins, Shape("u32", ()), lambda: f"{ins.opcode} is a u32 scalar")
+    _same(ins, make_shape(element_type("u32"), ()), lambda: f"{ins.opcode} is a u32 scalar")
 
 
 @rule("after-all")
@@ -302,7 +311,7 @@ def _after_all(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> Non
     for i, s in enumerate(ops):
         if not (isinstance(s, Shape) and s.element_type.name == "token"):
             raise RuleError(f"operand {i} of after-all must be a token, not {s}")
-    _same(ins, Shape("token", ()), "after-all gives a token")
+    _same(ins, make_shape(element_type("token"), ()), "after-all gives a token")
 
 
 @rule("add-dependency")
@@ -335,7 +344,7 @@ def _broadcast(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> Non
         raise RuleError(f"broadcast of the non-scalar {x} needs dimensions=")
     if len(dims) != x.rank:
         raise RuleError(f"dimensions={list(dims)} must list one result dimension per operand dimension of {x}")
-    _dim_list(dims, out.rank, "dimensions")
+    _dim_list(dims, out.rank, "dimensions", of=out)
     if list(dims) != sorted(dims):
         raise RuleError(f"broadcast dimensions={list(dims)} must be increasing")
     for i, d in enumerate(dims):
@@ -365,13 +374,17 @@ def _transpose(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> Non
     perm = ins.attr("dimensions", ())
     if sorted(perm) != list(range(x.rank)):
         raise RuleError(f"dimensions={list(perm)} is not a permutation of the {x.rank} dimensions of {x}")
-    _same(ins, Shape(x.element_type, tuple(x.dimensions[p] for p in perm)), lambda: f"transpose of {x} by {list(perm)}")
+    _same(
+        ins,
+        make_shape(x.element_type, tuple(x.dimensions[p] for p in perm)),
+        lambda: f"transpose of {x} by {list(perm)}",
+    )
 
 
 @rule("reverse")
 def _reverse(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     x = _array(ops[0], "the operand")
-    _dim_list(ins.attr("dimensions", ()), x.rank, "dimensions")
+    _dim_list(ins.attr("dimensions", ()), x.rank, "dimensions", of=x)
     _same(ins, x, lambda: f"reverse keeps the shape of {x}")
 
 
@@ -388,7 +401,7 @@ def _slice(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
                 f"slice range [{r.start}:{r.limit}:{r.stride}] does not fit dimension {i} (size {d}) of {x}"
             )
         out.append(-(-(r.limit - r.start) // r.stride))
-    _same(ins, Shape(x.element_type, tuple(out)), lambda: f"slice of {x}")
+    _same(ins, make_shape(x.element_type, tuple(out)), lambda: f"slice of {x}")
 
 
 def _check_indices(ops: Sequence[AnyShape], first: int, rank: int, opcode: str) -> None:
@@ -408,7 +421,7 @@ def _dynamic_slice(ins: Instruction, ops: Sequence[AnyShape], module: Module) ->
     sizes = ins.attr("dynamic_slice_sizes", ())
     if len(sizes) != x.rank or any(not 0 <= s <= d for s, d in zip(sizes, x.dimensions)):
         raise RuleError(f"dynamic_slice_sizes={list(sizes)} do not fit the operand {x}")
-    _same(ins, Shape(x.element_type, tuple(sizes)), lambda: f"dynamic-slice of {x}")
+    _same(ins, make_shape(x.element_type, tuple(sizes)), lambda: f"dynamic-slice of {x}")
 
 
 @rule("dynamic-update-slice")
@@ -436,7 +449,7 @@ def _concatenate(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> N
             raise RuleError(f"cannot concatenate {first} and {a} along dimension {d}")
     dims = list(first.dimensions)
     dims[d] = sum(a.dimensions[d] for a in arrays)
-    _same(ins, Shape(first.element_type, tuple(dims)), lambda: f"concatenation along dimension {d}")
+    _same(ins, make_shape(first.element_type, tuple(dims)), lambda: f"concatenation along dimension {d}")
 
 
 @rule("pad")
@@ -453,18 +466,18 @@ def _pad(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
         if p.interior < 0:
             raise RuleError(f"interior padding {p.interior} is negative")
         dims.append(p.low + p.high + d + max(d - 1, 0) * p.interior)
-    _same(ins, Shape(x.element_type, tuple(dims)), lambda: f"pad of {x}")
+    _same(ins, make_shape(x.element_type, tuple(dims)), lambda: f"pad of {x}")
 
 
 @rule("get-dimension-size")
 def _get_dimension_size(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     x = _array(ops[0], "the operand")
-    _dim_list(ins.attr("dimensions", ())[:1], x.rank, "dimensions")
-    _same(ins, Shape("s32", ()), "get-dimension-size gives an s32 scalar")
+    _dim_list(ins.attr("dimensions", ())[:1], x.rank, "dimensions", of=x)
+    _same(ins, make_shape(element_type("s32"), ()), "get-dimension-size gives an s32 scalar")
 
 
 @rule("set-dimension-size")
 def _set_dimension_size(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     x = _array(ops[0], "the operand")
-    _dim_list(ins.attr("dimensions", ())[:1], x.rank, "dimensions")
+    _dim_list(ins.attr("dimensions", ())[:1], x.rank, "dimensions", of=x)
     _result_dims(ins, x.dimensions, lambda: f"set-dimension-size keeps the dimensions of {x}")

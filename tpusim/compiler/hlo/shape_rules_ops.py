@@ -23,9 +23,10 @@ from tpusim.compiler.hlo.shape_rules import (
     _tuple,
     _window_out,
     compatible,
+    make_shape,
     rule,
 )
-from tpusim.memory import AnyShape, Shape, TupleShape
+from tpusim.memory import AnyShape, Shape, TupleShape, element_type
 
 __all__: list[str] = []
 
@@ -45,13 +46,13 @@ def _reduce(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     inputs = [_array(s, f"input {i}") for i, s in enumerate(ops[:n])]
     inits = [_scalar(s, f"init value {i}") for i, s in enumerate(ops[n:])]
     dims = ins.attr("dimensions", ())
-    _dim_list(dims, inputs[0].rank, "dimensions")
+    _dim_list(dims, inputs[0].rank, "dimensions", of=inputs[0])
     for x in inputs[1:]:
         if x.dimensions != inputs[0].dimensions:
             raise RuleError(f"reduce inputs {inputs[0]} and {x} have different dimensions")
     kept = tuple(d for i, d in enumerate(inputs[0].dimensions) if i not in dims)
     _variadic_result(
-        ins, [Shape(init.element_type, kept) for init in inits], lambda: f"reduce of {inputs[0]} over {list(dims)}"
+        ins, [make_shape(init.element_type, kept) for init in inits], lambda: f"reduce of {inputs[0]} over {list(dims)}"
     )
     _signature(
         module, ins.attr("to_apply"), [*inits, *inits], inits[0] if n == 1 else TupleShape(tuple(inits)), "the to_apply"
@@ -70,7 +71,7 @@ def _reduce_window(ins: Instruction, ops: Sequence[AnyShape], module: Module) ->
     if len(window.dims) != x.rank:
         raise RuleError(f"the window has {len(window.dims)} dimensions but the input {x} has {x.rank}")
     out = tuple(_window_out(d, w) for d, w in zip(x.dimensions, window.dims))
-    _variadic_result(ins, [Shape(init.element_type, out) for init in inits], lambda: f"reduce-window of {x}")
+    _variadic_result(ins, [make_shape(init.element_type, out) for init in inits], lambda: f"reduce-window of {x}")
     _signature(module, ins.attr("to_apply"), [*inits, *inits], "scalars", "the to_apply")
 
 
@@ -86,7 +87,7 @@ def _select_and_scatter(ins: Instruction, ops: Sequence[AnyShape], module: Modul
         raise RuleError(f"source {source} should have the window count {_dims(windows)} of {x}")
     _same(ins, x, lambda: f"select-and-scatter keeps the shape of {x}")
     scalar = _scalar_of(x)
-    _signature(module, ins.attr("select"), [scalar, scalar], Shape("pred", ()), "the select")
+    _signature(module, ins.attr("select"), [scalar, scalar], make_shape(element_type("pred"), ()), "the select")
     _signature(module, ins.attr("scatter"), [init, init], init, "the scatter")
 
 
@@ -106,10 +107,10 @@ def _sort(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     for a in arrays[1:]:
         if a.dimensions != arrays[0].dimensions:
             raise RuleError(f"sort operands {arrays[0]} and {a} have different dimensions")
-    _dim_list(ins.attr("dimensions", ())[:1], arrays[0].rank, "dimensions")
+    _dim_list(ins.attr("dimensions", ())[:1], arrays[0].rank, "dimensions", of=arrays[0])
     _variadic_result(ins, arrays, "sort keeps its operands' shapes")
     scalars = [s for a in arrays for s in (_scalar_of(a), _scalar_of(a))]
-    _signature(module, ins.attr("to_apply"), scalars, Shape("pred", ()), "the comparator")
+    _signature(module, ins.attr("to_apply"), scalars, make_shape(element_type("pred"), ()), "the comparator")
 
 
 @rule("topk")
@@ -119,7 +120,11 @@ def _topk(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     if not x.rank or not 0 <= k <= x.dimensions[-1]:
         raise RuleError(f"k={k} does not fit the last dimension of {x}")
     dims = (*x.dimensions[:-1], k)
-    _same(ins, TupleShape((Shape(x.element_type, dims), Shape("s32", dims))), lambda: f"top-{k} of {x}")
+    _same(
+        ins,
+        TupleShape((make_shape(x.element_type, dims), make_shape(element_type("s32"), dims))),
+        lambda: f"top-{k} of {x}",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,8 +133,8 @@ def _topk(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
 def _dot_dims(ins: Instruction, lhs: Shape, rhs: Shape) -> tuple[int, ...]:
     lb, rb = ins.attr("lhs_batch_dims", ()), ins.attr("rhs_batch_dims", ())
     lc, rc = ins.attr("lhs_contracting_dims", ()), ins.attr("rhs_contracting_dims", ())
-    _dim_list((*lb, *lc), lhs.rank, "lhs batch and contracting dimensions")
-    _dim_list((*rb, *rc), rhs.rank, "rhs batch and contracting dimensions")
+    _dim_list((*lb, *lc), lhs.rank, "lhs batch and contracting dimensions", of=lhs)
+    _dim_list((*rb, *rc), rhs.rank, "rhs batch and contracting dimensions", of=rhs)
     if len(lb) != len(rb) or len(lc) != len(rc):
         raise RuleError(f"lhs and rhs list different numbers of batch or contracting dimensions ({lhs} . {rhs})")
     for kind, ls, rs in (("batch", lb, rb), ("contracting", lc, rc)):
@@ -189,7 +194,7 @@ def _gather(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     ivd = ins.attr("index_vector_dim", idx.rank)
     if len(sizes) != x.rank or any(not 0 <= s <= d for s, d in zip(sizes, x.dimensions)):
         raise RuleError(f"slice_sizes={list(sizes)} do not fit the operand {x}")
-    _dim_list((*collapsed, *batching), x.rank, "collapsed_slice_dims and operand_batching_dims")
+    _dim_list((*collapsed, *batching), x.rank, "collapsed_slice_dims and operand_batching_dims", of=x)
     if not 0 <= ivd <= idx.rank:
         raise RuleError(f"index_vector_dim={ivd} is out of range for the indices {idx}")
     batch = [d for i, d in enumerate(idx.dimensions) if i != ivd]
@@ -273,7 +278,7 @@ def _batch_norm_tuple(ins: Instruction, ops: Sequence[AnyShape], module: Module)
     f = ins.attr("feature_index", -1)
     if not 0 <= f < x.rank:
         raise RuleError(f"feature_index={f} is not a dimension of {x}")
-    feature = Shape(x.element_type, (x.dimensions[f],))
+    feature = make_shape(x.element_type, (x.dimensions[f],))
     _same(ins, TupleShape((x, feature, feature)), lambda: f"{ins.opcode} of {x}")
 
 
@@ -308,7 +313,7 @@ def _call(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
 @rule("while")
 def _while(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     _same(ins, ops[0], "while returns its loop state")
-    _signature(module, ins.attr("condition"), [ops[0]], Shape("pred", ()), "the condition")
+    _signature(module, ins.attr("condition"), [ops[0]], make_shape(element_type("pred"), ()), "the condition")
     _signature(module, ins.attr("body"), [ops[0]], ops[0], "the body")
 
 
@@ -446,12 +451,14 @@ def _send_recv(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> Non
 @rule("recv-done")
 def _recv_done(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     started = _tuple(ops[0], "the operand of recv-done (a recv)", 2)
-    _same(ins, TupleShape((started.elements[0], Shape("token", ()))), "recv-done gives (data, token)")
+    _same(
+        ins, TupleShape((started.elements[0], make_shape(element_type("token"), ()))), "recv-done gives (data, token)"
+    )
 
 
 @rule("send-done", "outfeed")
 def _token_result(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
-    _same(ins, Shape("token", ()), lambda: f"{ins.opcode} gives a token")
+    _same(ins, make_shape(element_type("token"), ()), lambda: f"{ins.opcode} gives a token")
 
 
 @rule("infeed")

@@ -19,6 +19,7 @@ from tpusim.compiler.hlo.errors import HloVerifyError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import OPCODES
 from tpusim.compiler.hlo.shape_rules import SHAPE_RULES, RuleError
+from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape
 
 __all__ = ["verify_module"]
@@ -111,7 +112,7 @@ def _verify_instruction(module: Module, comp: Computation, ins: Instruction, see
         check(ins, [seen[o] for o in ins.operands], module)
     except RuleError as err:
         raise fail(str(err)) from None
-    except (AttributeError, TypeError, ValueError, IndexError, KeyError) as err:
+    except (AttributeError, TypeError, ValueError, IndexError, KeyError, TpusimError) as err:
         raise fail(f"malformed attributes for {ins.opcode}: {type(err).__name__}: {err}") from None
 
 
