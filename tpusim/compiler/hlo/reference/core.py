@@ -201,8 +201,17 @@ class Host:
     sent: dict[int, list[Value]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.infeed = deque(self.infeed)
-        self.recv = {int(k): deque(v) for k, v in self.recv.items()}
+        self.infeed = deque(_as_value(v) for v in self.infeed)
+        self.recv = {int(k): deque(_as_value(x) for x in v) for k, v in self.recv.items()}
+
+
+def _as_value(value: Any) -> Any:
+    """Numpy scalars become 0-d arrays of their exact dtype; tuples are walked; anything else is kept."""
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if isinstance(value, tuple):
+        return tuple(_as_value(v) for v in value)
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,8 +546,7 @@ def _check_inputs(module: Module, inputs: Sequence[Any], device: str = "") -> li
     for p, value in zip(params, inputs):
         if isinstance(p.shape, Shape) and p.shape.element_type.dtype is None and value is None:
             value = TOKEN
-        if isinstance(value, np.generic):  # a numpy scalar is a 0-d array of its exact dtype
-            value = np.asarray(value)
+        value = _as_value(value)  # a numpy scalar is a 0-d array of its exact dtype
         why = check_value(value, p.shape)
         if why is not None:
             number = p.attr("parameter_number")

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from tpusim.compiler.hlo.ir import Instruction
 from tpusim.compiler.hlo.reference.core import EvaluationError, Value, format_instr
+from tpusim.errors import TpusimError
 
 __all__ = ["CollectiveError", "DeviceAborted", "Exchange", "run_devices"]
 
@@ -32,8 +33,9 @@ class CollectiveError(EvaluationError):
     """Devices that cannot meet at a collective (deadlock, divergence, timeout) or a malformed group."""
 
 
-class DeviceAborted(Exception):
-    """Raised in a device thread waiting at a collective when another device failed (internal)."""
+class DeviceAborted(TpusimError):
+    """Raised in a device thread waiting at a collective when another device failed; :func:`run_devices`
+    reports the other device's error instead."""
 
 
 class Exchange:
@@ -69,8 +71,7 @@ class Exchange:
                 if not self._cond.wait(self.timeout):
                     self._error = CollectiveError(
                         instr,
-                        f"timed out after {self.timeout} s: device {device} waits here; "
-                        f"{self._state_text()}",
+                        f"timed out after {self.timeout} s: device {device} waits here; {self._state_text()}",
                     )
                     self._cond.notify_all()
             return self._results
