@@ -127,3 +127,15 @@ ENTRY e {
 }
 """
     check_hlo(text, _rand((6, 2, 5)), _rand((2, 2, 6)))
+
+
+def test_conv_transpose_and_depthwise_kernel_gradient() -> None:
+    def up(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jax.lax.conv_transpose(x, k, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    check_against_jax(up, _rand((1, 5, 5, 2)), _rand((3, 3, 2, 4)))
+
+    def loss(x: jax.Array, k: jax.Array) -> jax.Array:
+        return jnp.sum(jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", feature_group_count=4) ** 2)
+
+    check_against_jax(jax.grad(loss, argnums=1), _rand((2, 4, 6, 6)), _rand((8, 1, 3, 3)))

@@ -42,6 +42,11 @@ def test_take_modes(mode: str) -> None:
     check_against_jax(lambda a, i: jnp.take(a, i, axis=1, mode=mode), _rand((3, 6)), IDX)
 
 
+def test_gather_of_a_single_element_is_a_rank_0_array() -> None:
+    x = RNG.standard_normal(11).astype(np.float32)
+    check_against_jax(lambda a: (jnp.median(a), jnp.percentile(a, 30.0), a[jnp.argmax(a)]), x)
+
+
 def test_take_along_axis_and_dynamic_slice_like_gather() -> None:
     x = _rand((4, 7))
     idx = RNG.integers(0, 7, size=(4, 3)).astype(np.int32)

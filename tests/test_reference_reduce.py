@@ -209,3 +209,23 @@ ENTRY e {
 }
 """
     check_hlo(text, np.array([3, 1, 1, 4, 0, 0], np.int32), np.array([1, 2, 4, 8, 16], np.int32))
+
+
+def test_map_applies_a_scalar_computation_to_every_element_against_xla() -> None:
+    text = """HloModule m
+fma {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  c = s32[] parameter(2)
+  cf = f32[] convert(c)
+  m = f32[] multiply(a, b)
+  ROOT r = f32[] add(m, cf)
+}
+ENTRY e {
+  x = f32[3,4] parameter(0)
+  y = f32[3,4] parameter(1)
+  z = s32[3,4] parameter(2)
+  ROOT r = f32[3,4] map(x, y, z), dimensions={0,1}, to_apply=fma
+}
+"""
+    check_hlo(text, _rand((3, 4)), _rand((3, 4)), _rand((3, 4), np.int32))

@@ -147,3 +147,11 @@ def test_merge_sort_matches_the_key_sort_on_a_lexicographic_comparator() -> None
     ctx = EvalContext(module)
     with np.errstate(all="ignore"):
         np.testing.assert_array_equal(_merge_sort(ctx, comp, [x, y]), order_keys(ctx, keys, [x, y]))
+
+
+def test_complex_and_bool_sorts_unique_and_searchsorted() -> None:
+    c = (np.round(RNG.standard_normal(20)) + 1j * np.round(RNG.standard_normal(20))).astype(np.complex64)
+    check_against_jax(lambda a: (jnp.sort(a), jnp.argsort(a)), c)
+    check_against_jax(jnp.sort, RNG.random(10) < 0.5)
+    check_against_jax(lambda a: jnp.unique(a, size=6, fill_value=-1), RNG.integers(0, 5, 12).astype(np.int32))
+    check_against_jax(lambda a, v: jnp.searchsorted(jnp.sort(a), v, method="sort"), _rand((11,)), _rand((4,)))

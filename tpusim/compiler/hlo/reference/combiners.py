@@ -144,8 +144,10 @@ def reduce_last_axis(
         a = arrays[0]
         acc = _accumulator(opcode, a.dtype)
         uf = ufunc_for(opcode, acc)
-        red = uf.reduce(a.astype(acc, copy=False), axis=-1, dtype=acc) if uf in (np.add, np.multiply) else uf.reduce(
-            a, axis=-1
+        red = (
+            uf.reduce(a.astype(acc, copy=False), axis=-1, dtype=acc)
+            if uf in (np.add, np.multiply)
+            else uf.reduce(a, axis=-1)
         )
         return [np.asarray(uf(np.asarray(inits[0]).astype(acc), red)).astype(a.dtype)]
     cur = [np.asarray(a) for a in arrays]

@@ -79,7 +79,7 @@ def convolution(
         raise ConvError(f"kernel output features {o} are not divisible by the group count {fg * bg}")
     if n % bg:
         raise ConvError(f"input batch {n} is not divisible by batch_group_count {bg}")
-    flips = [2 + i for i, d in enumerate(window.dims) if d.reversal]
+    flips = tuple(2 + i for i, d in enumerate(window.dims) if d.reversal)
     if flips:
         w = np.flip(w, flips)
     x = dilate_pad(x, window.dims, 0, first_axis=2)

@@ -62,7 +62,7 @@ def _arrays(instr: Instruction, args: Sequence[Value], n: int) -> list[np.ndarra
 
 def _result_dtypes(instr: Instruction) -> list[np.dtype]:
     shapes = instr.shape.leaves() if isinstance(instr.shape, TupleShape) else [instr.shape]
-    return [s.element_type.dtype for s in shapes]
+    return [np.dtype(s.element_type.dtype) for s in shapes]
 
 
 def _lapack(*names: str) -> tuple[str, ...]:

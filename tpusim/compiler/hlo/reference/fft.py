@@ -28,6 +28,7 @@ def fft(x: np.ndarray, fft_type: str, fft_length: Sequence[int], result: np.dtyp
     axes = tuple(range(x.ndim - k, x.ndim))
     s = tuple(int(n) for n in fft_length)
     t = fft_type.upper()
+    out: np.ndarray
     if t in ("FFT", "IFFT"):
         if tuple(x.shape[-k:]) != s:
             raise ValueError(f"{t} of trailing dimensions {list(x.shape[-k:])} with fft_length {list(s)}")

@@ -99,7 +99,7 @@ def gather(
     if any(int(s) == 0 for s in slice_sizes):
         out = np.zeros(batch_shape + tuple(int(slice_sizes[d]) for d in window_dims), operand.dtype)
     else:
-        out = operand[tuple(index)] if r else np.broadcast_to(operand, batch_shape).copy()
+        out = np.asarray(operand[tuple(index)]) if r else np.broadcast_to(operand, batch_shape).copy()
     # Output dimension j is a window dimension when j is in offset_dims, a batch dimension otherwise.
     offsets = sorted(int(d) for d in offset_dims)
     perm, bi = [], 0

@@ -231,8 +231,8 @@ def _rng(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     wide = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
     if dist == "rng_uniform":
         u = _unit(ctx, n, wide)
-        lo, hi = a.astype(wide), b.astype(wide)
-        return (u * (hi - lo) + lo).astype(dtype).reshape(shape)
+        lo, span = float(a.astype(wide)), float(b.astype(wide)) - float(a.astype(wide))
+        return (u * wide.type(span) + wide.type(lo)).astype(dtype).reshape(shape)
     if dist == "rng_normal":
         half = -(-n // 2)
         u1 = np.maximum(_unit(ctx, half, wide), wide.type(1e-7))
