@@ -1,0 +1,110 @@
+"""Buffer assignment: liveness reuse, alignment, in-place loop state and dynamic-update-slice, OOM errors."""
+
+import pytest
+
+from tpusim.compiler.buffer_assignment import ALIGNMENT, OutOfMemoryError, assign_buffers
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.layout_assignment import assign_layouts
+from tpusim.compiler.tiling_rules import load_tiling_rules
+
+RULES = load_tiling_rules("tpu_default")
+
+
+def _assign(text: str, capacity: int = 1 << 30):  # type: ignore[no-untyped-def]
+    module = assign_layouts(parse_module(text), RULES).module
+    return module, assign_buffers(module, capacity)
+
+
+CHAIN = """
+HloModule chain
+ENTRY main {
+  a = f32[64,128] parameter(0)
+  b = f32[64,128] negate(a)
+  c = f32[64,128] exponential(b)
+  d = f32[64,128] negate(c)
+  ROOT e = f32[64,128] exponential(d)
+}
+"""
+
+
+def test_parameters_first_then_liveness_reuse() -> None:
+    _, buffers = _assign(CHAIN)
+    size = 64 * 128 * 4
+    a, b, c, d, e = (buffers.buffer("main", n) for n in "abcde")
+    assert (a.offset, a.kind) == (0, "parameter")
+    assert all(x.offset % ALIGNMENT == 0 for x in (a, b, c, d, e))
+    # b dies when c is computed, so d can reuse its bytes; two temporaries are live at a time.
+    assert d.offset == b.offset and e.kind == "output"
+    assert buffers.hbm_bytes <= 4 * size
+    assert len({b.offset, c.offset}) == 2
+
+
+SCAN = """
+HloModule scan
+body {
+  p = (s32[], f32[8,128], f32[4,8,128]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[8,128] get-tuple-element(p), index=1
+  acc = f32[4,8,128] get-tuple-element(p), index=2
+  one = s32[] constant(1)
+  i2 = s32[] add(i, one)
+  y = f32[8,128] tanh(x)
+  y3 = f32[1,8,128] reshape(y)
+  zero = s32[] constant(0)
+  acc2 = f32[4,8,128] dynamic-update-slice(acc, y3, i, zero, zero)
+  ROOT t = (s32[], f32[8,128], f32[4,8,128]) tuple(i2, y, acc2)
+}
+cond {
+  p = (s32[], f32[8,128], f32[4,8,128]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(4)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+ENTRY main {
+  x0 = f32[8,128] parameter(0)
+  z = f32[] constant(0)
+  acc0 = f32[4,8,128] broadcast(z), dimensions={}
+  i0 = s32[] constant(0)
+  init = (s32[], f32[8,128], f32[4,8,128]) tuple(i0, x0, acc0)
+  w = (s32[], f32[8,128], f32[4,8,128]) while(init), condition=cond, body=body
+  ROOT out = f32[4,8,128] get-tuple-element(w), index=2
+}
+"""
+
+
+def test_scan_state_is_updated_in_place() -> None:
+    _, buffers = _assign(SCAN)
+    state = buffers.buffer("main", "w", (2,))
+    # The stacked output is written in place by the dynamic-update-slice: no copy per iteration.
+    assert buffers.buffer("body", "acc2") == state
+    assert buffers.buffer("main", "acc0") == state  # the loop's operand dies at the loop: shared too
+    assert ("body", (2,)) not in buffers.copy_back
+    # The elementwise tanh may overwrite the state it reads.
+    assert buffers.buffer("body", "y") == buffers.buffer("main", "w", (1,))
+    # The counter is a constant operand of the loop, so it is copied into the state first.
+    assert ("main", "w", (0,)) in buffers.copy_in
+    assert buffers.buffer("main", "out") == state and state.kind == "loop-state"
+
+
+def test_entry_parameters_are_never_updated_in_place() -> None:
+    text = """
+HloModule dus
+ENTRY main {
+  a = f32[4,128] parameter(0)
+  u = f32[1,128] parameter(1)
+  i = s32[] parameter(2)
+  z = s32[] constant(0)
+  ROOT r = f32[4,128] dynamic-update-slice(a, u, i, z)
+}
+"""
+    _, buffers = _assign(text)
+    assert buffers.buffer("main", "r") != buffers.buffer("main", "a")
+
+
+def test_out_of_memory_names_buffer_memory_and_sizes() -> None:
+    with pytest.raises(
+        OutOfMemoryError,
+        match=r"^HBM is full: temporary buffer main/c \(f32\[64,128\]\{1,0:T\(8,128\)\}, 32768 bytes\) would end at "
+        r"byte \d+, but HBM holds 70000 bytes$",
+    ):
+        _assign(CHAIN, capacity=70000)

@@ -1,0 +1,131 @@
+"""Layout assignment: rule sets, precedence of the HLO text, aliases, and inserted relayout copies."""
+
+from pathlib import Path
+
+import pytest
+
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.layout_assignment import assign_layouts
+from tpusim.compiler.tiling_rules import load_tiling_rules
+from tpusim.errors import ConfigError
+from tpusim.memory import Shape, TupleShape, parse_shape
+
+RULES = load_tiling_rules("tpu_default")
+
+
+def _layout(text: str, rules=RULES) -> str:  # type: ignore[no-untyped-def]
+    shape = parse_shape(text)
+    assert isinstance(shape, Shape)
+    return str(shape.with_layout(rules.layout_for(shape)))
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [
+        ("f32[256,512]", "f32[256,512]{1,0:T(8,128)}"),
+        ("f32[3,512]", "f32[3,512]{1,0:T(4,128)}"),
+        ("f32[2,512]", "f32[2,512]{1,0:T(2,128)}"),
+        ("bf16[256,512]", "bf16[256,512]{1,0:T(8,128)(2,1)}"),
+        ("bf16[1,4096]", "bf16[1,4096]{1,0:T(2,128)(2,1)}"),
+        ("s8[64,256]", "s8[64,256]{1,0:T(8,128)(4,1)}"),
+        ("pred[16,128]", "pred[16,128]{1,0:T(8,128)E(32)}"),
+        ("f32[]", "f32[]{:T(128)}"),
+        ("bf16[]", "bf16[]{:T(256)}"),
+        ("pred[]", "pred[]{:T(512)}"),
+        ("f32[100]", "f32[100]{0:T(128)}"),
+        ("bf16[4096]", "bf16[4096]{0:T(1024)(128)(2,1)}"),
+        ("s4[64,128]", "s4[64,128]{1,0:T(8,128)(8,1)E(4)}"),
+        ("f32[8,3]{0,1}", "f32[8,3]{0,1:T(4,128)}"),  # physical order (3, 8): the second-minor size is 3
+    ],
+)
+def test_default_tpu_rules(shape: str, expected: str) -> None:
+    assert _layout(shape) == expected
+
+
+def test_rule_sets_are_chip_relative_and_swappable() -> None:
+    teaching = load_tiling_rules("tpu_default", sublanes=8, lanes=8)
+    assert _layout("bf16[64,64]", teaching) == "bf16[64,64]{1,0:T(8,8)(2,1)}"
+    assert _layout("bf16[256,512]", load_tiling_rules("bf16_16x128")) == "bf16[256,512]{1,0:T(16,128)}"
+    assert _layout("s8[256,512]", load_tiling_rules("int8_32x128")) == "s8[256,512]{1,0:T(32,128)(4,1)}"
+    # A rule set that extends another falls back to its rules.
+    assert _layout("f32[256,512]", load_tiling_rules("bf16_16x128")) == "f32[256,512]{1,0:T(8,128)}"
+
+
+def test_bad_rule_files_name_file_line_and_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nrules:\n  - {rank: 2, tiles: '(8,128)', colour: red}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3: unknown key 'colour' in a tiling rule"):
+        load_tiling_rules(bad)
+    bad.write_text("name: bad\nrules:\n  - {rank: 'lots', tiles: '(8,128)'}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3: 'rank: lots' is not a number or a range"):
+        load_tiling_rules(bad)
+    bad.write_text("name: bad\nrules:\n  - {tiles: '(8,0)'}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3: bad tiles '\(8,0\)': a tile size must be a positive integer"):
+        load_tiling_rules(bad)
+    bad.write_text("name: bad\nname: again\nrules: []\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:2: key 'name' is given twice \(first on line 1\)"):
+        load_tiling_rules(bad)
+    with pytest.raises(ConfigError, match=r"unknown tiling rule set 'nope' \(known: .*tpu_default"):
+        load_tiling_rules("nope")
+
+
+MODULE = """
+HloModule m, entry_computation_layout={(f32[16,256]{1,0:T(8,128)}, bf16[16,256]{1,0})->(f32[16,256]{1,0}, s32[])}
+
+body {
+  p = (s32[], f32[16,256]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[16,256] get-tuple-element(p), index=1
+  one = s32[] constant(1)
+  i2 = s32[] add(i, one)
+  y = f32[16,256]{0,1:T(8,128)} negate(x)
+  ROOT t = (s32[], f32[16,256]) tuple(i2, y)
+}
+
+cond {
+  p = (s32[], f32[16,256]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(3)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+ENTRY main {
+  a = f32[16,256] parameter(0)
+  b = bf16[16,256]{1,0} parameter(1)
+  zero = s32[] constant(0)
+  c = f32[16,256] convert(b)
+  s = f32[16,256] add(a, c)
+  init = (s32[], f32[16,256]) tuple(zero, s)
+  w = (s32[], f32[16,256]) while(init), condition=cond, body=body
+  r = f32[16,256] get-tuple-element(w), index=1
+  k = s32[] get-tuple-element(w), index=0
+  ROOT out = (f32[16,256], s32[]) tuple(r, k)
+}
+"""
+
+
+def test_every_value_gets_a_layout_and_aliases_agree() -> None:
+    result = assign_layouts(parse_module(MODULE), RULES)
+    module = result.module
+    for comp in module.computations:
+        for instr in comp.instructions:
+            leaves = instr.shape.leaves() if isinstance(instr.shape, TupleShape) else [instr.shape]
+            for leaf in leaves:
+                assert leaf.layout is not None and leaf.layout.tiles, f"{comp.name}/{instr.name}: {leaf}"
+    main, body, cond = module["main"], module["body"], module["cond"]
+    assert str(main["b"].shape) == "bf16[16,256]{1,0:T(8,128)(2,1)}"  # text gave only minor_to_major
+    assert main["w"].shape == main["init"].shape  # the loop state keeps its operand's layout
+    assert body["p"].shape == main["init"].shape and cond["p"].shape == main["init"].shape
+    assert main["r"].shape == main["w"].shape.elements[1]  # type: ignore[union-attr]
+
+
+def test_a_body_result_in_another_layout_gets_a_relayout_copy() -> None:
+    result = assign_layouts(parse_module(MODULE), RULES)
+    body = result.module["body"]
+    # y is written {0,1:T(8,128)} in the text; the loop state is {1,0:T(8,128)}: a copy converts it.
+    assert str(body["y"].shape) == "f32[16,256]{0,1:T(8,128)}"
+    (relayout,) = result.relayouts
+    assert relayout.computation == "body" and relayout.source.startswith("t")
+    copy = body[relayout.name]
+    assert copy.opcode == "copy" and str(copy.shape) == "f32[16,256]{1,0:T(8,128)}"
+    assert body.root_instruction.shape == result.module["main"]["w"].shape

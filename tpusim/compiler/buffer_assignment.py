@@ -1,0 +1,446 @@
+"""Buffer assignment: an HBM address for every array value the program keeps in memory.
+
+Which values share one buffer (an *alias class*):
+
+- a ``get-tuple-element``, ``tuple`` or ``opt-barrier`` result and the array leaves it forwards;
+- the parameters of a ``call`` or ``conditional`` branch and the caller's operands;
+- a ``while`` loop's state: the loop result, the body's and the condition's parameters, and, when it is
+  safe, the loop operand (if the loop is its last use) and the body's result (if the state it replaces
+  is dead by the time it is produced; otherwise the lowering copies it back at the end of an iteration);
+- a ``dynamic-update-slice`` and its operand, when the operand dies there and is writable (not an entry
+  parameter or constant): the update is then done in place, as XLA does.
+
+Fusion computations and the scalar computations of reduce, sort, scatter ... have no buffers of their own:
+their values live in VMEM during the operation that runs them.
+
+Allocation is by liveness in schedule (text) order: entry parameters first, then constants (both live for
+the whole run), then every other class first-fit into the lowest free range that is not live at the same
+time, aligned to :data:`ALIGNMENT` bytes. A while body's temporaries get a region that is live while the
+loop runs; a conditional's branches share one region. Running out of HBM is an :class:`OutOfMemoryError`
+naming the buffer, the memory and the sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from tpusim.errors import TpusimError
+from tpusim.memory import AnyShape, Shape, TupleShape
+
+__all__ = ["ALIGNMENT", "ELEMENTWISE", "Buffer", "BufferAssignment", "OutOfMemoryError", "assign_buffers"]
+
+ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | frozenset({"clamp", "select", "compare", "convert", "copy"})
+"""Opcodes whose output element i depends only on operand elements i."""
+
+ALIGNMENT = 512
+"""Buffer alignment in bytes (the 512-byte native DMA access size of TPUv4i, chips.md section 2.3)."""
+
+Key = tuple[str, str, tuple[int, ...]]  # (computation, instruction, leaf index path)
+
+
+class OutOfMemoryError(TpusimError):
+    """A program whose buffers do not fit a memory."""
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """One allocation in HBM.
+
+    Attributes:
+        id: index in :attr:`BufferAssignment.buffers`.
+        offset: byte address.
+        size: bytes (the shape's byte size, padding included).
+        shape: the array shape with its layout.
+        kind: ``parameter``, ``constant``, ``output``, ``loop-state`` or ``temporary``.
+        label: ``computation/instruction{index}`` of the value that defines it, for messages and traces.
+    """
+
+    id: int
+    offset: int
+    size: int
+    shape: Shape
+    kind: str
+    label: str
+
+
+@dataclass(frozen=True)
+class BufferAssignment:
+    """Where each array leaf of each value of the sequential computations lives.
+
+    Attributes:
+        buffers: all buffers, by id.
+        leaves: ``(computation, instruction, index path) -> buffer id`` for every array leaf.
+        hbm_bytes: the highest byte any buffer reaches.
+        copy_back: while loops whose body result leaf does not share the loop state buffer:
+            ``(body computation, leaf index path)`` pairs the lowering must copy at the end of an iteration.
+        copy_in: while loops whose operand leaf does not share the state buffer: ``(computation, while
+            instruction, leaf index path)`` the lowering copies before the loop starts.
+    """
+
+    buffers: tuple[Buffer, ...]
+    leaves: dict[Key, int]
+    hbm_bytes: int
+    copy_back: frozenset[tuple[str, tuple[int, ...]]] = field(default_factory=frozenset)
+    copy_in: frozenset[Key] = field(default_factory=frozenset)
+
+    def buffer(self, computation: str, value: str, index: tuple[int, ...] = ()) -> Buffer:
+        try:
+            return self.buffers[self.leaves[(computation, value, index)]]
+        except KeyError:
+            raise TpusimError(f"no HBM buffer for {computation}/{value}{list(index) if index else ''}") from None
+
+    def value_buffers(self, computation: str, value: str, shape: AnyShape) -> list[Buffer]:
+        """The buffers of every array leaf of a value, in leaf order."""
+        return [self.buffer(computation, value, path) for path, _ in leaf_paths(shape)]
+
+
+def leaf_paths(shape: AnyShape, prefix: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], Shape]]:
+    """Array leaves of a shape (tokens excluded) with their index paths, depth first."""
+    if isinstance(shape, TupleShape):
+        out: list[tuple[tuple[int, ...], Shape]] = []
+        for i, e in enumerate(shape.elements):
+            out.extend(leaf_paths(e, (*prefix, i)))
+        return out
+    return [] if shape.element_type.kind == "token" else [(prefix, shape)]
+
+
+def sequential_computations(module: Module) -> list[str]:
+    """The entry and the computations run as code of their own (while, call, conditional), callers first."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        order.append(name)
+        for instr in module[name].instructions:
+            for callee in _sequential_callees(instr):
+                visit(callee)
+
+    visit(module.entry)
+    return order
+
+
+def _sequential_callees(instr: Instruction) -> tuple[str, ...]:
+    if instr.opcode == "while":
+        return (instr.attr("condition"), instr.attr("body"))
+    if instr.opcode == "call":
+        return (instr.attr("to_apply"),)
+    if instr.opcode == "conditional":
+        branches = instr.attr("branch_computations")
+        return (
+            tuple(branches)
+            if branches is not None
+            else (instr.attr("true_computation"), instr.attr("false_computation"))
+        )
+    return ()
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[Key, Key] = {}
+
+    def add(self, k: Key) -> None:
+        self.parent.setdefault(k, k)
+
+    def find(self, k: Key) -> Key:
+        root = k
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[k] != root:
+            self.parent[k], k = root, self.parent[k]
+        return root
+
+    def union(self, a: Key, b: Key) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+@dataclass
+class _Class:
+    """An alias class: the values that share one buffer."""
+
+    members: list[Key]
+    owner: str  # the outermost computation a member is defined in
+    shape: Shape  # the largest member shape (they normally agree)
+    kind: str = "temporary"
+    buffer: int | None = None
+
+
+class _Planner:
+    def __init__(self, module: Module, hbm_capacity: int) -> None:
+        self.module = module
+        self.capacity = hbm_capacity
+        self.order = sequential_computations(module)
+        self.depth = {name: i for i, name in enumerate(self.order)}
+        self.uf = _UnionFind()
+        self.shapes: dict[Key, Shape] = {}
+        self.kinds: dict[Key, str] = {}  # members that fix a class's kind: parameter, constant
+        self.loop_state: set[Key] = set()
+        # body computation -> (computation holding the while, while instruction, its position, condition)
+        self.loops: dict[str, tuple[str, str, int, str]] = {}
+        self.copy_back: set[tuple[str, tuple[int, ...]]] = set()
+        self.copy_in: set[Key] = set()
+        self.position: dict[tuple[str, str], int] = {}
+        self.last_use: dict[tuple[str, str], int] = {}
+        self.buffers: list[Buffer] = []
+
+    # ------------------------------------------------------------------ aliases
+    def leaves(self, comp: str, instr: Instruction) -> list[Key]:
+        return [(comp, instr.name, path) for path, _ in leaf_paths(instr.shape)]
+
+    def build(self) -> None:
+        for name in self.order:
+            comp = self.module[name]
+            for i, instr in enumerate(comp.instructions):
+                self.position[(name, instr.name)] = i
+                for o in instr.operands:
+                    self.last_use[(name, o)] = i
+                for path, shape in leaf_paths(instr.shape):
+                    self.uf.add((name, instr.name, path))
+                    self.shapes[(name, instr.name, path)] = shape
+                if instr.opcode == "while":
+                    self.loops[instr.attr("body")] = (name, instr.name, i, instr.attr("condition"))
+            self.last_use[(name, comp.root)] = len(comp.instructions)
+        entry = self.module.entry_computation
+        for p in entry.parameters:
+            for key in self.leaves(entry.name, p):
+                self.kinds[key] = "parameter"
+        for name in self.order:
+            comp = self.module[name]
+            for instr in comp.instructions:
+                self._alias(comp, instr)
+
+    def _members(self, key: Key) -> list[Key]:
+        root = self.uf.find(key)
+        return [k for k in self.shapes if self.uf.find(k) == root]
+
+    def _overwritable(self, comp: str, key: Key, position: int) -> bool:
+        """True when the buffer of ``key`` may be overwritten by the instruction at ``position`` of ``comp``.
+
+        It may not be an entry parameter or constant, nothing in ``comp`` may read it after ``position``,
+        and its other members must be dead: inside a loop body, the loop's state (the while operand if it
+        died at the loop, the loop result, the condition's view of the state) is fair game, since the body
+        produces the next state."""
+        loop = self.loops.get(comp)
+        for m in self._members(key):
+            if m in self.kinds:
+                return False
+            if m[0] == comp:
+                if self.last_use.get((comp, m[1]), -1) > position:
+                    return False
+                continue
+            if loop is None:
+                return False
+            parent, while_name, at, cond = loop
+            if m[0] == cond:
+                continue
+            if m[0] != parent:
+                return False
+            defined, last = self.position[(parent, m[1])], self.last_use.get((parent, m[1]), -1)
+            if not (m[1] == while_name or defined > at or last <= at):
+                return False
+        return True
+
+    def _alias(self, comp: Computation, instr: Instruction) -> None:
+        c, op = comp.name, instr.opcode
+        if op == "constant":
+            for key in self.leaves(c, instr):
+                self.kinds[key] = "constant"
+        elif op == "get-tuple-element":
+            index = instr.attr("index")
+            for key in self.leaves(c, instr):
+                self.uf.union((c, instr.operands[0], (index, *key[2])), key)
+        elif op == "tuple":
+            for i, o in enumerate(instr.operands):
+                for path, _ in leaf_paths(comp[o].shape):
+                    self.uf.union((c, o, path), (c, instr.name, (i, *path)))
+        elif op == "opt-barrier":
+            for path, _ in leaf_paths(instr.shape):
+                self.uf.union((c, instr.operands[0], path), (c, instr.name, path))
+        elif op in ("call", "conditional"):
+            for n, callee in enumerate(_sequential_callees(instr)):
+                passed = instr.operands[n + 1 : n + 2] if op == "conditional" else instr.operands
+                for p, o in zip(self.module[callee].parameters, passed):
+                    for path, _ in leaf_paths(p.shape):
+                        self.uf.union((c, o, path), (callee, p.name, path))
+        elif op == "while":
+            self._alias_while(comp, instr)
+        elif op == "dynamic-update-slice":
+            target = (c, instr.operands[0], ())
+            if self._overwritable(c, target, self.position[(c, instr.name)]):
+                self.uf.union(target, (c, instr.name, ()))
+
+    def _alias_while(self, comp: Computation, instr: Instruction) -> None:
+        c = comp.name
+        cond, body = self.module[instr.attr("condition")], self.module[instr.attr("body")]
+        here = self.position[(c, instr.name)]
+        for path, _ in leaf_paths(instr.shape):
+            state = (c, instr.name, path)
+            self.loop_state.add(state)
+            for sub in (cond, body):
+                self.uf.union(state, (sub.name, sub.parameters[0].name, path))
+        for path, _ in leaf_paths(instr.shape):
+            state = (c, instr.name, path)
+            operand = (c, instr.operands[0], path)
+            if self._overwritable(c, operand, here) and self.uf.find(operand) != self.uf.find(state):
+                self.uf.union(state, operand)
+            elif self.uf.find(operand) != self.uf.find(state):
+                self.copy_in.add(state)
+        # The body's result may be built right in the state buffer when the old state is dead by then.
+        for path, _ in leaf_paths(instr.shape):
+            state = self.uf.find((c, instr.name, path))
+            if self.uf.find((body.name, body.root, path)) == state:
+                continue
+            producer = self._producer(body, body.root, path)
+            if producer is not None and self._overwritable(
+                body.name, (c, instr.name, path), self.position[(body.name, producer)] - 1
+            ):
+                self.uf.union(state, (body.name, producer, ()))
+            else:
+                self.copy_back.add((body.name, path))
+
+    def _reads_state_elementwise(self, comp: Computation, producer: str, state: Key) -> bool:
+        """True when ``producer`` is elementwise and reads the state leaf only as a same-shaped operand."""
+        instr = comp[producer]
+        if instr.opcode not in ELEMENTWISE:
+            return False
+        root = self.uf.find(state)
+        for o in instr.operands:
+            key = (comp.name, o, ())
+            same = key in self.shapes and self.uf.find(key) == root
+            if same and self.shapes[key].dimensions != instr.array_shape.dimensions:
+                return False
+        return True
+
+    def _producer(self, comp: Computation, value: str, path: tuple[int, ...]) -> str | None:
+        """The instruction that computes leaf ``path`` of ``value`` as a fresh array of ``comp`` (through
+        tuples), or None when that leaf is a parameter, constant or other alias."""
+        instr = comp[value]
+        while path and instr.opcode == "tuple":
+            instr, path = comp[instr.operands[path[0]]], path[1:]
+        if path or instr.opcode in ("parameter", "constant", "get-tuple-element", "tuple", "opt-barrier"):
+            return None
+        key = (comp.name, instr.name, ())
+        if key not in self.shapes or len(self._members(key)) > 1:
+            return None
+        return instr.name
+
+    # ------------------------------------------------------------------ allocation
+    def allocate(self) -> BufferAssignment:
+        classes: dict[Key, _Class] = {}
+        for key, shape in self.shapes.items():
+            root = self.uf.find(key)
+            cls = classes.get(root)
+            if cls is None:
+                classes[root] = cls = _Class([], key[0], shape)
+            cls.members.append(key)
+            if self.depth[key[0]] < self.depth[cls.owner]:
+                cls.owner = key[0]
+            if shape.byte_size > cls.shape.byte_size:
+                cls.shape = shape
+            if key in self.kinds:
+                cls.kind = self.kinds[key]
+            elif key in self.loop_state and cls.kind == "temporary":
+                cls.kind = "loop-state"
+        entry = self.module.entry_computation
+        for path, _ in leaf_paths(entry.root_instruction.shape):
+            cls = classes[self.uf.find((entry.name, entry.root, path))]
+            if cls.kind == "temporary":
+                cls.kind = "output"
+        offset = 0
+        # Entry parameters in parameter order, then constants: live for the whole run.
+        for p in entry.parameters:
+            for path, _ in leaf_paths(p.shape):
+                offset = self._place(classes[self.uf.find((entry.name, p.name, path))], offset)
+        for cls in classes.values():
+            if cls.kind == "constant" and cls.buffer is None:
+                offset = self._place(cls, offset)
+        self.classes = classes
+        peak = self._allocate_scope(entry.name, offset)
+        leaves = {k: classes[self.uf.find(k)].buffer for k in self.shapes}
+        return BufferAssignment(
+            tuple(self.buffers),
+            leaves,
+            peak,
+            frozenset(self.copy_back),
+            frozenset(self.copy_in),  # type: ignore[arg-type]
+        )
+
+    def _place(self, cls: _Class, at: int) -> int:
+        if cls.buffer is not None:
+            return at
+        first = cls.members[0]
+        label = f"{first[0]}/{first[1]}" + (str(list(first[2])) if first[2] else "")
+        size = cls.shape.byte_size
+        if at + size > self.capacity:
+            raise OutOfMemoryError(
+                f"HBM is full: {cls.kind} buffer {label} ({cls.shape}, {size} bytes) would end at byte "
+                f"{at + size}, but HBM holds {self.capacity} bytes"
+            )
+        cls.buffer = len(self.buffers)
+        self.buffers.append(Buffer(cls.buffer, at, size, cls.shape, cls.kind, label))
+        return _align(at + size)
+
+    def _intervals(self, comp_name: str) -> list[tuple[int, int, _Class | None, tuple[str, ...], int]]:
+        """Live intervals (start, end, class or None for a nested region, callees, bytes) of a scope."""
+        comp = self.module[comp_name]
+        out: list[tuple[int, int, _Class | None, tuple[str, ...], int]] = []
+        for cls in self.classes.values():
+            if cls.owner != comp_name or cls.buffer is not None:
+                continue
+            local = [k for k in cls.members if k[0] == comp_name]
+            start = min(self.position[(k[0], k[1])] for k in local)
+            end = max(max(self.last_use.get((k[0], k[1]), 0), self.position[(k[0], k[1])]) for k in local)
+            if cls.kind == "output":
+                end = len(comp.instructions)
+            out.append((start, end, cls, (), _align(cls.shape.byte_size)))
+        for i, instr in enumerate(comp.instructions):
+            callees = _sequential_callees(instr)
+            if callees:
+                need = max(self._scope_size(c) for c in callees)
+                if need:
+                    out.append((i, i, None, callees, need))
+        return out
+
+    def _scope_size(self, comp_name: str) -> int:
+        """Bytes a computation's own buffers and nested calls need at their peak."""
+        events: list[tuple[int, int]] = []
+        for start, end, _, _, size in self._intervals(comp_name):
+            events += [(start, size), (end + 1, -size)]
+        peak = live = 0
+        for _, delta in sorted(events):
+            live += delta
+            peak = max(peak, live)
+        return peak
+
+    def _allocate_scope(self, comp_name: str, base: int) -> int:
+        """First-fit allocation of a scope's classes above ``base``; returns the highest byte used."""
+        placed: list[tuple[int, int, int, int]] = []  # (start, end, offset, size)
+        peak = base
+        for start, end, cls, callees, size in sorted(self._intervals(comp_name), key=lambda t: (t[0], -t[4])):
+            at = base
+            for s, e, o, z in sorted(placed, key=lambda t: t[2]):
+                if s <= end and start <= e and at < o + z and o < at + size:
+                    at = _align(o + z)
+            if cls is not None:
+                self._place(cls, at)
+            else:
+                for callee in callees:  # branches of a conditional share the region
+                    peak = max(peak, self._allocate_scope(callee, at))
+            placed.append((start, end, at, size))
+            peak = max(peak, at + size)
+        return peak
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+def assign_buffers(module: Module, hbm_capacity_bytes: int) -> BufferAssignment:
+    """Assign HBM buffers to a layout-assigned module (every array shape must carry its final layout)."""
+    planner = _Planner(module, hbm_capacity_bytes)
+    planner.build()
+    return planner.allocate()

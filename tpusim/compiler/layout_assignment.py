@@ -1,0 +1,241 @@
+"""Layout assignment: give every array value of the module a complete tiled layout.
+
+Rules, in order of precedence:
+
+1. A layout written in the HLO text with tiles is kept as written; one with only ``minor_to_major`` keeps
+   that order and takes its tiles from the rule set. The entry computation's parameters and result follow
+   the module header's ``entry_computation_layout`` where it gives tiles.
+2. Values that are the same buffer share one layout: a ``get-tuple-element`` has its tuple element's layout,
+   a ``tuple`` its operands'; the parameters of a ``while`` body and condition, of ``call`` and
+   ``conditional`` branches and of fusion computations take their caller's operand layouts.
+3. Everything else gets the rule set's layout (``configs/tiling/``).
+
+Where two layouts of one buffer disagree (a computation root that must match its caller's result, a
+computation called twice with operands in different layouts), an explicit ``copy`` instruction that
+changes the layout is inserted; the lowering turns it into a relayout DMA whose cost depends on both
+layouts' contiguous runs. Each inserted copy is listed in :attr:`LayoutAssignment.relayouts`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, ProgramShape
+from tpusim.compiler.tiling_rules import TilingRules
+from tpusim.errors import TpusimError
+from tpusim.memory import AnyShape, Shape, TupleShape
+
+__all__ = ["LayoutAssignment", "Relayout", "assign_layouts"]
+
+# Called computations whose values live in HBM buffers of their own (lowered as sequential code).
+_SEQUENTIAL_CALLS = {"while": ("condition", "body"), "call": ("to_apply",), "conditional": None}
+
+
+@dataclass(frozen=True, slots=True)
+class Relayout:
+    """An inserted layout-changing copy: ``name = copy(source)`` in ``computation``, and why."""
+
+    computation: str
+    name: str
+    source: str
+    from_shape: AnyShape
+    to_shape: AnyShape
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutAssignment:
+    module: Module
+    relayouts: tuple[Relayout, ...]
+
+
+class LayoutAssignmentError(TpusimError):
+    """A module whose layouts cannot be made consistent."""
+
+
+def _with_rule_layout(shape: AnyShape, rules: TilingRules) -> AnyShape:
+    if isinstance(shape, TupleShape):
+        return TupleShape(tuple(_with_rule_layout(e, rules) for e in shape.elements))
+    layout = shape.layout
+    if layout is not None and (layout.tiles or shape.element_type.kind == "token"):
+        return shape  # the text's tiled layout wins
+    return shape.with_layout(rules.layout_for(shape, layout.minor_to_major if layout is not None else None))
+
+
+def _called(instr: Instruction) -> tuple[str, ...]:
+    if instr.opcode == "conditional":
+        branches = instr.attr("branch_computations")
+        if branches is not None:
+            return tuple(branches)
+        return (instr.attr("true_computation"), instr.attr("false_computation"))
+    keys = _SEQUENTIAL_CALLS.get(instr.opcode)
+    if instr.opcode == "fusion":
+        keys = ("calls",)
+    return tuple(instr.attr(k) for k in keys or () if instr.attr(k) is not None)
+
+
+def _param_requirements(instr: Instruction) -> list[tuple[str, tuple[int, ...]]]:
+    """(callee, operand indices passed as its parameters) for the computations an instruction calls."""
+    every = tuple(range(len(instr.operands)))
+    if instr.opcode == "conditional":
+        # Operand 0 is the predicate or branch index; branch i takes operand i + 1.
+        return [(c, (i + 1,)) for i, c in enumerate(_called(instr))]
+    if instr.opcode in ("while", "call", "fusion"):
+        return [(c, every) for c in _called(instr)]
+    return []
+
+
+class _Assigner:
+    def __init__(self, module: Module, rules: TilingRules) -> None:
+        self.module = module
+        self.rules = rules
+        self.param_shapes: dict[str, tuple[AnyShape, ...]] = {}
+        self.root_shapes: dict[str, AnyShape] = {}
+        self.relayouts: list[Relayout] = []
+        self.done: dict[str, Computation] = {}
+
+    def run(self) -> LayoutAssignment:
+        entry = self.module.entry_computation
+        header = self.module.attributes.get("entry_computation_layout")
+        params = [p.shape for p in entry.parameters]
+        result: AnyShape = entry.root_instruction.shape
+        if isinstance(header, ProgramShape) and len(header.parameters) == len(params):
+            params = [_prefer_tiled(h, p) for h, p in zip(header.parameters, params)]
+            result = _prefer_tiled(header.result, result)
+        self.param_shapes[entry.name] = tuple(_with_rule_layout(p, self.rules) for p in params)
+        self.root_shapes[entry.name] = _with_rule_layout(result, self.rules)
+        for comp in self._caller_first_order():
+            self.done[comp.name] = self._assign(comp)
+        computations = tuple(self.done.get(c.name, c) for c in self.module.computations)
+        return LayoutAssignment(replace(self.module, computations=computations), tuple(self.relayouts))
+
+    def _caller_first_order(self) -> list[Computation]:
+        order: list[str] = []
+        seen: set[str] = set()
+
+        def visit(name: str) -> None:
+            if name in seen or name not in self.module:
+                return
+            seen.add(name)
+            for instr in self.module[name].instructions:
+                for callee in instr.called_computations():
+                    visit(callee)
+            order.append(name)
+
+        visit(self.module.entry)
+        for comp in self.module.computations:  # computations nobody calls still get layouts
+            visit(comp.name)
+        return [self.module[n] for n in reversed(order)]
+
+    def _assign(self, comp: Computation) -> Computation:
+        shapes: dict[str, AnyShape] = {}
+        out: list[Instruction] = []
+        required_params = self.param_shapes.get(comp.name)
+        for instr in comp.instructions:
+            shape = self._shape_of(instr, shapes, required_params)
+            instr = replace(instr, shape=shape)
+            instr = self._match_callees(comp, instr, shapes, out)
+            shapes[instr.name] = instr.shape
+            out.append(instr)
+        root = comp.root
+        wanted = self.root_shapes.get(comp.name)
+        if wanted is not None and shapes[root] != wanted:
+            reason = f"result of {comp.name} must have its caller's layout"
+            root = self._relayout(comp.name, root, shapes[root], wanted, out, shapes, reason)
+        return replace(comp, instructions=tuple(out), root=root)
+
+    def _shape_of(
+        self, instr: Instruction, shapes: dict[str, AnyShape], required_params: tuple[AnyShape, ...] | None
+    ) -> AnyShape:
+        op = instr.opcode
+        if op == "parameter" and required_params is not None:
+            number = instr.attr("parameter_number")
+            if number >= len(required_params):
+                raise LayoutAssignmentError(
+                    f"{instr.name}: parameter {number} but the caller passes {len(required_params)} operands"
+                )
+            return required_params[number]
+        if op == "get-tuple-element":
+            source = shapes[instr.operands[0]]
+            assert isinstance(source, TupleShape)
+            return source.elements[instr.attr("index")]
+        if op == "tuple":
+            return TupleShape(tuple(shapes[o] for o in instr.operands))
+        if op == "while":
+            return shapes[instr.operands[0]]
+        return _with_rule_layout(instr.shape, self.rules)
+
+    def _match_callees(
+        self, comp: Computation, instr: Instruction, shapes: dict[str, AnyShape], out: list[Instruction]
+    ) -> Instruction:
+        """Record what the instruction's callees must accept; insert operand copies on conflicts."""
+        operands = list(instr.operands)
+        for callee, indices in _param_requirements(instr):
+            wanted = tuple(shapes[operands[i]] for i in indices)
+            have = self.param_shapes.get(callee)
+            if have is None:
+                self.param_shapes[callee] = wanted
+                if instr.opcode == "while" and callee == instr.attr("body"):
+                    self.root_shapes[callee] = shapes[operands[0]]
+                elif instr.opcode in ("call", "conditional"):
+                    self.root_shapes[callee] = instr.shape
+                continue
+            # The callee was laid out for another caller: convert this caller's operands to match.
+            for i, target in zip(indices, have):
+                if shapes[operands[i]] != target:
+                    reason = f"operand {i} of {instr.name}: {callee} was laid out for another caller"
+                    operands[i] = self._relayout(
+                        comp.name, operands[i], shapes[operands[i]], target, out, shapes, reason
+                    )
+        return replace(instr, operands=tuple(operands)) if tuple(operands) != instr.operands else instr
+
+    def _relayout(
+        self,
+        comp: str,
+        source: str,
+        have: AnyShape,
+        want: AnyShape,
+        out: list[Instruction],
+        shapes: dict[str, AnyShape],
+        reason: str,
+    ) -> str:
+        """Append instructions that produce ``source`` in layout ``want``; return the new value's name."""
+        if isinstance(want, Shape):
+            name = _fresh(f"{source}.relayout", shapes)
+            out.append(Instruction(name, "copy", want, (source,), Attributes()))
+            shapes[name] = want
+            self.relayouts.append(Relayout(comp, name, source, have, want, reason))
+            return name
+        assert isinstance(have, TupleShape)
+        parts = []
+        for i, (h, w) in enumerate(zip(have.elements, want.elements)):
+            element = _fresh(f"{source}.{i}", shapes)
+            out.append(Instruction(element, "get-tuple-element", h, (source,), Attributes({"index": i})))
+            shapes[element] = h
+            parts.append(element if h == w else self._relayout(comp, element, h, w, out, shapes, reason))
+        name = _fresh(f"{source}.relayout", shapes)
+        out.append(Instruction(name, "tuple", want, tuple(parts), Attributes()))
+        shapes[name] = want
+        return name
+
+
+def _prefer_tiled(header: AnyShape, text: AnyShape) -> AnyShape:
+    """The header's shape where it carries tiles, else the instruction's own."""
+    if isinstance(header, TupleShape) and isinstance(text, TupleShape):
+        return TupleShape(tuple(_prefer_tiled(h, t) for h, t in zip(header.elements, text.elements)))
+    if isinstance(header, Shape) and header.layout is not None and header.layout.tiles:
+        return header
+    return text
+
+
+def _fresh(base: str, taken: dict[str, AnyShape]) -> str:
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}{n}"
+    return name
+
+
+def assign_layouts(module: Module, rules: TilingRules) -> LayoutAssignment:
+    """Give every array value of ``module`` a complete layout (see the module docstring for the rules)."""
+    return _Assigner(module, rules).run()

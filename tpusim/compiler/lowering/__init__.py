@@ -1,0 +1,41 @@
+"""Lowering: every HLO instruction of a layout- and buffer-assigned module becomes ISA instructions.
+
+Per-opcode rules live in :data:`registry.LOWERINGS` (filled by the modules imported below); anything
+without a rule, or whose rule declines, runs as a fallback (:mod:`.fallback`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpusim.compiler.buffer_assignment import BufferAssignment
+from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.lowering import control, dot, elementwise  # noqa: F401  (register their rules)
+from tpusim.compiler.lowering.context import CompileOptions, Lowering
+from tpusim.compiler.lowering.registry import LOWERINGS, NotLowerable, lowering
+from tpusim.compiler.lowering.sequential import lower_computation
+from tpusim.compiler.tiling_rules import TilingRules
+from tpusim.config import ChipConfig
+from tpusim.isa import Halt, MemRef, Program
+
+__all__ = ["LOWERINGS", "Lowered", "NotLowerable", "lower_module", "lowering"]
+
+
+@dataclass(frozen=True)
+class Lowered:
+    program: Program
+    fallbacks: tuple[tuple[str, str, str, str], ...]
+    hbm_bytes: int
+    constants: tuple[tuple[MemRef, bytes], ...]
+
+
+def lower_module(
+    module: Module, buffers: BufferAssignment, config: ChipConfig, options: CompileOptions, rules: TilingRules
+) -> Lowered:
+    """Lower the entry computation (and, through control flow, everything it calls) for core 0."""
+    ctx = Lowering(module, buffers, config, options, rules)
+    ctx.init_pools()
+    lower_computation(ctx, module.entry)
+    ctx.stream.emit(Halt())
+    program = Program((ctx.stream.build(),), (), tuple(ctx.kernels), name=module.name)
+    return Lowered(program, tuple(ctx.fallen_back), ctx.hbm_peak, tuple(ctx.constants))

@@ -1,0 +1,185 @@
+"""Block planning for vector (VPU) operations: which output dimension to cut into blocks, and which part of
+every fused value each block needs.
+
+An output is cut along one dimension ``t`` (its most major physical dimension larger than one). Working
+back from the root, each instruction of the fused computation learns a *need* ``(dim, offset)``: block
+``k`` of the output needs rows ``offset + k*b .. offset + (k+1)*b`` of that instruction's dimension
+``dim``, and all of its other dimensions; ``dim`` None means the instruction does not vary along ``t`` and
+is needed whole by every block. Each opcode has a rule (:data:`NEED_RULES`) mapping its own need to its
+operands'; an opcode without one, or two users needing different things, makes the plan fail and the
+caller uses a single block or falls back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from math import prod
+
+from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.lowering.registry import NotLowerable
+from tpusim.isa import VPU_FUNCTIONS
+from tpusim.memory import Shape
+
+__all__ = ["NEED_RULES", "Need", "Plan", "block_shape", "plan_needs"]
+
+Need = tuple[int | None, int]
+"""(dimension of the instruction that follows the tiled output dimension, or None; offset along it)."""
+
+NeedRule = Callable[[Instruction, Need, list[Shape]], list[Need | None]]
+"""(instruction, its need, operand shapes) -> each operand's need (None: the operand is not needed)."""
+
+NEED_RULES: dict[str, NeedRule] = {}
+
+ELEMENTWISE_OPS = frozenset(VPU_FUNCTIONS)
+"""HLO opcodes whose operands have the result's dimensions (or are scalars) and that the VPU computes."""
+
+
+def rule(*opcodes: str) -> Callable[[NeedRule], NeedRule]:
+    def register(fn: NeedRule) -> NeedRule:
+        for op in opcodes:
+            NEED_RULES[op] = fn
+        return fn
+
+    return register
+
+
+@rule(*ELEMENTWISE_OPS)
+def _elementwise(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    dim, off = need
+    return [(dim, off) if s.rank == instr.array_shape.rank else (None, 0) for s in operands]
+
+
+@rule("broadcast")
+def _broadcast(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    dim, off = need
+    dims = instr.attr("dimensions", ())
+    if dim is None or dim not in dims:
+        return [(None, 0)]
+    return [(dims.index(dim), off)]
+
+
+@rule("transpose")
+def _transpose(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    dim, off = need
+    return [(None if dim is None else instr.attr("dimensions")[dim], off)]
+
+
+@rule("reshape", "bitcast")
+def _reshape(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    dim, off = need
+    if dim is None:
+        return [(None, 0)]
+    out, src = instr.array_shape.dimensions, operands[0].dimensions
+    before = prod(out[:dim])
+    for j in range(len(src)):
+        if prod(src[:j]) == before and src[j] == out[dim]:
+            return [(j, off)]
+    raise NotLowerable(
+        f"reshape {operands[0].dims_str()} -> {instr.array_shape.dims_str()} splits the blocked dimension"
+    )
+
+
+@rule("slice")
+def _slice(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    dim, off = need
+    if dim is None:
+        return [(None, 0)]
+    s = instr.attr("slice")[dim]
+    if s.stride != 1:
+        raise NotLowerable("a strided slice along the blocked dimension")
+    return [(dim, off + s.start)]
+
+
+@rule("concatenate")
+def _concatenate(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    dim, off = need
+    if dim is not None and dim == instr.attr("dimensions")[0]:
+        raise NotLowerable("concatenating along the blocked dimension")
+    return [(dim, off) for _ in operands]
+
+
+@rule("pad")
+def _pad(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    dim, off = need
+    if dim is not None:
+        p = instr.attr("padding")[dim]
+        if (p.low, p.high, p.interior) != (0, 0, 0):
+            raise NotLowerable("padding along the blocked dimension")
+    return [(dim, off), (None, 0)]
+
+
+@rule("reduce")
+def _reduce(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    dim, off = need
+    if len(operands) != 2:
+        raise NotLowerable("a variadic reduce")
+    reduced = instr.attr("dimensions")
+    kept = [d for d in range(operands[0].rank) if d not in reduced]
+    return [(None if dim is None else kept[dim], off), (None, 0)]
+
+
+@rule("iota", "constant", "parameter")
+def _leaf(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    return []
+
+
+@rule("dynamic-slice")
+def _dynamic_slice(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    dim, _ = need
+    if dim is not None:
+        raise NotLowerable("a dynamic-slice along the blocked dimension")
+    return [(None, 0)] + [(None, 0) for _ in operands[1:]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where each value of a fused computation comes from, per block.
+
+    Attributes:
+        tiled: the blocked dimension of the outputs (None: one block holds everything).
+        extent: the outputs' size along ``tiled`` (1 when None).
+        needs: per needed instruction name, its need.
+        order: needed instructions in computation order.
+    """
+
+    tiled: int | None
+    extent: int
+    needs: dict[str, Need]
+    order: tuple[str, ...]
+
+
+def plan_needs(comp: Computation, roots: list[str], tiled: int | None) -> Plan:
+    """Propagate needs from ``roots`` (blocked along ``tiled``) to every instruction of ``comp``."""
+    needs: dict[str, Need] = {r: (tiled, 0) for r in roots}
+    for instr in reversed(comp.instructions):
+        need = needs.get(instr.name)
+        if need is None:
+            continue
+        rule_fn = NEED_RULES.get(instr.opcode)
+        if rule_fn is None:
+            raise NotLowerable(f"{instr.opcode} has no vector lowering")
+        operand_shapes = [comp[o].shape for o in instr.operands]
+        if not all(isinstance(s, Shape) for s in operand_shapes) or not isinstance(instr.shape, Shape):
+            raise NotLowerable(f"{instr.opcode} on tuples")
+        for operand, wanted in zip(instr.operands, rule_fn(instr, need, operand_shapes)):  # type: ignore[arg-type]
+            if wanted is None:
+                continue
+            have = needs.get(operand)
+            if have is not None and have != wanted:
+                raise NotLowerable(f"{operand} is needed both as {have} and {wanted} per block")
+            needs[operand] = wanted
+    order = tuple(i.name for i in comp.instructions if i.name in needs)
+    extent = 1 if tiled is None else comp[roots[0]].array_shape.dimensions[tiled]
+    return Plan(tiled, extent, needs, order)
+
+
+def block_shape(shape: Shape, need: Need, start: int, size: int) -> tuple[Shape, tuple[int, ...]]:
+    """The block of ``shape`` one block needs (its shape, in ``shape``'s layout) and its offsets in the array."""
+    dim, off = need
+    dims = list(shape.dimensions)
+    offsets = [0] * shape.rank
+    if dim is not None:
+        dims[dim] = size
+        offsets[dim] = off + start
+    return Shape(shape.element_type, tuple(dims), layout=shape.layout), tuple(offsets)

@@ -1,0 +1,327 @@
+"""The state of one lowering: the instruction stream being built and the resources it hands out.
+
+:class:`Lowering` owns the stream builder, the fallback kernels, and four allocators: semaphores and
+scalar registers (taken and given back per HLO instruction), VMEM (a bump allocator over one half of VMEM
+per HLO instruction, alternating halves so consecutive instructions can overlap), and an HBM scratch
+arena above the buffer assignment's peak for temporaries an instruction needs only while it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tpusim.compiler.buffer_assignment import ALIGNMENT, BufferAssignment, leaf_paths
+from tpusim.compiler.errors import CompileError
+from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.tiling_rules import TilingRules
+from tpusim.config import ChipConfig
+from tpusim.isa import FallbackKernel, MemRef, Reg, Space, StreamBuilder
+from tpusim.memory import Shape, pack
+
+__all__ = ["CompileOptions", "Lowering", "OpScope", "control_slice"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileOptions:
+    """Choices a user can make about compilation.
+
+    Attributes:
+        tiling: the tiling rule set (a name in ``configs/tiling/`` or a path).
+        matmul_precision: what an HLO ``DEFAULT`` precision means for f32 dots and convolutions:
+            ``default`` one bf16 pass, ``high`` three, ``highest`` six (JAX's ``jax_default_matmul_precision``).
+        fuse: group chains of elementwise operations into fusions before lowering (as XLA does).
+        vmem_fraction: the share of VMEM one HLO instruction may use (the rest lets the next one start).
+    """
+
+    tiling: str = "tpu_default"
+    matmul_precision: str = "default"
+    fuse: bool = True
+    vmem_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.matmul_precision not in ("default", "high", "highest"):
+            raise CompileError(f"matmul precision must be default, high or highest, not {self.matmul_precision!r}")
+        if not 0.0 < self.vmem_fraction <= 1.0:
+            raise CompileError(f"vmem_fraction must be in (0, 1], not {self.vmem_fraction}")
+
+
+@dataclass
+class OpScope:
+    """Resources held while one HLO instruction is lowered; released when it ends."""
+
+    vmem_base: int
+    vmem_end: int
+    vmem_next: int
+    semaphores: list[int] = field(default_factory=list)
+    registers: list[int] = field(default_factory=list)
+    scratch_next: int = 0
+    smem_next: int = 0
+
+
+class Lowering:
+    """Everything one compilation's lowering reads and builds.
+
+    Attributes:
+        module: the layout-assigned module.
+        buffers: its buffer assignment.
+        config: the chip.
+        options: compile options.
+        rules: the tiling rules (for VMEM blocks a lowering creates).
+        stream: the instruction stream of core 0.
+        kernels: fallback kernels, in creation order.
+        fallen_back: ``(computation, instruction, opcode, reason)`` of every HLO instruction lowered as a
+            fallback.
+    """
+
+    def __init__(
+        self, module: Module, buffers: BufferAssignment, config: ChipConfig, options: CompileOptions, rules: TilingRules
+    ) -> None:
+        self.module = module
+        self.rules = rules
+        self.buffers = buffers
+        self.config = config
+        self.options = options
+        self.stream = StreamBuilder(core=0)
+        self.kernels: list[FallbackKernel] = []
+        self.fallen_back: list[tuple[str, str, str, str]] = []
+        self.constants: list[tuple[MemRef, bytes]] = []  # arrays of fused constants, placed above the buffers
+        self._constant_refs: dict[tuple[str, str], MemRef] = {}
+        self.scratch_base = self._place_fused_constants(buffers.hbm_bytes)
+        self.hbm_peak = self.scratch_base
+        self.vreg_bytes = config.vpu.sublanes * config.vpu.lanes * 4
+        self._half = 0
+        self._labels = 0
+        self._scope: OpScope | None = None
+        self.hlo: str | None = None  # the HLO instruction being lowered, stamped on emitted instructions
+        self.computation: Computation | None = None
+        # HLO values control flow depends on: their instructions compute even in timing-only runs.
+        self.control_values: frozenset[tuple[str, str]] = control_slice(module)
+        self.control = False
+
+    # ------------------------------------------------------------------ emission
+    def emit(self, cls: type, **fields: Any) -> Any:
+        """Construct an instruction of ``cls`` stamped with the current HLO name, append it, return it."""
+        control = self.control or fields.pop("control", False)
+        instr = cls(**fields, control=control, hlo=self.hlo)
+        self.stream.emit(instr)
+        return instr
+
+    def checkpoint(self) -> tuple[int, int, int]:
+        """A mark :meth:`rollback` can return the stream to (when a lowering rule declines halfway)."""
+        return len(self.stream.instructions), len(self.stream.labels), len(self.kernels)
+
+    def rollback(self, mark: tuple[int, int, int]) -> None:
+        del self.stream.instructions[mark[0] :]
+        del self.stream.labels[mark[1] :]
+        del self.kernels[mark[2] :]
+
+    def label(self, hint: str) -> str:
+        self._labels += 1
+        return f"L{self._labels}_{hint}".replace("/", "_")
+
+    def place_label(self, name: str) -> None:
+        self.stream.label(name)
+
+    # ------------------------------------------------------------------ HBM buffers
+    def hbm(self, comp: str, value: str, index: tuple[int, ...] = ()) -> MemRef:
+        """The HBM array of leaf ``index`` of ``value`` in computation ``comp``."""
+        buf = self.buffers.buffer(comp, value, index)
+        shape = self.leaf_shape(comp, value, index)
+        return MemRef(Space.HBM, buf.offset, shape)
+
+    def leaf_shape(self, comp: str, value: str, index: tuple[int, ...] = ()) -> Shape:
+        shape = self.module[comp][value].shape
+        for i in index:
+            shape = shape.elements[i]  # type: ignore[union-attr]
+        assert isinstance(shape, Shape)
+        return shape
+
+    def hbm_leaves(self, comp: str, value: str) -> list[MemRef]:
+        """HBM arrays of every array leaf of a value, in leaf order."""
+        shape = self.module[comp][value].shape
+        return [self.hbm(comp, value, path) for path, _ in leaf_paths(shape)]
+
+    # ------------------------------------------------------------------ per-instruction resources
+    @contextmanager
+    def op(self, comp: Computation, instr: Instruction) -> Iterator[OpScope]:
+        """Hold VMEM, semaphores, registers and HBM scratch while ``instr`` is lowered."""
+        vmem_bytes = self.config.vmem.bytes
+        share = int(vmem_bytes * self.options.vmem_fraction) // ALIGNMENT * ALIGNMENT
+        base = 0 if self._half == 0 or share * 2 > vmem_bytes else share
+        self._half ^= 1
+        outer, outer_hlo, outer_comp = self._scope, self.hlo, self.computation
+        scope = OpScope(
+            base,
+            base + share,
+            base,
+            scratch_next=outer.scratch_next if outer is not None else self.scratch_base,
+            smem_next=outer.smem_next if outer is not None else 0,
+        )
+        self._scope, self.hlo, self.computation = scope, instr.name, comp
+        outer_control, self.control = self.control, (comp.name, instr.name) in self.control_values
+        try:
+            yield scope
+        finally:
+            if outer is not None:  # nested (a called computation lowered inline): hand back to the caller
+                outer.scratch_next = max(outer.scratch_next, scope.scratch_next)
+            self._scope, self.hlo, self.computation, self.control = outer, outer_hlo, outer_comp, outer_control
+            self._free_sems.extend(scope.semaphores)
+            self._free_regs.extend(scope.registers)
+
+    @property
+    def scope(self) -> OpScope:
+        if self._scope is None:
+            raise CompileError("internal: resources requested outside an instruction's lowering")
+        return self._scope
+
+    def vmem(self, shape: Shape) -> MemRef:
+        """A VMEM array of ``shape`` (its layout decides the bytes) for the current instruction."""
+        scope = self.scope
+        size = -(-shape.byte_size // self.vreg_bytes) * self.vreg_bytes
+        if scope.vmem_next + size > scope.vmem_end:
+            raise VmemExhausted(size, scope.vmem_end - scope.vmem_base, self.hlo)
+        ref = MemRef(Space.VMEM, scope.vmem_next, shape)
+        scope.vmem_next += size
+        return ref
+
+    def vmem_free_bytes(self) -> int:
+        scope = self.scope
+        return scope.vmem_end - scope.vmem_next
+
+    def _place_fused_constants(self, base: int) -> int:
+        """Give every array constant of a fused computation an HBM home (buffer assignment only covers
+        sequential computations); returns the first free byte above them."""
+        at = base
+        for comp in self.module.computations:
+            for instr in comp.instructions:
+                key = (comp.name, instr.name)
+                if instr.opcode != "constant" or not isinstance(instr.shape, Shape) or instr.shape.rank == 0:
+                    continue
+                if (comp.name, instr.name, ()) in self.buffers.leaves:
+                    continue
+                ref = MemRef(Space.HBM, at, instr.shape)
+                value = np.asarray(instr.attr("literal").value, dtype=instr.shape.element_type.dtype)
+                self.constants.append((ref, pack(value.reshape(instr.shape.dimensions), instr.shape).tobytes()))
+                self._constant_refs[key] = ref
+                at = -(-(at + instr.shape.byte_size) // ALIGNMENT) * ALIGNMENT
+        if at > self.config.hbm.bytes:
+            raise CompileError(
+                f"HBM is full: the program's constants end at byte {at}, HBM holds {self.config.hbm.bytes}"
+            )
+        return at
+
+    def constant_array(self, instr: Instruction) -> MemRef:
+        """The HBM array holding a constant of a fused computation (or of a sequential one)."""
+        comp = self.computation
+        for c in self.module.computations:
+            ref = self._constant_refs.get((c.name, instr.name))
+            if ref is not None and c[instr.name].attr("literal") == instr.attr("literal"):
+                return ref
+        if comp is not None and (comp.name, instr.name, ()) in self.buffers.leaves:
+            return self.hbm(comp.name, instr.name)
+        raise CompileError(f"internal: constant {instr.name} has no HBM home")
+
+    def smem(self, shape: Shape) -> MemRef:
+        """An SMEM array for the current instruction (scalars control flow reads)."""
+        scope = self.scope
+        at = -(-scope.smem_next // 4) * 4
+        scope.smem_next = at + shape.byte_size
+        if scope.smem_next > self.config.smem.bytes:
+            raise CompileError(f"{self.hlo}: SMEM is full ({self.config.smem.bytes} bytes)")
+        return MemRef(Space.SMEM, at, shape)
+
+    def scratch(self, shape: Shape) -> MemRef:
+        """An HBM temporary that lives while the current instruction is lowered (above all buffers)."""
+        scope = self.scope
+        at = scope.scratch_next
+        scope.scratch_next = -(-(at + shape.byte_size) // ALIGNMENT) * ALIGNMENT
+        if scope.scratch_next > self.config.hbm.bytes:
+            raise CompileError(
+                f"HBM is full: a {shape.byte_size}-byte temporary of {self.hlo} ({shape}) would end at byte "
+                f"{scope.scratch_next}, but HBM holds {self.config.hbm.bytes} bytes"
+            )
+        self.hbm_peak = max(self.hbm_peak, scope.scratch_next)
+        return MemRef(Space.HBM, at, shape)
+
+    _free_sems: list[int]
+    _free_regs: list[int]
+
+    def init_pools(self, reserved_registers: int = 0) -> None:
+        self._free_sems = list(range(self.config.core.semaphores - 1, -1, -1))
+        self._free_regs = list(range(self.config.core.scalar_registers - 1, reserved_registers - 1, -1))
+
+    def semaphore(self) -> int:
+        if not self._free_sems:
+            raise CompileError(f"{self.hlo}: all {self.config.core.semaphores} semaphores are in use")
+        sem = self._free_sems.pop()
+        self.scope.semaphores.append(sem)
+        return sem
+
+    def register(self) -> Reg:
+        if not self._free_regs:
+            raise CompileError(f"{self.hlo}: all {self.config.core.scalar_registers} scalar registers are in use")
+        reg = self._free_regs.pop()
+        self.scope.registers.append(reg)
+        return Reg(reg)
+
+    def release_register(self, reg: Reg) -> None:
+        self.scope.registers.remove(reg.index)
+        self._free_regs.append(reg.index)
+
+
+def control_slice(module: Module) -> frozenset[tuple[str, str]]:
+    """``(computation, instruction)`` pairs whose values decide control flow: loop conditions, branch
+    predicates and indices, dynamic-slice offsets, and everything they depend on, through tuple elements
+    and loop state (leaf by leaf, so a loop counter does not drag in the loop's data)."""
+    state_sources: dict[str, list[tuple[str, str]]] = {}  # condition/body -> (operand, body root) of its loop
+    work: list[tuple[str, str, tuple[int, ...] | None]] = []  # (computation, value, leaf path or None = all)
+    for comp in module.computations:
+        for instr in comp.instructions:
+            if instr.opcode == "while":
+                cond, body = instr.attr("condition"), instr.attr("body")
+                work.append((cond, module[cond].root, None))
+                for sub in (cond, body):
+                    state_sources.setdefault(sub, []).extend(
+                        [(comp.name, instr.operands[0]), (body, module[body].root)]
+                    )
+            elif instr.opcode == "conditional":
+                work.append((comp.name, instr.operands[0], None))
+            elif instr.opcode in ("dynamic-slice", "dynamic-update-slice"):
+                first = 1 if instr.opcode == "dynamic-slice" else 2
+                work += [(comp.name, o, None) for o in instr.operands[first:]]
+    seen: set[tuple[str, str, tuple[int, ...] | None]] = set()
+    wanted: set[tuple[str, str]] = set()
+    while work:
+        item = work.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        comp_name, name, path = item
+        comp = module[comp_name]
+        instr = comp[name]
+        wanted.add((comp_name, name))
+        op = instr.opcode
+        if op == "get-tuple-element":
+            work.append((comp_name, instr.operands[0], (instr.attr("index"), *(path or ()))))
+        elif op == "tuple" and path:
+            work.append((comp_name, instr.operands[path[0]], path[1:] or None))
+        elif op == "parameter":
+            work += [(c, v, path) for c, v in state_sources.get(comp_name, [])]
+        else:
+            work += [(comp_name, o, None) for o in instr.operands]
+            work += [(callee, module[callee].root, None) for callee in instr.called_computations()]
+    return frozenset(wanted)
+
+
+class VmemExhausted(CompileError):
+    """A block plan that does not fit the VMEM share of one instruction (lowerings catch it and re-plan)."""
+
+    def __init__(self, need: int, share: int, hlo: str | None) -> None:
+        self.need = need
+        self.share = share
+        super().__init__(f"{hlo}: a {need}-byte VMEM block does not fit the {share}-byte VMEM share of one instruction")

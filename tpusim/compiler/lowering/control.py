@@ -1,0 +1,122 @@
+"""Control flow on the scalar unit: while, conditional and call, with predicates read at run time.
+
+A loop is not unrolled: its condition and body are lowered once, inline, between labels. The condition's
+``pred[]`` result is copied from HBM into SMEM, loaded into a scalar register and branched on, so the trip
+count is whatever the data says. Buffer assignment has put the loop state in place; where it could not
+(see :mod:`tpusim.compiler.buffer_assignment`), the state is copied in before the loop or copied back at
+the end of an iteration.
+"""
+
+from __future__ import annotations
+
+from tpusim.compiler.buffer_assignment import leaf_paths
+from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.lowering.context import Lowering
+from tpusim.compiler.lowering.registry import lowering
+from tpusim.compiler.lowering.sequential import lower_computation
+from tpusim.isa import Branch, DmaStart, Jump, MemRef, Reg, ScalarAlu, ScalarLoad, SemWait
+from tpusim.memory import Shape
+
+__all__ = ["copy_arrays", "read_scalar"]
+
+
+def copy_arrays(ctx: Lowering, pairs: list[tuple[MemRef, MemRef]]) -> None:
+    """DMA each ``src`` to ``dst`` (whole arrays, any layouts) and wait for all of them."""
+    pairs = [(s, d) for s, d in pairs if (s.space, s.address, s.shape) != (d.space, d.address, d.shape)]
+    if not pairs:
+        return
+    sem = ctx.semaphore()
+    for src, dst in pairs:
+        ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
+    ctx.emit(SemWait, sem=sem, count=len(pairs))
+
+
+def read_scalar(ctx: Lowering, src: MemRef) -> Reg:
+    """Load the one integer or pred element of an HBM array into a fresh scalar register."""
+    shape = Shape(src.element_type, ())
+    slot = ctx.smem(shape)
+    sem = ctx.semaphore()
+    ctx.emit(DmaStart, src=src, dst=slot, sem=sem, control=True)
+    ctx.emit(SemWait, sem=sem, count=1, control=True)
+    reg = ctx.register()
+    ctx.emit(ScalarLoad, dst=reg, src=slot, control=True)
+    return reg
+
+
+def _result_copies(ctx: Lowering, callee: str, comp: Computation, instr: Instruction) -> list[tuple[MemRef, MemRef]]:
+    root = ctx.module[callee].root
+    return [(ctx.hbm(callee, root, path), ctx.hbm(comp.name, instr.name, path)) for path, _ in leaf_paths(instr.shape)]
+
+
+@lowering("while")
+def lower_while(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    cond, body = instr.attr("condition"), instr.attr("body")
+    operand = instr.operands[0]
+    copy_arrays(
+        ctx,
+        [
+            (ctx.hbm(comp.name, operand, path), ctx.hbm(comp.name, instr.name, path))
+            for path, _ in leaf_paths(instr.shape)
+            if (comp.name, instr.name, path) in ctx.buffers.copy_in
+        ],
+    )
+    top, done = ctx.label(f"{instr.name}.cond"), ctx.label(f"{instr.name}.exit")
+    ctx.place_label(top)
+    lower_computation(ctx, cond)
+    flag = read_scalar(ctx, ctx.hbm(cond, ctx.module[cond].root))
+    ctx.emit(Branch, cond="eq", a=flag, b=0, target=done, control=True)
+    ctx.release_register(flag)
+    lower_computation(ctx, body)
+    root = ctx.module[body].root
+    copy_arrays(
+        ctx,
+        [
+            (ctx.hbm(body, root, path), ctx.hbm(comp.name, instr.name, path))
+            for path, _ in leaf_paths(instr.shape)
+            if (body, path) in ctx.buffers.copy_back
+        ],
+    )
+    ctx.emit(Jump, target=top, control=True)
+    ctx.place_label(done)
+
+
+@lowering("conditional")
+def lower_conditional(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    branches = instr.attr("branch_computations")
+    if branches is None:  # predicate form: true branch first
+        branches = (instr.attr("true_computation"), instr.attr("false_computation"))
+        selector = read_scalar(ctx, ctx.hbm(comp.name, instr.operands[0]))
+        # pred true selects branch 0: turn the predicate into an index.
+        ctx.emit(ScalarAlu, fn="eq", dst=selector, a=selector, b=0, control=True)
+    else:
+        selector = read_scalar(ctx, ctx.hbm(comp.name, instr.operands[0]))
+        # XLA runs the last branch for an index outside [0, N).
+        last = len(branches) - 1
+        negative, clamped = ctx.label(f"{instr.name}.negative"), ctx.label(f"{instr.name}.clamped")
+        below = ctx.register()
+        ctx.emit(ScalarAlu, fn="lt", dst=below, a=selector, b=0, control=True)
+        ctx.emit(Branch, cond="ne", a=below, b=0, target=negative, control=True)
+        ctx.emit(ScalarAlu, fn="min", dst=selector, a=selector, b=last, control=True)
+        ctx.emit(Jump, target=clamped, control=True)
+        ctx.place_label(negative)
+        ctx.emit(ScalarAlu, fn="mov", dst=selector, a=last, control=True)
+        ctx.place_label(clamped)
+        ctx.release_register(below)
+    targets = [ctx.label(f"{instr.name}.b{i}") for i in range(len(branches))]
+    end = ctx.label(f"{instr.name}.end")
+    for i, target in enumerate(targets[:-1]):
+        ctx.emit(Branch, cond="eq", a=selector, b=i, target=target, control=True)
+    ctx.emit(Jump, target=targets[-1], control=True)
+    for branch, target in zip(branches, targets):
+        ctx.place_label(target)
+        lower_computation(ctx, branch)
+        copy_arrays(ctx, _result_copies(ctx, branch, comp, instr))
+        ctx.emit(Jump, target=end, control=True)
+    ctx.place_label(end)
+
+
+@lowering("call")
+def lower_call(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    callee = instr.attr("to_apply")
+    lower_computation(ctx, callee)
+    copy_arrays(ctx, _result_copies(ctx, callee, comp, instr))

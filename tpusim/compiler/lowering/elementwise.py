@@ -1,0 +1,477 @@
+"""Vector operations on the VPU, tile by tile: elementwise ops, XLA loop fusions, and the data-movement and
+reduction ops a fusion may hold (broadcast, transpose, reshape, slice, concatenate, pad, iota, convert,
+select, clamp, compare, copy, reduce, dynamic-slice).
+
+A fused computation runs block by block (see :mod:`.blocks`): the inputs of block k+1 are DMA'd from HBM
+into one VMEM buffer set while block k is computed from the other, each fused instruction writes its block
+to VMEM (no HBM round trip between fused ops), and the result block is DMA'd out while the next block
+computes. A single HLO op outside a fusion is lowered the same way, as a fusion of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction
+from tpusim.compiler.lowering.blocks import NEED_RULES, Plan, block_shape, plan_needs
+from tpusim.compiler.lowering.context import Lowering, VmemExhausted
+from tpusim.compiler.lowering.control import read_scalar
+from tpusim.compiler.lowering.registry import NotLowerable, lowering
+from tpusim.isa import (
+    REDUCE_FUNCTIONS,
+    VPU_FUNCTIONS,
+    Const,
+    DmaStart,
+    MemRef,
+    Operand,
+    Reg,
+    SemWait,
+    VpuBroadcast,
+    VpuCopy,
+    VpuIota,
+    VpuMap,
+    VpuReduce,
+    VpuReshape,
+    Window,
+    XluTranspose,
+)
+from tpusim.memory import Shape
+
+__all__ = ["combiner", "lower_vector"]
+
+# Ops that run as "a fusion of one" when they appear outside a fusion.
+_SINGLE_OPS = sorted(set(NEED_RULES) - {"parameter", "constant", "dynamic-slice"})
+_BLOCK_TARGET_BYTES = 1 << 19
+"""Largest output block aimed for: big enough to amortise DMA set-up, small enough to pipeline."""
+
+
+def combiner(ctx: Lowering, name: str) -> str | None:
+    """The VPU reduce function a reducer computation applies (``add`` for ``ROOT r = add(p0, p1)``), or None."""
+    comp = ctx.module[name]
+    root = comp.root_instruction
+    params = {p.name for p in comp.parameters}
+    if len(params) == 2 and root.opcode in REDUCE_FUNCTIONS and set(root.operands) == params:
+        return root.opcode
+    return None
+
+
+_IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": float("-inf"), "minimum": float("inf"), "or": 0, "xor": 0}
+
+
+def _is_identity(fn: str, init: Const) -> bool:
+    """True when combining with ``init`` changes nothing (so a reduce need not apply it)."""
+    if fn == "and":
+        return init.value in (True, -1) or (
+            init.etype.kind == "unsigned" and int(init.value) == (1 << init.etype.bits) - 1
+        )
+    if fn in ("maximum", "minimum") and not init.etype.is_float:
+        info = __import__("numpy").iinfo(init.etype.dtype)
+        return int(init.value) == (info.min if fn == "maximum" else info.max)
+    return fn in _IDENTITY and float(init.value) == _IDENTITY[fn]
+
+
+@dataclass
+class _Emitter:
+    """Emits the blocks of one fused computation."""
+
+    ctx: Lowering
+    comp: Computation  # the fused computation
+    plan: Plan
+    inputs: dict[str, MemRef]  # parameter name -> HBM array of the operand
+    outputs: list[tuple[str, MemRef]]  # (root value, HBM array) pairs
+    block: int
+    hoisted: dict[str, MemRef] = field(default_factory=dict)
+    scalars: dict[str, Reg] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ buffers
+    def _loaded(self, name: str) -> bool:
+        instr = self.comp[name]
+        return instr.opcode == "parameter" or (instr.opcode == "constant" and instr.array_shape.rank > 0)
+
+    def allocate(self) -> tuple[list[dict[str, MemRef]], dict[str, MemRef]]:
+        """VMEM buffers: two sets for per-block inputs and outputs, one for everything else."""
+        sets: list[dict[str, MemRef]] = [{}, {}]
+        single: dict[str, MemRef] = {}
+        roots = {r for r, _ in self.outputs}
+        for name in self.plan.order:
+            instr = self.comp[name]
+            if name in self.scalars or (self._constant_scalar(name) is not None and name not in roots):
+                continue
+            shape, _ = block_shape(instr.array_shape, self.plan.needs[name], 0, self.block)
+            varies = self.plan.needs[name][0] is not None
+            if (self._loaded(name) or name in roots) and varies and self.plan.extent > self.block:
+                sets[0][name], sets[1][name] = self.ctx.vmem(shape), self.ctx.vmem(shape)
+            else:
+                single[name] = self.ctx.vmem(shape)
+        return sets, single
+
+    def _constant_scalar(self, name: str) -> Const | None:
+        instr = self.comp[name]
+        if instr.opcode == "constant" and instr.array_shape.rank == 0:
+            value = instr.attr("literal").value
+            et = instr.array_shape.element_type
+            if et.is_complex or et.dtype is None:
+                raise NotLowerable(f"a {et} constant on the VPU")
+            return Const(value.item() if et.is_float or et.name == "pred" else int(value), et)
+        if instr.opcode == "broadcast" and self._constant_scalar(instr.operands[0]) is not None:
+            return self._constant_scalar(instr.operands[0])
+        return None
+
+    # ------------------------------------------------------------------ emission
+    def run(self) -> None:
+        ctx = self.ctx
+        nblocks = -(-self.plan.extent // self.block)
+        sets, single = self.allocate()
+        sem_in = [ctx.semaphore(), ctx.semaphore()]
+        sem_out = [ctx.semaphore(), ctx.semaphore()]
+        self._hoist(single)
+        pending_out = [0, 0]
+        issued = [self._issue_inputs(0, sets[0], single, sem_in[0])]
+        for k in range(nblocks):
+            if k + 1 < nblocks:
+                issued.append(self._issue_inputs(k + 1, sets[(k + 1) % 2], single, sem_in[(k + 1) % 2]))
+            if issued[k]:
+                ctx.emit(SemWait, sem=sem_in[k % 2], count=issued[k])
+            if pending_out[k % 2]:
+                ctx.emit(SemWait, sem=sem_out[k % 2], count=pending_out[k % 2])
+                pending_out[k % 2] = 0
+            buffers = {**single, **sets[k % 2]}
+            start, size = k * self.block, min(self.block, self.plan.extent - k * self.block)
+            values = self._compute_block(buffers, start, size)
+            for root, hbm in self.outputs:
+                src = values[root]
+                if not isinstance(src, MemRef):
+                    src = self._materialize(root, buffers, start, size, src)
+                dst = self._window(hbm, (self.plan.tiled, 0), start, size)
+                ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[k % 2])
+            pending_out[k % 2] += len(self.outputs)
+        for i in (0, 1):
+            if pending_out[i]:
+                ctx.emit(SemWait, sem=sem_out[i], count=pending_out[i])
+
+    def _window(self, hbm: MemRef, need: tuple[int | None, int], start: int, size: int) -> MemRef:
+        block, offsets = block_shape(hbm.shape, need, start, size)
+        if block.dimensions == hbm.shape.dimensions:
+            return hbm
+        return MemRef(hbm.space, hbm.address, hbm.shape, Window(offsets, block.dimensions))
+
+    def _block_ref(self, ref: MemRef, name: str, start: int, size: int) -> MemRef:
+        """The VMEM buffer of ``name`` with the shape of this block (a partial last block is smaller)."""
+        shape, _ = block_shape(self.comp[name].array_shape, self.plan.needs[name], start, size)
+        return ref if shape == ref.shape else MemRef(ref.space, ref.address, shape)
+
+    def _hoist(self, single: dict[str, MemRef]) -> None:
+        """Load the inputs every block shares once, and the scalars dynamic offsets need."""
+        ctx = self.ctx
+        shared = [n for n in self.plan.order if self._loaded(n) and self.plan.needs[n][0] is None and n in single]
+        if shared:
+            sem = ctx.semaphore()
+            for name in shared:
+                ctx.emit(DmaStart, src=self._source(name), dst=single[name], sem=sem)
+            ctx.emit(SemWait, sem=sem, count=len(shared))
+            self.hoisted = {n: single[n] for n in shared}
+
+    def _source(self, name: str) -> MemRef:
+        instr = self.comp[name]
+        if instr.opcode == "parameter":
+            return self.inputs[name]
+        return self.ctx.constant_array(instr)
+
+    def _issue_inputs(self, k: int, buffers: dict[str, MemRef], single: dict[str, MemRef], sem: int) -> int:
+        start, size = k * self.block, min(self.block, self.plan.extent - k * self.block)
+        count = 0
+        for name in self.plan.order:
+            if not self._loaded(name) or name in self.hoisted:
+                continue
+            dst = buffers.get(name, single.get(name))
+            if dst is None:
+                continue
+            src = self._window(self._source(name), self.plan.needs[name], start, size)
+            self.ctx.emit(DmaStart, src=src, dst=self._block_ref(dst, name, start, size), sem=sem)
+            count += 1
+        return count
+
+    def _materialize(self, name: str, buffers: dict[str, MemRef], start: int, size: int, value: Operand) -> MemRef:
+        dst = self._block_ref(buffers[name], name, start, size) if name in buffers else None
+        if dst is None:
+            shape, _ = block_shape(self.comp[name].array_shape, self.plan.needs[name], start, size)
+            dst = self.ctx.vmem(shape)
+        self.ctx.emit(VpuBroadcast, dst=dst, src=value, dims=())
+        return dst
+
+    def _compute_block(self, buffers: dict[str, MemRef], start: int, size: int) -> dict[str, Operand]:
+        values: dict[str, Operand] = {}
+        for name in self.plan.order:
+            instr = self.comp[name]
+            const = self._constant_scalar(name)
+            if const is not None:
+                values[name] = const
+                continue
+            if name in self.scalars:
+                values[name] = self.scalars[name]
+                continue
+            dst = self._block_ref(buffers[name], name, start, size)
+            if self._loaded(name):
+                values[name] = dst
+                continue
+            srcs = [values[o] for o in instr.operands]
+            _EMITTERS.get(instr.opcode, _emit_elementwise)(self, instr, dst, srcs, start)
+            values[name] = dst
+        return values
+
+    def operand_ref(self, value: Operand, like: Shape) -> MemRef:
+        """A VMEM block for an operand that is a splatted constant (ops other than VpuMap need memory)."""
+        if isinstance(value, MemRef):
+            return value
+        ref = self.ctx.vmem(Shape(like.element_type, like.dimensions, layout=like.layout))
+        self.ctx.emit(VpuBroadcast, dst=ref, src=value, dims=())
+        return ref
+
+
+def _emit_elementwise(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    fn = instr.opcode
+    if fn not in VPU_FUNCTIONS:
+        raise NotLowerable(f"{fn} has no VPU function")
+    direction = None
+    if fn == "compare":
+        direction = instr.attr("direction")
+        if instr.attr("type") == "TOTALORDER" and em.comp[instr.operands[0]].array_shape.element_type.is_float:
+            raise NotLowerable("a total-order float comparison")
+    em.ctx.emit(VpuMap, fn=fn, dst=dst, srcs=tuple(srcs), direction=direction)
+
+
+def _emit_broadcast(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    src = srcs[0]
+    dims = instr.attr("dimensions", ())
+    if not isinstance(src, MemRef):
+        dims = ()
+    em.ctx.emit(VpuBroadcast, dst=dst, src=src, dims=tuple(dims))
+
+
+def _emit_transpose(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    em.ctx.emit(XluTranspose, dst=dst, src=src, permutation=tuple(instr.attr("dimensions")))
+
+
+def _emit_reshape(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    if src.dims == dst.dims:
+        em.ctx.emit(VpuCopy, dst=dst, src=src)
+    else:
+        em.ctx.emit(VpuReshape, dst=dst, src=src)
+
+
+def _emit_copy(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    if not isinstance(srcs[0], MemRef):
+        em.ctx.emit(VpuBroadcast, dst=dst, src=srcs[0], dims=())
+    else:
+        em.ctx.emit(VpuCopy, dst=dst, src=srcs[0])
+
+
+def _sub(ref: MemRef, offsets: tuple[int | Reg, ...], sizes: tuple[int, ...], clamp: bool = False) -> MemRef:
+    if tuple(sizes) == ref.dims and all(o == 0 for o in offsets):
+        return ref
+    return MemRef(ref.space, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes), clamp))
+
+
+def _emit_slice(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    tiled = em.plan.needs[instr.name][0]
+    offsets = tuple(0 if d == tiled else s.start for d, s in enumerate(instr.attr("slice")))
+    if any(s.stride != 1 for d, s in enumerate(instr.attr("slice")) if d != tiled):
+        raise NotLowerable("a strided slice")
+    em.ctx.emit(VpuCopy, dst=dst, src=_sub(src, offsets, dst.dims))
+
+
+def _emit_concatenate(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    axis = instr.attr("dimensions")[0]
+    at = 0
+    for operand, value in zip(instr.operands, srcs):
+        src = em.operand_ref(value, em.comp[operand].array_shape)
+        offsets = tuple(at if d == axis else 0 for d in range(len(dst.dims)))
+        em.ctx.emit(VpuCopy, dst=_sub(dst, offsets, src.dims), src=src)
+        at += src.dims[axis]
+
+
+def _emit_pad(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    pads = instr.attr("padding")
+    if any(p.interior for p in pads):
+        raise NotLowerable("interior padding")
+    em.ctx.emit(VpuBroadcast, dst=dst, src=srcs[1], dims=())
+    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    src_off, dst_off, sizes = [], [], []
+    for p, n in zip(pads, src.dims):
+        lo = max(0, -p.low)
+        hi = n - max(0, -p.high)
+        src_off.append(lo)
+        dst_off.append(max(0, p.low))
+        sizes.append(max(0, hi - lo))
+    if all(sizes):
+        em.ctx.emit(VpuCopy, dst=_sub(dst, tuple(dst_off), tuple(sizes)), src=_sub(src, tuple(src_off), tuple(sizes)))
+
+
+def _emit_iota(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    dim = instr.attr("iota_dimension")
+    em.ctx.emit(VpuIota, dst=dst, dimension=dim)
+    need_dim, off = em.plan.needs[instr.name]
+    if need_dim == dim and start + off:
+        et = dst.element_type
+        em.ctx.emit(
+            VpuMap, fn="add", dst=dst, srcs=(dst, Const(start + off if not et.is_float else float(start + off), et))
+        )
+
+
+def _emit_reduce(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    fn = combiner(em.ctx, instr.attr("to_apply"))
+    if fn is None:
+        raise NotLowerable("a reduce whose combiner is not a single add/multiply/maximum/minimum/and/or/xor")
+    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    em.ctx.emit(VpuReduce, fn=fn, dst=dst, src=src, dims=tuple(instr.attr("dimensions")))
+    init = srcs[1]
+    if isinstance(init, Const) and _is_identity(fn, init):
+        return
+    if isinstance(init, MemRef):
+        init = em.operand_ref(init, em.comp[instr.operands[1]].array_shape)
+        full = em.ctx.vmem(Shape(dst.element_type, dst.dims, layout=dst.shape.layout))
+        em.ctx.emit(VpuBroadcast, dst=full, src=init, dims=())
+        init = full
+    em.ctx.emit(VpuMap, fn=fn, dst=dst, srcs=(dst, init))
+
+
+def _emit_dynamic_slice(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    offsets: list[int | Reg] = []
+    for operand, value in zip(instr.operands[1:], srcs[1:]):
+        if isinstance(value, Const):
+            offsets.append(max(0, int(value.value)))
+        elif isinstance(value, Reg):
+            offsets.append(value)
+        else:
+            raise NotLowerable(f"dynamic-slice index {operand} is not a scalar input")
+    em.ctx.emit(VpuCopy, dst=dst, src=_sub(src, tuple(offsets), dst.dims, clamp=True))
+
+
+_EMITTERS = {
+    "broadcast": _emit_broadcast,
+    "transpose": _emit_transpose,
+    "reshape": _emit_reshape,
+    "bitcast": _emit_reshape,
+    "copy": _emit_copy,
+    "slice": _emit_slice,
+    "concatenate": _emit_concatenate,
+    "pad": _emit_pad,
+    "iota": _emit_iota,
+    "reduce": _emit_reduce,
+    "dynamic-slice": _emit_dynamic_slice,
+}
+
+
+def _tiled_dimension(shape: Shape) -> int | None:
+    """The output dimension to block: the most major physical dimension larger than one."""
+    for d in reversed(shape.effective_layout.minor_to_major):
+        if shape.dimensions[d] > 1:
+            return d
+    return None
+
+
+def _granule(shape: Shape, dim: int) -> int:
+    """Block sizes along ``dim`` are multiples of its first-level tile size (1 for untiled dimensions)."""
+    layout = shape.effective_layout
+    if not layout.tiles:
+        return 1
+    tile = layout.tiles[0].dimensions
+    physical = list(reversed(layout.minor_to_major))
+    position = physical.index(dim) - (len(physical) - len(tile))
+    return tile[position] if position >= 0 and tile[position] > 0 else 1
+
+
+def lower_fused(ctx: Lowering, comp: Computation, inputs: dict[str, MemRef], outputs: list[tuple[str, MemRef]]) -> None:
+    """Lower the fused computation ``comp`` whose parameters read ``inputs`` and whose root values are
+    written to ``outputs``."""
+    roots = [r for r, _ in outputs]
+    first = comp[roots[0]].array_shape
+    same = all(comp[r].array_shape.dimensions == first.dimensions for r in roots)
+    tiled = _tiled_dimension(first) if same else None
+    try:
+        plan = plan_needs(comp, roots, tiled)
+    except NotLowerable:
+        if tiled is None:
+            raise
+        plan = plan_needs(comp, roots, None)
+    granule = _granule(first, plan.tiled) if plan.tiled is not None else 1
+    extent = plan.extent
+    row_bytes = max(1, sum(comp[r].array_shape.byte_size for r in roots) // max(1, extent))
+    block = min(extent, max(granule, min(extent, _BLOCK_TARGET_BYTES // row_bytes) // granule * granule))
+    scalars = _scalar_inputs(ctx, comp, plan, inputs)
+    mark = ctx.checkpoint()
+    vmem_mark = ctx.scope.vmem_next
+    while True:
+        try:
+            _Emitter(ctx, comp, plan, inputs, outputs, block, scalars=scalars).run()
+            return
+        except VmemExhausted:
+            ctx.rollback(mark)
+            ctx.scope.vmem_next = vmem_mark
+            if block <= granule or plan.tiled is None:
+                raise NotLowerable("its blocks do not fit in VMEM") from None
+            block = min(extent, max(granule, block // 2 // granule * granule))
+
+
+def _scalar_inputs(ctx: Lowering, comp: Computation, plan: Plan, inputs: dict[str, MemRef]) -> dict[str, Reg]:
+    """Dynamic-slice offsets that are parameters are read into scalar registers once, up front."""
+    out: dict[str, Reg] = {}
+    for name in plan.order:
+        instr = comp[name]
+        if instr.opcode != "dynamic-slice":
+            continue
+        for operand in instr.operands[1:]:
+            if comp[operand].opcode == "parameter" and operand not in out:
+                reg = read_scalar(ctx, inputs[operand])
+                out[operand] = reg
+    return out
+
+
+def _as_fusion(ctx: Lowering, comp: Computation, instr: Instruction) -> tuple[Computation, dict[str, MemRef]]:
+    """A one-instruction computation for an op outside a fusion, with its operands as parameters."""
+    params, inputs, renamed = [], {}, []
+    for i, operand in enumerate(instr.operands):
+        shape = comp[operand].shape
+        name = f"param.{i}"
+        params.append(Instruction(name, "parameter", shape, (), Attributes({"parameter_number": i})))
+        if comp[operand].opcode == "constant" and isinstance(shape, Shape) and shape.rank == 0:
+            params[-1] = Instruction(
+                name, "constant", shape, (), Attributes({"literal": comp[operand].attr("literal")})
+            )
+        else:
+            inputs[name] = ctx.hbm(comp.name, operand)
+        renamed.append(name)
+    body = Instruction(instr.name, instr.opcode, instr.shape, tuple(renamed), instr.attributes)
+    return Computation(f"{instr.name}.single", (*params, body), instr.name), inputs
+
+
+@lowering(*_SINGLE_OPS)
+def lower_vector(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    if not isinstance(instr.shape, Shape):
+        raise NotLowerable(f"{instr.opcode} with a tuple result")
+    fused, inputs = _as_fusion(ctx, comp, instr)
+    lower_fused(ctx, fused, inputs, [(instr.name, ctx.hbm(comp.name, instr.name))])
+
+
+@lowering("fusion")
+def lower_fusion(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    fused = ctx.module[instr.attr("calls")]
+    inputs: dict[str, MemRef] = {}
+    for p in fused.parameters:
+        operand = instr.operands[p.attr("parameter_number")]
+        if not isinstance(p.shape, Shape):
+            raise NotLowerable("a fusion parameter that is a tuple")
+        inputs[p.name] = ctx.hbm(comp.name, operand)
+    root = fused.root_instruction
+    if root.opcode == "tuple":
+        outputs = [(o, ctx.hbm(comp.name, instr.name, (i,))) for i, o in enumerate(root.operands)]
+    else:
+        outputs = [(root.name, ctx.hbm(comp.name, instr.name))]
+    for r, _ in outputs:
+        if not isinstance(fused[r].shape, Shape):
+            raise NotLowerable("a fusion output that is a tuple")
+    lower_fused(ctx, fused, inputs, outputs)

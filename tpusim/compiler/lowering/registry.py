@@ -1,0 +1,43 @@
+"""Opcode -> lowering rule. Adding an op's hardware lowering is one decorated function.
+
+A rule is ``fn(ctx, comp, instr) -> None``: it appends instructions to ``ctx`` within ``ctx.op(...)``'s
+scope. A rule may raise :class:`NotLowerable` to decline (an unusual attribute, a block that cannot fit);
+the instruction then runs as a fallback, and the report lists it with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tpusim.compiler.errors import CompileError
+
+if TYPE_CHECKING:
+    from tpusim.compiler.hlo.ir import Computation, Instruction
+    from tpusim.compiler.lowering.context import Lowering
+
+__all__ = ["LOWERINGS", "NO_CODE", "LowerFn", "NotLowerable", "lowering"]
+
+LowerFn = Callable[["Lowering", "Computation", "Instruction"], None]
+
+LOWERINGS: dict[str, LowerFn] = {}
+"""Opcode -> hardware lowering rule."""
+
+NO_CODE = frozenset({"parameter", "get-tuple-element", "tuple", "opt-barrier", "after-all", "constant"})
+"""Opcodes that produce no instructions: aliases whose buffers buffer assignment shares, tokens, and constants,
+which the loader places in HBM before the program starts."""
+
+
+class NotLowerable(CompileError):
+    """Raised by a lowering rule that cannot handle this instance; the instruction falls back."""
+
+
+def lowering(*opcodes: str) -> Callable[[LowerFn], LowerFn]:
+    def register(fn: LowerFn) -> LowerFn:
+        for op in opcodes:
+            if op in LOWERINGS:
+                raise RuntimeError(f"two lowering rules for {op!r}")
+            LOWERINGS[op] = fn
+        return fn
+
+    return register

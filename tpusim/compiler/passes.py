@@ -1,0 +1,227 @@
+"""HLO-to-HLO passes that run before layout assignment.
+
+1. ``inline_calls``: replace every ``call`` by the instructions of the computation it calls (XLA's
+   CallInliner), so fusion can see through JAX's nested ``jit`` functions.
+2. ``unfuse``: a fusion whose computation holds an operation the vector unit cannot run inside a fusion
+   (a dot, convolution, gather, sort, ...) is dissolved into its instructions; each then gets its own
+   lowering (the MXU for the dot, for example) and the elementwise rest is fused again by step 3.
+3. ``fuse``: greedy producer-into-consumer fusion of vector operations, as XLA's instruction fusion does:
+   an operation joins the fusion of its users when all of its users are in that fusion and the fusion can
+   still be cut into blocks (:func:`tpusim.compiler.lowering.blocks.plan_needs`). Intermediate values of a
+   fusion never travel through HBM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
+from tpusim.compiler.lowering.blocks import NEED_RULES, plan_needs
+from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.lowering.registry import NotLowerable
+from tpusim.memory import Shape
+
+__all__ = ["fuse", "inline_calls", "prepare_module", "unfuse"]
+
+# Operations a fusion may hold (those with a block rule); parameters are a fusion's inputs.
+FUSIBLE = frozenset(NEED_RULES) - {"parameter"}
+
+
+def prepare_module(module: Module, options: CompileOptions) -> Module:
+    """Make the module ready for lowering: inline calls, dissolve unsupported fusions, fuse."""
+    module = inline_calls(module)
+    module = unfuse(module)
+    return fuse(module) if options.fuse else module
+
+
+# --------------------------------------------------------------------------------------------- inlining
+def _inline(
+    module: Module, comp: Computation, instr: Instruction, callee: Computation, taken: set[str]
+) -> list[Instruction]:
+    """The instructions of ``callee`` renamed into ``comp``, its parameters replaced by ``instr``'s operands and
+    its root renamed to ``instr.name``; the other names get ``instr.name`` as prefix."""
+    rename: dict[str, str] = {}
+    for inner in callee.instructions:
+        if inner.opcode == "parameter":
+            rename[inner.name] = instr.operands[inner.attr("parameter_number")]
+        elif inner.name == callee.root:
+            rename[inner.name] = instr.name
+        else:
+            name = f"{instr.name}.{inner.name}"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            rename[inner.name] = name
+    out = []
+    for inner in callee.instructions:
+        if inner.opcode == "parameter":
+            continue
+        out.append(replace(inner, name=rename[inner.name], operands=tuple(rename[o] for o in inner.operands)))
+    if callee.root_instruction.opcode == "parameter":  # the callee returns a parameter unchanged
+        out.append(Instruction(instr.name, "copy", instr.shape, (rename[callee.root],), Attributes(), instr.loc))
+    return out
+
+
+def _rewrite(module: Module, should_inline) -> Module:  # type: ignore[no-untyped-def]
+    comps = []
+    changed = False
+    for comp in module.computations:
+        taken = {i.name for i in comp.instructions}
+        body: list[Instruction] = []
+        for instr in comp.instructions:
+            callee = should_inline(instr)
+            if callee is None:
+                body.append(instr)
+                continue
+            body += _inline(module, comp, instr, module[callee], taken)
+            changed = True
+        comps.append(replace(comp, instructions=tuple(body)) if changed else comp)
+    return _drop_unused(replace(module, computations=tuple(comps))) if changed else module
+
+
+def _drop_unused(module: Module) -> Module:
+    used: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in used:
+            return
+        used.add(name)
+        for instr in module[name].instructions:
+            for callee in instr.called_computations():
+                visit(callee)
+
+    visit(module.entry)
+    return replace(module, computations=tuple(c for c in module.computations if c.name in used))
+
+
+def inline_calls(module: Module) -> Module:
+    """Replace ``call`` instructions by the called computation's instructions (repeatedly, for nesting)."""
+    for _ in range(64):
+        new = _rewrite(module, lambda i: i.attr("to_apply") if i.opcode == "call" else None)
+        if new is module:
+            return module
+        module = new
+    return module
+
+
+def unfuse(module: Module) -> Module:
+    """Dissolve fusions that hold operations without a vector block rule."""
+
+    def target(instr: Instruction) -> str | None:
+        if instr.opcode != "fusion":
+            return None
+        fused = module[instr.attr("calls")]
+        if all(i.opcode in FUSIBLE or i.opcode == "parameter" for i in fused.instructions) and isinstance(
+            fused.root_instruction.shape, Shape
+        ):
+            return None
+        return fused.name
+
+    return _rewrite(module, target)
+
+
+# --------------------------------------------------------------------------------------------- fusion
+def fuse(module: Module) -> Module:
+    """Greedily fuse vector operations in every computation that runs as code (not inside fusions)."""
+    fused_names = {i.attr("calls") for c in module.computations for i in c.instructions if i.opcode == "fusion"}
+    applied = {callee for c in module.computations for i in c.instructions for callee in i.called_computations()}
+    new_comps: list[Computation] = []
+    extra: list[Computation] = []
+    for comp in module.computations:
+        if comp.name in fused_names or (comp.name in applied and not _runs_as_code(module, comp.name)):
+            new_comps.append(comp)
+            continue
+        comp, made = _fuse_computation(comp)
+        new_comps.append(comp)
+        extra += made
+    return replace(module, computations=tuple(extra) + tuple(new_comps))
+
+
+def _runs_as_code(module: Module, name: str) -> bool:
+    """True for computations run by while/conditional (as opposed to reducers, comparators, fusions)."""
+    for comp in module.computations:
+        for instr in comp.instructions:
+            if instr.opcode == "while" and name in (instr.attr("condition"), instr.attr("body")):
+                return True
+            if instr.opcode == "conditional" and name in instr.called_computations():
+                return True
+    return False
+
+
+def _fuse_computation(comp: Computation) -> tuple[Computation, list[Computation]]:
+    users: dict[str, list[str]] = {i.name: [] for i in comp.instructions}
+    for instr in comp.instructions:
+        for o in set(instr.operands):
+            users[o].append(instr.name)
+    group: dict[str, str] = {}  # member -> leader
+    members: dict[str, list[str]] = {}
+    for instr in reversed(comp.instructions):
+        name = instr.name
+        if not _fusible(instr):
+            continue
+        if name != comp.root and users[name]:
+            leaders = {group.get(u) for u in users[name]}
+            if len(leaders) == 1 and None not in leaders:
+                leader = leaders.pop()
+                assert leader is not None
+                if _still_plannable(comp, members[leader] + [name], leader):
+                    group[name] = leader
+                    members[leader].append(name)
+                    continue
+        group[name] = name
+        members[name] = [name]
+    made: list[Computation] = []
+    replaced: dict[str, Instruction] = {}
+    drop: set[str] = set()
+    for leader, names in members.items():
+        if len(names) < 2:
+            continue
+        fusion, fused = _make_fusion(comp, leader, names)
+        made.append(fused)
+        replaced[leader] = fusion
+        drop.update(n for n in names if n != leader)
+    if not made:
+        return comp, []
+    body = tuple(replaced.get(i.name, i) for i in comp.instructions if i.name not in drop)
+    return replace(comp, instructions=body), made
+
+
+def _fusible(instr: Instruction) -> bool:
+    return instr.opcode in FUSIBLE and isinstance(instr.shape, Shape) and instr.shape.element_type.kind != "token"
+
+
+def _make_fusion(comp: Computation, leader: str, names: list[str]) -> tuple[Instruction, Computation]:
+    inside = set(names)
+    ordered = [i for i in comp.instructions if i.name in inside]
+    params: dict[str, Instruction] = {}
+    body: list[Instruction] = []
+    for instr in ordered:
+        for o in instr.operands:
+            if o not in inside and o not in params:
+                params[o] = Instruction(
+                    f"param.{len(params)}",
+                    "parameter",
+                    comp[o].shape,
+                    (),
+                    Attributes({"parameter_number": len(params)}),
+                )
+        renamed = tuple(params[o].name if o in params else o for o in instr.operands)
+        body.append(replace(instr, operands=renamed))
+    fused = Computation(f"fused.{leader}", (*params.values(), *body), leader)
+    head = comp[leader]
+    fusion = Instruction(
+        leader, "fusion", head.shape, tuple(params), Attributes({"kind": "kLoop", "calls": fused.name}), head.loc
+    )
+    return fusion, fused
+
+
+def _still_plannable(comp: Computation, names: list[str], leader: str) -> bool:
+    """True when the fusion of ``names`` (rooted at ``leader``) can still be cut into blocks."""
+    _, fused = _make_fusion(comp, leader, names)
+    root = fused.root_instruction.array_shape
+    tiled = next((d for d in reversed(root.effective_layout.minor_to_major) if root.dimensions[d] > 1), None)
+    try:
+        plan_needs(fused, [leader], tiled)
+    except NotLowerable:
+        return False
+    return True
