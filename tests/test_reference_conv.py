@@ -139,3 +139,24 @@ def test_conv_transpose_and_depthwise_kernel_gradient() -> None:
         return jnp.sum(jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", feature_group_count=4) ** 2)
 
     check_against_jax(jax.grad(loss, argnums=1), _rand((2, 4, 6, 6)), _rand((8, 1, 3, 3)))
+
+
+def test_feature_mismatch_names_the_instruction() -> None:
+    from tpusim.compiler.hlo import parse_module
+    from tpusim.compiler.hlo.reference import EvalContext, EvaluationError, evaluate_instruction
+
+    text = """HloModule m
+ENTRY e {
+  x = f32[1,4,5] parameter(0)
+  k = f32[2,4,3] parameter(1)
+  ROOT c = f32[1,2,3] convolution(x, k), window={size=3}, dim_labels=bf0_oi0->bf0
+}
+"""
+    module = parse_module(text)
+    comp = module.entry_computation
+    message = (
+        r"^%c \(convolution.*\): input features 3 != kernel input features 4 x feature_group_count 1 "
+        r"\(input \[1, 3, 5\], kernel \[2, 4, 3\]\)$"
+    )
+    with pytest.raises(EvaluationError, match=message):
+        evaluate_instruction(EvalContext(module), comp, comp["c"], [_rand((1, 3, 5)), _rand((2, 4, 3))])

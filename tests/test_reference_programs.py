@@ -214,3 +214,12 @@ def test_shard_map_before_partitioning_explains_what_to_run() -> None:
     module = parse_module(hlo_of(f, x))
     with pytest.raises(EvaluationError, match=r"shard_map boundary .* evaluate_spmd"):
         evaluate(module, [x])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_xla_cpu_optimized_modules(dtype: object) -> None:
+    # What users dump after XLA's passes: fusions, custom fusions around dots, layouts, bitcasts.
+    check_against_jax(
+        transformer_block, _r(2, 8, 16, dtype=dtype), _block_params(16, dtype), tol="composite", optimized=True
+    )
+    check_against_jax(convnet, _convnet_params(), _r(2, 8, 8, 3), tol="composite", optimized=True)

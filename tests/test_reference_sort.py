@@ -155,3 +155,14 @@ def test_complex_and_bool_sorts_unique_and_searchsorted() -> None:
     check_against_jax(jnp.sort, RNG.random(10) < 0.5)
     check_against_jax(lambda a: jnp.unique(a, size=6, fill_value=-1), RNG.integers(0, 5, 12).astype(np.int32))
     check_against_jax(lambda a, v: jnp.searchsorted(jnp.sort(a), v, method="sort"), _rand((11,)), _rand((4,)))
+
+
+def test_comparator_with_the_wrong_arity_names_the_instruction() -> None:
+    from tpusim.compiler.hlo import ir
+    from tpusim.compiler.hlo.reference import EvaluationError, evaluate_instruction
+
+    module = parse_module(ABS_GT)
+    comp = module.entry_computation
+    one = ir.Instruction("s1", "sort", comp["x"].shape, ("x",), comp["s"].attributes)
+    with pytest.raises(EvaluationError, match=r"^%s1 \(sort\): comparator cmp takes 4 parameters, expected 2$"):
+        evaluate_instruction(EvalContext(module), comp, one, [_rand((3, 10))])
