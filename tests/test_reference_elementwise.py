@@ -214,12 +214,41 @@ def measured_differences() -> list[tuple[str, str, float, float]]:
     return rows
 
 
-def test_measured_differences(capsys: pytest.CaptureFixture[str]) -> None:
+def test_measured_differences() -> None:
     """The figures behind TOLERANCES: printed with ``pytest -s -k measured``; each must fit its row."""
     rows = measured_differences()
-    with capsys.disabled():
-        for op, t, d, rel in rows:
-            print(f"MEASURED {op:24s} {t:9s} {d:6.0f} ulp  {rel:.2e} rel")
+    for op, t, d, rel in rows:
+        print(f"MEASURED {op:24s} {t:9s} {d:6.0f} ulp  {rel:.2e} rel")
     for op, t, d, rel in rows:
         tol = tolerance_for(op, t)
         assert d <= tol.ulps or rel <= tol.rtol, (op, t, d, rel, tol)
+
+
+@pytest.mark.parametrize("t", ["s8", "u16", "s32", "u32", "s64", "u64"])
+def test_mulhi_is_the_high_half_of_the_exact_product(t: str) -> None:
+    """mulhi (a newer XLA opcode JAX 0.10's XLA cannot run) against Python's exact integers."""
+    dt = element_type(t).dtype
+    info = np.iinfo(dt)
+    a, b = _int_values(t, np.random.default_rng(4))
+    _, module = ops_module((t, t), (N,), [Op("mulhi", t, (0, 1))])
+    (got,) = evaluate(module, [a, b])
+    want = [((int(x) * int(y)) >> info.bits) % (1 << info.bits) for x, y in zip(a, b)]
+    assert [int(g) % (1 << info.bits) for g in got] == want
+
+
+def test_newer_trigonometric_opcodes_match_libm() -> None:
+    """acos ... sinh (newer XLA opcodes, unimplemented by JAX 0.10's XLA CPU) against Python's math module."""
+    import math
+
+    ops = {"acos": math.acos, "asin": math.asin, "atan": math.atan, "acosh": math.acosh, "asinh": math.asinh,
+           "atanh": math.atanh, "cosh": math.cosh, "sinh": math.sinh}  # fmt: skip
+    x = np.array([-0.9, -0.3, 0.0, 0.25, 0.75, 1.5, 3.0], np.float64)
+    _, module = ops_module(("f64",), x.shape, [Op(o, "f64", (0,)) for o in ops])
+    for (name, f), got in zip(ops.items(), evaluate(module, [x])):
+        for v, g in zip(x, got):
+            try:
+                want = f(float(v))
+            except ValueError:  # outside the domain: NaN
+                assert np.isnan(g), (name, v, g)
+                continue
+            assert ulp_distance(np.float64(g), np.float64(want)) <= 1, (name, v, g, want)

@@ -145,6 +145,15 @@ _TRANSCENDENTAL: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "rsqrt": _rsqrt,
     "cbrt": np.cbrt,
     "erf": _erf,
+    # Newer XLA opcodes (not emitted by JAX 0.10; XLA CPU reports them unimplemented): libm definitions.
+    "acos": np.arccos,
+    "asin": np.arcsin,
+    "atan": np.arctan,
+    "acosh": np.arccosh,
+    "asinh": np.arcsinh,
+    "atanh": np.arctanh,
+    "cosh": np.cosh,
+    "sinh": np.sinh,
 }
 
 # Exactly rounded float ops: computed in the type (f32 for narrow floats).
@@ -458,6 +467,29 @@ def _shift(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
     mask = np.uint64((1 << bits) - 1) if bits < 64 else ~np.uint64(0)
     r = np.asarray(r & mask, dtype=np.uint64)
     return r.astype(et.raw_dtype).view(et.dtype) if bits >= 8 else wrap_int(r.astype(np.int64), et)
+
+
+@register("mulhi", elementwise=True)
+def _mulhi(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """The high half of the full-width product (signed for signed types, unsigned for unsigned ones)."""
+    a, b = args[0], args[1]
+    et = _et(instr)
+    if _kind(a) not in ("signed", "unsigned"):
+        raise EvaluationError(instr, f"mulhi needs integer operands, not {a.dtype}")
+    signed = _kind(a) == "signed"
+    if et.bits < 64:
+        wide = np.int64 if signed else np.uint64
+        product = a.astype(wide) * b.astype(wide)
+        return _int_result(product >> wide(et.bits), et) if et.bits < 8 else _arr(product >> wide(et.bits), et.dtype)
+    ua, ub = a.view(np.uint64), b.view(np.uint64)
+    lo32 = np.uint64(0xFFFF_FFFF)
+    s32 = np.uint64(32)
+    a_lo, a_hi, b_lo, b_hi = ua & lo32, ua >> s32, ub & lo32, ub >> s32
+    cross = (a_lo * b_lo >> s32) + (a_hi * b_lo & lo32) + (a_lo * b_hi & lo32)
+    high = a_hi * b_hi + (a_hi * b_lo >> s32) + (a_lo * b_hi >> s32) + (cross >> s32)
+    if signed:  # two's complement correction of the unsigned high word
+        high = high - np.where(a < 0, ub, np.uint64(0)) - np.where(b < 0, ua, np.uint64(0))
+    return np.asarray(high, dtype=np.uint64).view(et.dtype)
 
 
 @register("atan2", elementwise=True)
