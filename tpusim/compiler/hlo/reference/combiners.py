@@ -107,7 +107,8 @@ def as_arrays(value: Value, n: int) -> list[np.ndarray]:
     """A computation result as a list of ``n`` arrays (a tuple root gives its elements)."""
     out = list(value) if isinstance(value, tuple) else [value]
     if len(out) != n or not all(isinstance(v, np.ndarray) for v in out):
-        raise EvaluationError(None, f"a reduction computation returned {len(out)} values, expected {n} arrays")
+        # A ValueError: the op's dispatcher reports it under the instruction's name.
+        raise ValueError(f"the called computation returned {len(out)} values, expected {n} arrays")
     return out  # type: ignore[return-value]
 
 

@@ -220,7 +220,7 @@ def _merge_sort(ctx: EvalContext, comp: Computation, operands: Sequence[np.ndarr
                 args += [np.where(in_left, theirs, c), np.where(in_left, c, theirs)]
             less = ctx.vectorized_call(comp.name, args)
             if not isinstance(less, np.ndarray) or less.dtype != np.bool_:
-                raise EvaluationError(None, f"sort comparator {comp.name} must return pred")
+                raise ValueError(f"sort comparator {comp.name} must return pred")
             go_right = np.where(in_left, less, ~less)
             lo = np.where(active & go_right, mid + 1, lo)
             hi = np.where(active & ~go_right, mid, hi)
