@@ -119,7 +119,7 @@ def test_unknown_opcode_names_it_and_lists_the_supported_ones() -> None:
     with pytest.raises(
         UnsupportedOpcodeError,
         match=r"^%weird \(frobnicate, line 3\): the reference interpreter has no function for opcode 'frobnicate'; "
-        r"supported opcodes: abs, add, .*while, xor$",
+        r"supported opcodes: abs, acos, .*, add, .*, while, xor$",
     ):
         evaluate(_module_with("frobnicate"), [np.zeros(2, np.float32)])
 
@@ -207,3 +207,17 @@ def test_vectorized_call_on_whole_arrays_and_per_element_fallback() -> None:
         ctx.vectorized_call("max_plus", [a, i])
     with pytest.raises(EvaluationError, match=r"computation max_plus takes 2 arguments, 3 were passed"):
         ctx.vectorized_call("max_plus", [a, a, a])
+
+
+def test_reference_doc_tables_are_up_to_date() -> None:
+    """docs/reference.md's coverage and tolerance tables are what tools/coverage_table.py generates."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("coverage_table", root / "tools" / "coverage_table.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    doc = (root / "docs" / "reference.md").read_text()
+    assert tool.render(doc) == doc, "docs/reference.md is out of date: run python tools/coverage_table.py --write"
