@@ -22,7 +22,7 @@ from tpusim.compiler.hlo.reference import evaluate
 from tpusim.memory import element_type, element_type_of_dtype
 
 FLOATS = ("f32", "f64", "bf16", "f16", "f8e4m3fn", "f8e5m2")
-INTS = ("s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64")
+INTS = ("s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64", "s4", "u4")
 COMPLEX = ("c64", "c128")
 N = 1536
 
@@ -66,15 +66,18 @@ def _float_values(t: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndar
 
 def _int_values(t: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     dt = element_type(t).dtype
-    info = np.iinfo(dt)
+    info = ml_dtypes.iinfo(dt)
     bits = info.bits
-    special = sorted({0, 1, 2, 3, 7, bits - 1, bits, bits + 1, info.max, info.max - 1, info.min, info.min + 1}
-                     | ({-1, -2, -7, -bits} if info.min < 0 else set()))  # fmt: skip
+    special = sorted(v for v in {0, 1, 2, 3, 7, bits - 1, bits, bits + 1, int(info.max), int(info.max) - 1,
+                                 int(info.min), int(info.min) + 1, -1, -2, -7, -bits}
+                     if int(info.min) <= v <= int(info.max))  # fmt: skip
     sp = np.array(special, dtype=object)
     pairs = np.array(list(itertools.product(range(len(sp)), repeat=2)))
     k = N - len(pairs)
-    rnd = rng.integers(int(info.min), int(info.max), size=(2, k), dtype=dt, endpoint=True)
-    small = rng.integers(-3 if info.min < 0 else 0, bits + 3, size=k // 4).astype(dt)
+    rnd = rng.integers(int(info.min), int(info.max), size=(2, k), dtype=np.int64 if bits < 64 else dt, endpoint=True)
+    rnd = rnd.astype(dt)
+    small = rng.integers(-3 if info.min < 0 else 0, bits + 3, size=k // 4)
+    small = np.clip(small, int(info.min), int(info.max)).astype(dt)
     b = np.concatenate([sp[pairs[:, 1]].astype(dt), small, rnd[1][k // 4 :]])
     return np.concatenate([sp[pairs[:, 0]].astype(dt), rnd[0]]), b
 
@@ -173,6 +176,10 @@ def test_elementwise_against_xla(t: str) -> None:
         tol = tolerance_for(op.opcode, t)  # rows are keyed by the operand type (abs of c64 is an f32)
         if op.opcode in ("compare", "is-finite", "convert", "bitcast-convert", "select"):
             tol = tolerance_for("exact", t)
+        if t == "s4" and op.opcode == "popcnt":
+            # XLA CPU counts the bits of the sign-extended byte it stores an s4 in (popcnt(-8) = 5); the
+            # reference counts the 4 bits of the value (1), a deviation docs/reference.md lists.
+            continue
         try:
             assert_close(g, w, tol, f"{t} {op.opcode}{op.attrs_text} -> {op.result}")
         except AssertionError as exc:
