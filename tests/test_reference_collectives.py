@@ -231,3 +231,24 @@ def test_bad_groups_and_device_counts() -> None:
         evaluate(parse_module(REPLICATED), [np.zeros(2, np.float32)])
     with pytest.raises(InputError, match=r"3 devices but inputs for 4 devices"):
         evaluate_spmd(parse_module(REPLICATED), [[np.zeros(2, np.float32)]] * 4, num_devices=3)
+
+
+def test_ragged_all_to_all_follows_the_jax_docstring_example() -> None:
+    """XLA CPU cannot run ragged-all-to-all; this is the worked example of jax.lax.ragged_all_to_all's docs."""
+    text = """
+HloModule ragged, num_partitions=2
+ENTRY main {
+  operand = s32[3] parameter(0)
+  output = s32[4] parameter(1)
+  in_off = s32[2] parameter(2)
+  send = s32[2] parameter(3)
+  out_off = s32[2] parameter(4)
+  recv = s32[2] parameter(5)
+  ROOT r = s32[4] ragged-all-to-all(operand, output, in_off, send, out_off, recv), channel_id=1, replica_groups={{0,1}}
+}
+"""
+    i32 = partial(np.array, dtype=np.int32)
+    device0 = [i32([1, 2, 2]), i32([0, 0, 0, 0]), i32([0, 1]), i32([1, 2]), i32([0, 0]), i32([1, 1])]
+    device1 = [i32([3, 4, 0]), i32([0, 0, 0, 0]), i32([0, 1]), i32([1, 1]), i32([1, 2]), i32([2, 1])]
+    (r0,), (r1,) = evaluate_spmd(parse_module(text), [device0, device1])
+    assert r0.tolist() == [1, 3, 0, 0] and r1.tolist() == [2, 2, 4, 0]

@@ -9,7 +9,7 @@ id. Which devices a collective groups together follows XLA's ``CollectiveOpGroup
 * ``channel_id`` and ``use_global_device_ids=true``: flattened ids; the groups hold device ids;
 * ``channel_id``, ``use_global_device_ids`` false or absent (all-reduce, all-gather, reduce-scatter):
   cross-replica-and-partition; each group of replicas takes every partition of those replicas;
-* ``channel_id`` on all-to-all, collective-permute, collective-broadcast: cross-partition; the groups
+* ``channel_id`` on (ragged-)all-to-all, collective-permute, collective-broadcast: cross-partition; the groups
   (or source-target pairs) hold partition ids, applied within each replica.
 
 Empty ``replica_groups`` mean one group of every replica (partition, device). The order of a group is
@@ -37,7 +37,13 @@ CROSS_PARTITION = "cross-partition"
 CROSS_REPLICA_AND_PARTITION = "cross-replica-and-partition"
 FLATTENED_ID = "flattened-id"
 
-_NO_GLOBAL_IDS = {"all-to-all", "collective-permute", "collective-broadcast", "collective-permute-start"}
+_NO_GLOBAL_IDS = {
+    "all-to-all",
+    "ragged-all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+    "collective-permute-start",
+}
 
 
 def group_mode(instr: Instruction) -> str:
@@ -182,6 +188,31 @@ def _all_to_all(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> 
     if len(ops) != k:  # tuple form: operand j goes to participant j; result i comes from participant i
         raise EvaluationError(instr, f"the tuple form needs one operand per participant ({k}), got {len(ops)}")
     return tuple(everyone[d][rank].copy() for d in group)
+
+
+@register("ragged-all-to-all")
+def _ragged_all_to_all(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """Operands (input, output, input_offsets, send_sizes, output_offsets, recv_sizes): update ``i`` of each
+    sender goes to participant ``i // (updates / group size)``, rows ``input[input_offsets[i]:][:send_sizes[i]]``
+    written at ``output_offsets[i]`` of that participant's ``output`` (jax.lax.ragged_all_to_all; XLA's
+    ragged-all-to-all). Rows nobody writes keep the receiver's ``output``."""
+    group, rank = _my_group(ctx, instr)
+    data, output, in_off, sizes, out_off = (np.asarray(a) for a in args[:5])
+    everyone = exchange(ctx, instr, (data, in_off, sizes, out_off))
+    out = output.copy()
+    for sender in group:
+        s_data, s_in, s_sizes, s_out = everyone[sender]
+        per_peer = len(s_sizes) // len(group)
+        if per_peer * len(group) != len(s_sizes):
+            raise EvaluationError(instr, f"{len(s_sizes)} updates do not split over {len(group)} participants")
+        for i in range(rank * per_peer, (rank + 1) * per_peer):
+            n, src, dst = int(s_sizes[i]), int(s_in[i]), int(s_out[i])
+            if n < 0 or src < 0 or dst < 0 or src + n > s_data.shape[0] or dst + n > out.shape[0]:
+                raise EvaluationError(
+                    instr, f"update {i} of device {sender} ({n} rows from {src} to {dst}) is out of bounds"
+                )
+            out[dst : dst + n] = s_data[src : src + n]
+    return out
 
 
 def _permute_pairs(instr: Instruction) -> tuple[tuple[int, int], ...]:
