@@ -460,6 +460,15 @@ def _error(old, new, error=HloParseError):
         ("parameter(0)\n  c", "parameter(x)\n  c", 10, 27, r"expected the parameter number and '\)'"),
         ("  ROOT r", "  r = f32[] reduce(p c)\n  ROOT r", 12, 22, r"expected '\)' or ',' after an operand, found 'c'"),
         ("to_apply=add\n}", "to_apply=add\n", 14, 1, r"computation main is never closed"),
+        (
+            "ROOT s = f32[] add(a, b)",
+            "ROOT s = add(a, b)",
+            6,
+            12,
+            r"expected the result shape of %s before its opcode add",
+        ),
+        ("add(a, b)", "add(f32[] multiply(a, b), b)", 6, 28, r"found the nested instruction 'multiply\(...\)'"),
+        ("to_apply=add", "to_apply={\n  x = f32[] constant(0)\n}", 12, 57, r"expected a computation name, found '\{'"),
     ],
 )
 def test_parse_errors(old, new, line, column, message):

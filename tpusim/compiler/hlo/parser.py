@@ -330,6 +330,8 @@ class _Parser:
         if om is None:
             om = _OPCODE.search(text, pos, pos + 4096)
         shape = self.shapes.get(text[pos : om.start()]) if om else None
+        if shape is None and om is not None and src.skip_ws(pos) == om.start():
+            raise src.error(om.start(), f"expected the result shape of %{name} before its opcode {om.group(1)}")
         if shape is None:
             shape, end = self._shape(pos)
             end = src.skip_ws(end)
@@ -446,8 +448,15 @@ class _Parser:
                 pos = src.skip_ws(pos)
             at = pos
             operand, pos = src.name(pos, "an operand name")
-            if text.startswith("=", src.skip_ws(pos)):
+            after = src.skip_ws(pos)
+            if text.startswith("=", after):
                 raise src.error(at, f"expected ')' to end the operands, found the attribute '{operand}='")
+            if text.startswith("(", after):
+                raise src.error(
+                    at,
+                    f"expected an operand name, found the nested instruction '{operand}(...)' "
+                    "(not supported: define it on its own line)",
+                )
             if operand not in defined:
                 raise src.error(at, _undefined(operand, defined, computation))
             if declared is not None and not _compatible(declared, defined[operand].shape):
