@@ -296,7 +296,7 @@ def test_legacy_forms():
     assert module.name == "module_main" and module.entry == "main" and module["main"].is_entry
     assert module["max"].attributes["execution_thread"] == "main"
     main = module["main"]
-    assert main.root == "f" and main.instructions[-1].name == "r"
+    assert main.root == "f" and main.instructions[-1].name == "crs"
     g = main["gather"]
     assert dict(g.attributes.items()) == {
         "offset_dims": (1,),
@@ -306,7 +306,19 @@ def test_legacy_forms():
         "slice_sizes": (1, 3),
     }
     assert main["f"].loc.op_name == "old/convert"
-    assert main["gather"].loc.line == 15 and main["gather"].loc.column == 4
+    assert main["typed"].attr("literal").value.tolist() == [[1, 2], [3, 4]]
+    typed_tuple = main["typed_tuple"].attr("literal")
+    assert typed_tuple.tuple_elements[0].value.tolist() == [5, 6] and typed_tuple.tuple_elements[1].value == 7
+    crs = main["crs"]
+    assert crs.opcode == "all-reduce" and crs.attr("channel_id") == 1 and "all_reduce_id" not in crs.attributes
+    barrier = load_module(SAMPLES / "legacy_forms.hlo").entry_computation  # barrier="..." was an all-reduce string
+    text = (SAMPLES / "legacy_forms.hlo").read_text().replace("all_reduce_id=1,", 'all_reduce_id=1, barrier="b0",')
+    assert parse_module(text).entry_computation["crs"].attr("barrier") == "b0" and barrier.name == "main"
+    with pytest.raises(HloParseError, match=r"written as f32\[3\] but its shape is f32\[2,2\]"):
+        parse_module(text.replace("constant(f32[2,2] {{1, 2}, {3, 4}})", "constant(f32[3] {1, 2, 3})"))
+    lines = (SAMPLES / "legacy_forms.hlo").read_text().splitlines()
+    gather_line = next(i for i, line in enumerate(lines, 1) if "%gather =" in line)
+    assert main["gather"].loc.line == gather_line and main["gather"].loc.column == 4
 
 
 def test_source_locations_from_stack_frames():

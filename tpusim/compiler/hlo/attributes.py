@@ -114,6 +114,7 @@ ATTRIBUTE_KINDS: dict[str, str] = {
     "use_global_device_ids": "bool",
     "constrain_layout": "bool",
     "mode": "ident",
+    "barrier": "string",
     "is_host_transfer": "bool",
     "async_execution_thread": "string",
     "cross_program_prefetch_index": "int",
@@ -147,6 +148,8 @@ ALIASES: dict[str, str] = {
     "elided_window_dims": "collapsed_slice_dims",
     "gather_dims_to_operand_dims": "start_index_map",
     "window_bounds": "slice_sizes",
+    # All-reduce before channel ids were shared by all collectives (2019).
+    "all_reduce_id": "channel_id",
 }
 """Printed attribute name -> key it is stored under."""
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from tpusim.compiler.hlo.ir import Literal
 from tpusim.compiler.hlo.lexer import SourceText
-from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type
+from tpusim.errors import LayoutError
+from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type, parse_shape
 
 __all__ = ["ELIDED_HINT", "format_literal", "parse_literal"]
 
@@ -36,6 +37,9 @@ _TOKEN_OR_BRACE = re.compile(r"[{}]|\([^()]*\)|[^\s{},()]+(?:\(0x[0-9A-Fa-f]+\))
 _REAL_TOKEN = re.compile(r"[^\s{},]+")
 _BLANKS = re.compile(r"[\s,]+")
 _DELIMITERS = str.maketrans("{},", "   ")
+# A shape written before the value; its layout, if any, touches the dimensions ("f32[2]{0} {1, 2}").
+_TYPED_ARRAY = re.compile(r"[a-z][a-z0-9]*\[[0-9,<=?\s]*\](?:\{[^{}]*\})?")
+_TYPED_TUPLE = re.compile(r"\(\s*[a-z][a-z0-9]*\[")
 _NAN_PAYLOAD = re.compile(r"(-?)nan\(0x([0-9A-Fa-f]+)\)")
 
 
@@ -46,6 +50,11 @@ def parse_literal(src: SourceText, pos: int, shape: AnyShape) -> tuple[Literal, 
     """Read the literal of a constant of ``shape`` starting at ``pos``; returns (literal, end offset)."""
     pos = src.skip_ws(pos)
     text = src.text
+    written = _written_shape(src, pos)
+    if written is not None:  # older XLA printed the shape inside the literal: constant(f32[2] {1, 2})
+        if not _compatible(written[0], shape):
+            raise src.error(pos, f"the constant's value is written as {written[0]} but its shape is {shape}")
+        pos = src.skip_ws(written[1])
     if isinstance(shape, TupleShape):
         pos = src.expect(pos, "(", f"to start a tuple literal of shape {shape}")
         elements = []
@@ -89,6 +98,32 @@ def parse_literal(src: SourceText, pos: int, shape: AnyShape) -> tuple[Literal, 
         _check_structure(src, pos, body, None, shape, len(tokens))
         value = _values(src, pos, tokens, etype)
     return Literal(shape, value.reshape(shape.dimensions)), end
+
+
+def _written_shape(src: SourceText, pos: int) -> tuple[AnyShape, int] | None:
+    """The shape an old-style typed literal starts with, and the offset after it (None if untyped)."""
+    from tpusim.compiler.hlo.attributes import read_shape
+
+    m = _TYPED_ARRAY.match(src.text, pos)
+    if m:
+        try:
+            return parse_shape(m.group(0)), m.end()
+        except LayoutError as err:
+            raise src.error(pos + err.offset, err.message) from None
+    if _TYPED_TUPLE.match(src.text, pos):
+        return read_shape(src, pos)
+    return None
+
+
+def _compatible(a: AnyShape, b: AnyShape) -> bool:
+    if isinstance(a, TupleShape) or isinstance(b, TupleShape):
+        return (
+            isinstance(a, TupleShape)
+            and isinstance(b, TupleShape)
+            and len(a.elements) == len(b.elements)
+            and all(_compatible(x, y) for x, y in zip(a.elements, b.elements))
+        )
+    return a.element_type == b.element_type and a.dimensions == b.dimensions
 
 
 def _match_braces(src: SourceText, pos: int) -> int:

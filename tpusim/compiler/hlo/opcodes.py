@@ -15,6 +15,7 @@ __all__ = [
     "BINARY_ELEMENTWISE",
     "COMMON_ATTRIBUTES",
     "OPCODES",
+    "OPCODE_ALIASES",
     "TRANSCENDENTAL",
     "UNARY_ELEMENTWISE",
     "OpcodeInfo",
@@ -197,7 +198,7 @@ _op("async-update async-done", 1, optional="calls async_execution_thread")
 
 # ---- collectives, channels, host transfers ----------------------------------------------------------
 _COLLECTIVE = "replica_groups channel_id constrain_layout use_global_device_ids"
-_op("all-reduce all-reduce-start", VARIADIC, "to_apply", _COLLECTIVE + " mode")
+_op("all-reduce all-reduce-start", VARIADIC, "to_apply", _COLLECTIVE + " mode barrier")
 _op("reduce-scatter", VARIADIC, "to_apply dimensions", _COLLECTIVE + " mode")
 _op("all-gather all-gather-start", VARIADIC, "dimensions", _COLLECTIVE)
 _op("all-gather-done all-reduce-done collective-permute-done", 1)
@@ -218,6 +219,10 @@ _op("recv send-done recv-done", 1, optional="channel_id is_host_transfer")
 _op("infeed", 1, optional="infeed_config")
 _op("outfeed", 2, optional="outfeed_config outfeed_shape")
 _op("shuffle", 1)
+
+
+OPCODE_ALIASES = {"cross-replica-sum": "all-reduce"}
+"""Old spellings XLA printed (cross-replica-sum was renamed all-reduce in 2018) -> today's opcode."""
 
 
 def lookup_async(opcode: str) -> tuple[str, str] | None:

@@ -27,7 +27,7 @@ from tpusim.compiler.hlo.attributes import ALIASES, ATTRIBUTE_KINDS, KIND_READER
 from tpusim.compiler.hlo.ir import _CALL_ATTRIBUTES, Attributes, Computation, Instruction, Module, Raw, SourceLoc
 from tpusim.compiler.hlo.lexer import NAME, SourceText, unescape
 from tpusim.compiler.hlo.literals import parse_literal
-from tpusim.compiler.hlo.opcodes import COMMON_ATTRIBUTES, OPCODES, OpcodeInfo, lookup_async
+from tpusim.compiler.hlo.opcodes import COMMON_ATTRIBUTES, OPCODE_ALIASES, OPCODES, OpcodeInfo, lookup_async
 from tpusim.errors import LayoutError
 from tpusim.memory import AnyShape, Shape, ShapeReader, TupleShape
 
@@ -57,7 +57,6 @@ _HINTS = {
     "clz": "count-leading-zeros",
     "optimization-barrier": "opt-barrier",
     "population-count": "popcnt",
-    "cross-replica-sum": "all-reduce",
 }
 
 _HEADER_KINDS = {
@@ -340,7 +339,7 @@ class _Parser:
             self.shapes[text[pos : om.start()]] = shape
         assert om is not None  # the branch above raised otherwise
         opcode = om.group(1)
-        info = OPCODES.get(opcode)
+        info = OPCODES.get(OPCODE_ALIASES.get(opcode, opcode))
         wrapped: OpcodeInfo | None = None
         attrs: list[tuple[str, Any]] = []
         if info is None:
