@@ -21,6 +21,7 @@ collective-permute gets zeros (seed 003, CollectivePermute).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -92,7 +93,7 @@ def _groups_text(instr: Instruction) -> str:
     return rg.text if isinstance(rg, ReplicaGroups) else "{}"
 
 
-def exchange(ctx: EvalContext, instr: Instruction, value: Value) -> list[Value]:
+def exchange(ctx: EvalContext, instr: Instruction, value: Value) -> list[Any]:
     """Every device's ``value`` at collective ``instr``, by device id (the device itself when alone)."""
     if ctx.exchange is None:
         if ctx.num_devices != 1:
@@ -129,12 +130,12 @@ def all_reduce(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> l
 
 
 @register("all-reduce")
-def _all_reduce(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _all_reduce(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return _result(instr, all_reduce(ctx, instr, args))
 
 
 @register("all-reduce-start")
-def _all_reduce_start(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _all_reduce_start(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     values = all_reduce(ctx, instr, args)
     return package_start(instr, args, values[0] if len(values) == 1 else tuple(values))
 
@@ -148,18 +149,18 @@ def all_gather(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> l
 
 
 @register("all-gather")
-def _all_gather(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _all_gather(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return _result(instr, all_gather(ctx, instr, args))
 
 
 @register("all-gather-start")
-def _all_gather_start(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _all_gather_start(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     values = all_gather(ctx, instr, args)
     return package_start(instr, args, values[0] if len(values) == 1 else tuple(values))
 
 
 @register("reduce-scatter")
-def _reduce_scatter(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _reduce_scatter(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     group, rank = _my_group(ctx, instr)
     (axis,) = instr.attr("dimensions", (0,))
     everyone = exchange(ctx, instr, tuple(_operands(args)))
@@ -173,7 +174,7 @@ def _reduce_scatter(ctx: EvalContext, instr: Instruction, args: Sequence[Value])
 
 
 @register("all-to-all")
-def _all_to_all(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _all_to_all(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     group, rank = _my_group(ctx, instr)
     ops = _operands(args)
     everyone = exchange(ctx, instr, tuple(ops))
@@ -191,7 +192,7 @@ def _all_to_all(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> 
 
 
 @register("ragged-all-to-all")
-def _ragged_all_to_all(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _ragged_all_to_all(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     """Operands (input, output, input_offsets, send_sizes, output_offsets, recv_sizes): update ``i`` of each
     sender goes to participant ``i // (updates / group size)``, rows ``input[input_offsets[i]:][:send_sizes[i]]``
     written at ``output_offsets[i]`` of that participant's ``output`` (jax.lax.ragged_all_to_all; XLA's
@@ -220,7 +221,7 @@ def _permute_pairs(instr: Instruction) -> tuple[tuple[int, int], ...]:
     return tuple((int(a), int(b)) for a, b in pairs)
 
 
-def collective_permute(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def collective_permute(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     ops = _operands(args)
     if len(args) == 4 and instr.opcode.startswith("collective-permute") and not isinstance(instr.shape, TupleShape):
         raise EvaluationError(instr, "the in-place collective-permute (4 operands with start indices) is not supported")
@@ -243,17 +244,17 @@ def collective_permute(ctx: EvalContext, instr: Instruction, args: Sequence[Valu
 
 
 @register("collective-permute")
-def _collective_permute(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _collective_permute(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return collective_permute(ctx, instr, args)
 
 
 @register("collective-permute-start")
-def _collective_permute_start(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _collective_permute_start(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return package_start(instr, args, collective_permute(ctx, instr, args))
 
 
 @register("collective-broadcast")
-def _collective_broadcast(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _collective_broadcast(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     group, _ = _my_group(ctx, instr)
     everyone = exchange(ctx, instr, tuple(_operands(args)))
     root = [v.copy() for v in everyone[group[0]]]  # the first id of each group broadcasts
@@ -261,7 +262,7 @@ def _collective_broadcast(ctx: EvalContext, instr: Instruction, args: Sequence[V
 
 
 @register("all-reduce-done", "all-gather-done", "collective-permute-done")
-def _collective_done(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _collective_done(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     started = args[0]
     if check_value(started, instr.shape) is None:
         return started
@@ -271,12 +272,12 @@ def _collective_done(ctx: EvalContext, instr: Instruction, args: Sequence[Value]
 
 
 @register("replica-id")
-def _replica_id(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _replica_id(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return np.array(ctx.replica_id, dtype=np.uint32)
 
 
 @register("partition-id")
-def _partition_id(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _partition_id(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return np.array(ctx.partition_id, dtype=np.uint32)
 
 
@@ -291,7 +292,7 @@ def _data_shape(instr: Instruction) -> TupleShape:
 
 
 @register("infeed")
-def _infeed(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _infeed(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     data_shape = _data_shape(instr).elements[0]
     if not ctx.host.infeed:
         raise EvaluationError(instr, f"the infeed queue of device {ctx.device_id} is empty (expected {data_shape})")
@@ -303,7 +304,7 @@ def _infeed(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Valu
 
 
 @register("outfeed")
-def _outfeed(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _outfeed(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     ctx.host.outfeed.append(args[0])
     return TOKEN
 
@@ -322,19 +323,19 @@ def _channel(instr: Instruction) -> int:
 
 
 @register("send")
-def _send(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _send(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     channel = _channel(instr)
     ctx.host.sent.setdefault(channel, []).append(args[0])
     return (args[0], np.zeros((), np.uint32), TOKEN)
 
 
 @register("send-done")
-def _send_done(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _send_done(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return TOKEN
 
 
 @register("recv")
-def _recv(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _recv(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     channel = _channel(instr)
     data_shape = _data_shape(instr).elements[0]
     queue = ctx.host.recv.get(channel)
@@ -348,7 +349,7 @@ def _recv(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
 
 
 @register("recv-done")
-def _recv_done(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _recv_done(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     started = args[0]
     if not isinstance(started, tuple) or len(started) < 3:
         raise EvaluationError(instr, "operand is not the value of a recv")

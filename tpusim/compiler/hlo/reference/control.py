@@ -13,6 +13,7 @@ OptimizationBarrier, CustomCall) and ``HloEvaluator``'s behaviour where the seed
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def zeros_of(shape: AnyShape) -> Value:
 
 
 @register("constant", elementwise=True)
-def _constant(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _constant(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     lit = instr.attr("literal")
     if not isinstance(lit, Literal):
         raise EvaluationError(instr, "constant has no literal value")
@@ -58,12 +59,12 @@ def _constant(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Va
 
 
 @register("tuple", elementwise=True)
-def _tuple(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _tuple(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return tuple(args)
 
 
 @register("get-tuple-element", elementwise=True)
-def _get_tuple_element(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _get_tuple_element(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     value = args[0]
     index = instr.attr("index")
     if not isinstance(value, tuple) or not 0 <= index < len(value):
@@ -72,32 +73,32 @@ def _get_tuple_element(ctx: EvalContext, instr: Instruction, args: Sequence[Valu
 
 
 @register("opt-barrier", "domain")
-def _identity(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _identity(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return args[0]
 
 
 @register("add-dependency")
-def _add_dependency(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _add_dependency(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return args[0]  # operand 1 is a token that only orders execution
 
 
 @register("after-all", "create-token")
-def _after_all(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _after_all(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return TOKEN
 
 
 @register("call")
-def _call(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _call(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return ctx.call(instr.attr("to_apply"), args)
 
 
 @register("fusion")
-def _fusion(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _fusion(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return ctx.call(instr.attr("calls"), args)
 
 
 @register("while")
-def _while(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _while(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     condition, body = instr.attr("condition"), instr.attr("body")
     state = args[0]
     while True:
@@ -108,7 +109,7 @@ def _while(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
 
 
 @register("conditional")
-def _conditional(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _conditional(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     branches = instr.attr("branch_computations")
     selector = np.asarray(args[0])
     if branches is not None:
@@ -138,7 +139,7 @@ def package_start(instr: Instruction, operands: Sequence[Value], result: Value) 
 
 
 @register("async-start")
-def _async_start(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _async_start(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     wrapped = instr.async_wrapped_instruction()  # XLA's short form, e.g. custom-call-start(...)
     if wrapped is not None:
         fn = REFERENCE.get(wrapped.opcode)
@@ -151,12 +152,12 @@ def _async_start(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) ->
 
 
 @register("async-update")
-def _async_update(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _async_update(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return args[0]
 
 
 @register("async-done")
-def _async_done(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _async_done(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     started = args[0]
     if check_value(started, instr.shape) is None:
         return started
@@ -166,7 +167,7 @@ def _async_done(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> 
 
 
 @register("copy-start")
-def _copy_start(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _copy_start(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     shape = instr.shape
     # XLA: copy-start produces (destination, source, u32[] context).
     extra = tuple(zeros_of(s) for s in shape.elements[2:]) if isinstance(shape, TupleShape) else ()
@@ -174,7 +175,7 @@ def _copy_start(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> 
 
 
 @register("copy-done")
-def _copy_done(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _copy_done(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     started = args[0]
     if not isinstance(started, tuple):
         raise EvaluationError(instr, "operand is not the value of a copy-start")
@@ -191,7 +192,7 @@ def _copy_value(value: Value) -> Value:
 # rng-get-and-update-state
 # ---------------------------------------------------------------------------------------------
 @register("rng-get-and-update-state")
-def _rng_get_and_update_state(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _rng_get_and_update_state(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     """Returns the 128-bit state as u64[2] (low word first) and adds ``delta`` to it, modulo 2**128."""
     delta = int(instr.attr("delta", 0))
     state = ctx.rng_state
@@ -225,7 +226,7 @@ def custom_call_target(instr: Instruction) -> str:
 
 
 @register("custom-call")
-def _custom_call(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _custom_call(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     target = custom_call_target(instr)
     fn = CUSTOM_CALLS.get(target)
     if fn is None:

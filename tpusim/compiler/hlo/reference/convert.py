@@ -60,6 +60,11 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
     return _F32 if is_narrow_float(dtype) else np.dtype(dtype)
 
 
+def _np_dtype(et: ElementType) -> np.dtype:
+    assert et.dtype is not None, "token types hold no values"
+    return et.dtype
+
+
 def round_result(r: np.ndarray, out: np.dtype) -> np.ndarray:
     """Round an f32/f64 result to the result type as XLA CPU does: the f8 and f4 types through f16."""
     out = np.dtype(out)
@@ -158,7 +163,7 @@ def _bits_u64(x: np.ndarray, et: ElementType) -> np.ndarray:
 
 def _from_bits(bits: np.ndarray, et: ElementType) -> np.ndarray:
     raw = (bits & np.uint64((1 << et.bits) - 1)) if et.bits < 64 else bits
-    return raw.astype(et.raw_dtype).view(et.dtype)
+    return raw.astype(et.raw_dtype).view(_np_dtype(et))
 
 
 def bitcast_convert(x: np.ndarray, to: ElementType | str) -> np.ndarray:
@@ -173,7 +178,7 @@ def bitcast_convert(x: np.ndarray, to: ElementType | str) -> np.ndarray:
     if src.kind == "complex" or to.kind == "complex":
         if src.bits != to.bits:
             raise ValueError(f"bitcast-convert between {src.name} and {to.name} needs equal widths")
-        return np.ascontiguousarray(x).view(to.dtype)
+        return np.ascontiguousarray(x).view(_np_dtype(to))
     if src.bits == to.bits:
         return _from_bits(_bits_u64(x, src), to)
     if src.bits > to.bits:
@@ -230,7 +235,7 @@ def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> n
         exponent = bits & exp_mask
         signed_zero = bits & sign
         bits = np.where(exponent > max_exp, signed_zero | exp_mask, np.where(exponent <= min_exp, signed_zero, bits))
-    out = np.asarray(bits, dtype=udt).view(et.dtype)
+    out = np.asarray(bits, dtype=udt).view(_np_dtype(et))
     # A NaN comes back unchanged, whatever the widths (XLA CPU keeps its bits, also for mantissa_bits=0).
     out = np.where(np.isnan(x.astype(_F32) if nbits < 32 else x), x, out)
     return np.asarray(out, dtype=et.dtype)

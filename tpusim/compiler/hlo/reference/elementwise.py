@@ -29,6 +29,7 @@ XLA facts implemented here (each pinned by a test that runs the same HLO on XLA 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -58,6 +59,19 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 def _et(instr: Instruction) -> ElementType:
     shape = instr.shape
     return shape.element_type  # type: ignore[union-attr]
+
+
+def _dtype(instr: Instruction) -> np.dtype:
+    """The numpy dtype of the result element type."""
+    dt = _et(instr).dtype
+    if dt is None:
+        raise EvaluationError(instr, "the result is a token, not an array")
+    return dt
+
+
+def _np_dtype(et: ElementType) -> np.dtype:
+    assert et.dtype is not None, "token types hold no values"
+    return et.dtype
 
 
 def _arr(x: object, dtype: np.dtype) -> np.ndarray:
@@ -167,17 +181,17 @@ _EXACT_FLOAT_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 
 @register(*_TRANSCENDENTAL, elementwise=True)
-def _unary_transcendental(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _unary_transcendental(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     if _kind(x) not in ("float", "complex"):
         raise EvaluationError(instr, f"{instr.opcode} needs a float or complex operand, not {x.dtype}")
     if instr.opcode == "cbrt" and _kind(x) == "complex":
         raise EvaluationError(instr, "cbrt of a complex operand is not defined by XLA")
-    return _transcendental(_TRANSCENDENTAL[instr.opcode], _et(instr).dtype, x)
+    return _transcendental(_TRANSCENDENTAL[instr.opcode], _dtype(instr), x)
 
 
 @register("logistic", elementwise=True)
-def _logistic(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _logistic(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     """``1 / (1 + exp(-x))``. XLA CPU computes it in f32 for f32 and bf16 (one rounding at the end) but step by
     step in f16 arithmetic for f16 and the f8 types (upcast to f16), so there ``exp(-x)`` overflows for
     x < -11.1 and the result is 0 (measured: f16 logistic(-15) = 0, not 3e-7)."""
@@ -185,7 +199,7 @@ def _logistic(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Va
     kind = _kind(x)
     if kind not in ("float", "complex"):
         raise EvaluationError(instr, f"logistic needs a float or complex operand, not {x.dtype}")
-    out = _et(instr).dtype
+    out = _dtype(instr)
     if kind == "float" and x.dtype.itemsize <= 2 and x.dtype != _BF16:
         f16 = np.dtype(np.float16)
         e = _transcendental(np.exp, f16, np.negative(x.astype(f16)))
@@ -195,20 +209,20 @@ def _logistic(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Va
 
 
 @register(*_EXACT_FLOAT_UNARY, elementwise=True)
-def _unary_exact_float(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _unary_exact_float(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     if instr.opcode == "sqrt" and _kind(x) == "complex":
-        return _transcendental(np.sqrt, _et(instr).dtype, x)
+        return _transcendental(np.sqrt, _dtype(instr), x)
     if _kind(x) != "float":
         raise EvaluationError(instr, f"{instr.opcode} needs a float operand, not {x.dtype}")
-    return _float_op(_EXACT_FLOAT_UNARY[instr.opcode], _et(instr).dtype, x)
+    return _float_op(_EXACT_FLOAT_UNARY[instr.opcode], _dtype(instr), x)
 
 
 @register("abs", elementwise=True)
-def _abs(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _abs(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     kind = _kind(x)
-    out = _et(instr).dtype
+    out = _dtype(instr)
     if kind == "complex":
         return _transcendental(np.abs, out, x)
     if kind == "float":
@@ -219,27 +233,27 @@ def _abs(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
 
 
 @register("negate", elementwise=True)
-def _negate(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _negate(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     et = _et(instr)
     kind = _kind(x)
     if kind in ("float", "complex"):
-        return _arr(np.negative(x), et.dtype)  # flips the sign bit: denormals are kept
+        return _arr(np.negative(x), _dtype(instr))  # flips the sign bit: denormals are kept
     if et.bits < 8:
         return wrap_int(-x.astype(np.int64), et)
-    return _arr(np.negative(x), et.dtype)
+    return _arr(np.negative(x), _dtype(instr))
 
 
 @register("sign", elementwise=True)
-def _sign_op(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _sign_op(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     if _et(instr).bits < 8 and _kind(x) in ("signed", "unsigned"):
         return wrap_int(_sign(x.astype(np.int64)), _et(instr))
-    return _arr(_sign(x), _et(instr).dtype)
+    return _arr(_sign(x), _dtype(instr))
 
 
 @register("not", elementwise=True)
-def _not(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _not(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     kind = _kind(x)
     if kind == "pred":
@@ -250,7 +264,7 @@ def _not(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
 
 
 @register("is-finite", elementwise=True)
-def _is_finite(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _is_finite(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     if _kind(x) != "float":
         raise EvaluationError(instr, f"is-finite needs a float operand, not {x.dtype}")
@@ -258,9 +272,9 @@ def _is_finite(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> V
 
 
 @register("real", "imag", elementwise=True)
-def _real_imag(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _real_imag(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
-    out = _et(instr).dtype
+    out = _dtype(instr)
     if _kind(x) == "complex":
         return _arr(np.real(x) if instr.opcode == "real" else np.imag(x), out)
     if _kind(x) != "float":
@@ -278,7 +292,7 @@ def _unsigned_bits(x: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 @register("popcnt", elementwise=True)
-def _popcnt(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _popcnt(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     if _kind(x) not in ("signed", "unsigned"):
         raise EvaluationError(instr, f"popcnt needs an integer operand, not {x.dtype}")
@@ -287,7 +301,7 @@ def _popcnt(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Valu
 
 
 @register("count-leading-zeros", "clz", elementwise=True)
-def _clz(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _clz(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     if _kind(x) not in ("signed", "unsigned"):
         raise EvaluationError(instr, f"count-leading-zeros needs an integer operand, not {x.dtype}")
@@ -308,7 +322,7 @@ def _int_work(x: np.ndarray) -> np.ndarray:
 
 
 def _int_result(r: np.ndarray, et: ElementType) -> np.ndarray:
-    return wrap_int(np.asarray(r), et) if et.bits < 8 else _arr(r, et.dtype)
+    return wrap_int(np.asarray(r), et) if et.bits < 8 else _arr(r, _np_dtype(et))
 
 
 def _int_divide(a: np.ndarray, b: np.ndarray, signed: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -403,7 +417,7 @@ _INT_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 
 
 @register("add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "power", elementwise=True)
-def _arith(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _arith(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     a, b = args[0], args[1]
     op = instr.opcode
     et = _et(instr)
@@ -414,16 +428,16 @@ def _arith(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
         return np.asarray(_PRED_BINARY[op](a, b))
     if kind == "float":
         if op == "power":
-            return _transcendental(np.power, et.dtype, a, b)
+            return _transcendental(np.power, _dtype(instr), a, b)
         if op == "remainder":
-            return _float_op(_fmod, et.dtype, a, b, daz=False)
-        return _float_op(_FLOAT_BINARY[op], et.dtype, a, b)
+            return _float_op(_fmod, _dtype(instr), a, b, daz=False)
+        return _float_op(_FLOAT_BINARY[op], _dtype(instr), a, b)
     if kind == "complex":
         if op in ("maximum", "minimum", "remainder"):
             raise EvaluationError(instr, f"{op} is not defined on complex operands")
         if op in ("divide", "power"):
-            return _transcendental(np.divide if op == "divide" else np.power, et.dtype, a, b)
-        return _arr(_FLOAT_BINARY[op](a, b), et.dtype)
+            return _transcendental(np.divide if op == "divide" else np.power, _dtype(instr), a, b)
+        return _arr(_FLOAT_BINARY[op](a, b), _dtype(instr))
     wa, wb = _int_work(a), _int_work(b)
     signed = kind == "signed"
     if op in ("divide", "remainder"):
@@ -435,7 +449,7 @@ def _arith(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
 
 
 @register("and", "or", "xor", elementwise=True)
-def _bitwise(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _bitwise(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     a, b = args[0], args[1]
     kind = _kind(a)
     if kind == "pred":
@@ -446,7 +460,7 @@ def _bitwise(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Val
 
 
 @register("shift-left", "shift-right-logical", "shift-right-arithmetic", elementwise=True)
-def _shift(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _shift(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     a, b = args[0], args[1]
     et = _et(instr)
     if _kind(a) not in ("signed", "unsigned"):
@@ -466,11 +480,11 @@ def _shift(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
         r = np.where(in_range, shifted, fill)
     mask = np.uint64((1 << bits) - 1) if bits < 64 else ~np.uint64(0)
     r = np.asarray(r & mask, dtype=np.uint64)
-    return r.astype(et.raw_dtype).view(et.dtype) if bits >= 8 else wrap_int(r.astype(np.int64), et)
+    return r.astype(et.raw_dtype).view(_dtype(instr)) if bits >= 8 else wrap_int(r.astype(np.int64), et)
 
 
 @register("mulhi", elementwise=True)
-def _mulhi(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _mulhi(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     """The high half of the full-width product (signed for signed types, unsigned for unsigned ones)."""
     a, b = args[0], args[1]
     et = _et(instr)
@@ -480,7 +494,7 @@ def _mulhi(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
     if et.bits < 64:
         wide = np.int64 if signed else np.uint64
         product = a.astype(wide) * b.astype(wide)
-        return _int_result(product >> wide(et.bits), et) if et.bits < 8 else _arr(product >> wide(et.bits), et.dtype)
+        return _int_result(product >> wide(et.bits), et)
     ua, ub = a.view(np.uint64), b.view(np.uint64)
     lo32 = np.uint64(0xFFFF_FFFF)
     s32 = np.uint64(32)
@@ -489,21 +503,21 @@ def _mulhi(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
     high = a_hi * b_hi + (a_hi * b_lo >> s32) + (a_lo * b_hi >> s32) + (cross >> s32)
     if signed:  # two's complement correction of the unsigned high word
         high = high - np.where(a < 0, ub, np.uint64(0)) - np.where(b < 0, ua, np.uint64(0))
-    return np.asarray(high, dtype=np.uint64).view(et.dtype)
+    return np.asarray(high, dtype=np.uint64).view(_dtype(instr))
 
 
 @register("atan2", elementwise=True)
-def _atan2(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _atan2(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     a, b = args[0], args[1]
     if _kind(a) == "complex":
         raise EvaluationError(instr, "atan2 of complex operands is not supported by the reference")
-    return _transcendental(np.arctan2, _et(instr).dtype, a, b)
+    return _transcendental(np.arctan2, _dtype(instr), a, b)
 
 
 @register("complex", elementwise=True)
-def _complex(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _complex(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     re, im = args[0], args[1]
-    out = _et(instr).dtype
+    out = _dtype(instr)
     return _arr(re.astype(out) + im.astype(out) * np.array(1j, dtype=out), out)
 
 
@@ -531,7 +545,7 @@ _DIRECTIONS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 
 
 @register("compare", elementwise=True)
-def _compare(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _compare(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     a, b = args[0], args[1]
     direction = str(instr.attr("direction"))
     fn = _DIRECTIONS.get(direction)
@@ -552,7 +566,7 @@ def _compare(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Val
 
 
 @register("select", elementwise=True)
-def _select(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _select(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     pred, on_true, on_false = args
     if isinstance(on_true, tuple):  # the old tuple form selects whole values with a scalar predicate
         return on_true if bool(pred) else on_false
@@ -560,10 +574,10 @@ def _select(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Valu
 
 
 @register("clamp", elementwise=True)
-def _clamp(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _clamp(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     lo, x, hi = args
     kind = _kind(x)
-    out = _et(instr).dtype
+    out = _dtype(instr)
     if kind == "float":
         return _float_op(lambda lo_, x_, hi_: _float_min(_float_max(x_, lo_), hi_), out, lo, x, hi)
     if kind == "complex":
@@ -577,7 +591,7 @@ def _clamp(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
 # convert, bitcast-convert, reduce-precision
 # ---------------------------------------------------------------------------------------------
 @register("convert", elementwise=True)
-def _convert(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _convert(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     try:
         return np.asarray(convert(args[0], _et(instr)))
     except ValueError as exc:
@@ -585,7 +599,7 @@ def _convert(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Val
 
 
 @register("bitcast-convert")
-def _bitcast_convert(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _bitcast_convert(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     try:
         return np.asarray(bitcast_convert(args[0], _et(instr)))
     except ValueError as exc:
@@ -593,7 +607,7 @@ def _bitcast_convert(ctx: EvalContext, instr: Instruction, args: Sequence[Value]
 
 
 @register("reduce-precision", elementwise=True)
-def _reduce_precision(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _reduce_precision(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     exponent_bits, mantissa_bits = instr.attr("exponent_bits"), instr.attr("mantissa_bits")
     if exponent_bits is None or mantissa_bits is None or exponent_bits < 1 or mantissa_bits < 0:
         got = f"{exponent_bits}, {mantissa_bits}"

@@ -57,7 +57,7 @@ class Exchange:
         self._error: CollectiveError | None = None
         self._failed = False
 
-    def meet(self, device: int, instr: Instruction, value: Value) -> list[Value]:
+    def meet(self, device: int, instr: Instruction, value: Value) -> list[Any]:
         """Contribute ``value`` at collective ``instr``; returns every device's contribution, by device id."""
         if self.num_devices == 1:
             return [value]

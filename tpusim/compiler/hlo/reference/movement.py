@@ -16,6 +16,7 @@ Semantics from XLA's operation semantics (seed 003) and, where the seed is silen
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,12 +43,12 @@ def _copy(value: Value) -> Value:
 
 
 @register("copy")
-def _copy_op(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _copy_op(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return _copy(args[0])  # a layout change leaves the logical values as they are
 
 
 @register("iota")
-def _iota(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _iota(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     shape = instr.array_shape
     d = instr.attr("iota_dimension", 0)
     if not 0 <= d < max(shape.rank, 1):
@@ -61,7 +62,7 @@ def _iota(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
 
 
 @register("broadcast")
-def _broadcast(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _broadcast(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     out = _out_dims(instr)
     dims = _dims(instr)
@@ -78,33 +79,33 @@ def _broadcast(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> V
 
 
 @register("reshape")
-def _reshape(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _reshape(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return args[0].reshape(_out_dims(instr))
 
 
 @register("transpose")
-def _transpose(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _transpose(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return np.ascontiguousarray(np.transpose(args[0], _dims(instr)))
 
 
 @register("reverse")
-def _reverse(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _reverse(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return np.flip(args[0], axis=_dims(instr)).copy()
 
 
 @register("slice")
-def _slice(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _slice(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     dims = instr.attr("slice", ())
     return args[0][tuple(slice(d.start, d.limit, d.stride) for d in dims)].copy()
 
 
 @register("concatenate")
-def _concatenate(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _concatenate(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     (axis,) = _dims(instr)
     return np.concatenate(args, axis=axis)
 
 
-def _start_indices(instr: Instruction, args: Sequence[Value], rank: int) -> list[int]:
+def _start_indices(instr: Instruction, args: Sequence[Any], rank: int) -> list[int]:
     """Start indices given as one scalar operand per dimension (or XLA's old single 1-D operand)."""
     if len(args) == 1 and np.ndim(args[0]) == 1:
         return [int(v) for v in np.asarray(args[0]).tolist()]
@@ -114,7 +115,7 @@ def _start_indices(instr: Instruction, args: Sequence[Value], rank: int) -> list
 
 
 @register("dynamic-slice")
-def _dynamic_slice(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _dynamic_slice(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     sizes = tuple(instr.attr("dynamic_slice_sizes") or _out_dims(instr))
     starts = _start_indices(instr, args[1:], x.ndim)
@@ -126,7 +127,7 @@ def _dynamic_slice(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) 
 
 
 @register("dynamic-update-slice")
-def _dynamic_update_slice(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _dynamic_update_slice(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x, update = args[0], args[1]
     starts = _start_indices(instr, args[2:], x.ndim)
     out = x.copy()
@@ -139,7 +140,7 @@ def _dynamic_update_slice(ctx: EvalContext, instr: Instruction, args: Sequence[V
 
 
 @register("pad")
-def _pad(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _pad(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x, value = args
     pads = instr.attr("padding", ())
     if len(pads) != x.ndim:
@@ -161,7 +162,7 @@ def _pad(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
 
 
 @register("bitcast")
-def _bitcast(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _bitcast(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     src = ctx.operand_shape(instr, 0)
     dst = instr.array_shape
@@ -207,7 +208,7 @@ def _size_table(ctx: EvalContext) -> dict[int, tuple[np.ndarray, list[int]]]:
 
 
 @register("set-dimension-size")
-def _set_dimension_size(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _set_dimension_size(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x, size = args
     (d,) = _dims(instr)
     n = int(np.asarray(size))
@@ -222,7 +223,7 @@ def _set_dimension_size(ctx: EvalContext, instr: Instruction, args: Sequence[Val
 
 
 @register("get-dimension-size")
-def _get_dimension_size(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+def _get_dimension_size(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     (d,) = _dims(instr)
     entry = _size_table(ctx).get(id(x))
