@@ -12,10 +12,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from tpusim.compiler.hlo.ir import ConvDims, PadDim, ProgramShape, Raw, ReplicaGroups, SliceDim, Window, WindowDim
-from tpusim.compiler.hlo.lexer import FLOAT, INT, NAME, STRING, SourceText
+from tpusim.compiler.hlo.ir import ConvDims, PadDim, ProgramShape, Raw, SliceDim, Window, WindowDim
+from tpusim.compiler.hlo.lexer import FLOAT, STRING, SourceText
+from tpusim.compiler.hlo.replica_groups import read_replica_groups
 from tpusim.errors import LayoutError
 from tpusim.memory import AnyShape, ShapeReader
 
@@ -169,17 +168,10 @@ def reader(kind: str) -> Callable[[Reader], Reader]:
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _BOOL = re.compile(r"(true|false)\b")
-_INT_LIST = re.compile(r"\{\s*(-?\d+(?:\s*,\s*-?\d+)*)?\s*,?\s*\}")
 _DXD = re.compile(r"\d+(?:x\d+)*(?![\w.])")
 _PAD = re.compile(r"-?\d+_-?\d+(?:_-?\d+)?(?:x-?\d+_-?\d+(?:_-?\d+)?)*(?![\w.])")
 _DIM_LABELS = re.compile(r"([0-9bf?]+)_([0-9io?]+)->([0-9bf?]+)")
 _SLICE_DIM = re.compile(r"\[\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?\]")
-_IOTA_GROUPS = re.compile(r"\[(\d+(?:,\d+)*)\]<=\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?")
-_MESH = re.compile(r"mesh\[\s*([A-Za-z_]\w*\s*=\s*\d+(?:\s*,\s*[A-Za-z_]\w*\s*=\s*\d+)*)\s*\]")
-_MESH_DEVICES = re.compile(
-    r"\s*,\s*device_ids=\(\s*(?:\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?|(\d+(?:\s*,\s*\d+)*))\s*\)"
-)
-_AXIS_REF = re.compile(r"\s*([A-Za-z_]\w*)(?::\((\d+)\)(\d+))?\s*")
 _BARE = re.compile(r"[^\s,{}()\"']+")
 _FLAT_BRACES = re.compile(r"""\s*(\{(?:[^{}"']|"(?:[^"\\]|\\.)*")*\})""")
 _WS_INT = re.compile(r"\s*(-?\d+)")
@@ -189,10 +181,6 @@ _WS_WORD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.\-]*)")
 
 def _ws(src: SourceText, pos: int) -> int:
     return src.skip_ws(pos)
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",")) if text.strip() else ()
 
 
 @reader("int")
@@ -236,50 +224,12 @@ def _read_ident(src: SourceText, pos: int) -> tuple[str, int]:
 
 @reader("ints")
 def _read_ints(src: SourceText, pos: int) -> tuple[tuple[int, ...], int]:
-    m = _INT_LIST.match(src.text, pos)
-    if not m:
-        pos = _ws(src, pos)
-        m = _INT_LIST.match(src.text, pos)
-        if not m:
-            _explain_list(src, pos, "a list of integers like {0,1}")
-    return _ints(m.group(1) or ""), m.end()  # type: ignore[union-attr]
-
-
-def _explain_list(src: SourceText, pos: int, what: str) -> None:
-    """Raise at the first character of a ``{...}`` list that does not belong in ``what``."""
-    if not src.text.startswith("{", pos):
-        raise src.error(pos, f"expected {what}, found {src.found(pos)}")
-    p = _ws(src, pos + 1)
-    while True:
-        m = INT.match(src.text, p)
-        if not m:
-            if src.text.startswith("}", p):
-                return
-            raise src.error(p, f"expected an integer or '}}' in {what}, found {src.found(p)}")
-        p = _ws(src, m.end())
-        if src.text.startswith(",", p):
-            p = _ws(src, p + 1)
-            continue
-        if src.text.startswith("}", p):
-            raise src.error(pos, f"expected {what}, found {src.found(pos)}")
-        raise src.error(p, f"expected ',' or '}}' in {what}, found {src.found(p)}")
+    return src.int_list(pos, "a list of integers like {0,1}")
 
 
 @reader("intss")
 def _read_intss(src: SourceText, pos: int) -> tuple[tuple[tuple[int, ...], ...], int]:
-    pos = src.expect(pos, "{", "to start a list of integer lists like {{0,1},{2,3}}")
-    out: list[tuple[int, ...]] = []
-    pos = _ws(src, pos)
-    if src.text.startswith("}", pos):
-        return (), pos + 1
-    while True:
-        value, pos = _read_ints(src, pos)
-        out.append(value)
-        pos = _ws(src, pos)
-        if src.text.startswith(",", pos):
-            pos += 1
-            continue
-        return tuple(out), src.expect(pos, "}", "or ',' in a list of integer lists")
+    return src.int_lists(pos, "a list of integer lists like {{0,1},{2,3}}")
 
 
 @reader("pairs")
@@ -450,120 +400,6 @@ def _read_precision(src: SourceText, pos: int) -> tuple[tuple[str, ...], int]:
         return tuple(out), src.expect(pos, "}", "or ',' in an operand precision list")
 
 
-@reader("replica_groups")
-def _read_replica_groups(src: SourceText, pos: int) -> tuple[ReplicaGroups, int]:
-    start = _ws(src, pos)
-    text = src.text
-    if text.startswith("{", start):
-        groups, end = _read_intss(src, start)
-        return ReplicaGroups(groups, text[start:end]), end
-    m = _IOTA_GROUPS.match(text, start)
-    if m:
-        shape, reshape = _ints(m.group(1)), _ints(m.group(2))
-        perm = _ints(m.group(3)) if m.group(3) else tuple(range(len(reshape)))
-        if len(shape) != 2:
-            raise src.error(start, f"iota replica groups need [groups,size], found {len(shape)} dimensions")
-        if sorted(perm) != list(range(len(reshape))):
-            raise src.error(start, f"T{perm} is not a permutation of the {len(reshape)} reshape dimensions")
-        if int(np.prod(shape)) != int(np.prod(reshape)):
-            raise src.error(start, f"[{m.group(1)}] and <=[{m.group(2)}] hold different numbers of devices")
-        ids = np.arange(int(np.prod(reshape))).reshape(reshape).transpose(perm).reshape(shape)
-        return ReplicaGroups(tuple(tuple(int(v) for v in row) for row in ids), m.group(0)), m.end()
-    m = _MESH.match(text, start)
-    if m:
-        return _mesh_groups(src, start, m)
-    expected = "expected replica groups like {{0,1},{2,3}}, [2,2]<=[4] or mesh[x=2] {x}"
-    raise src.error(start, f"{expected}, found {src.found(start)}")
-
-
-def _mesh_groups(src: SourceText, start: int, m: re.Match[str]) -> tuple[ReplicaGroups, int]:
-    """``mesh[x=2,y=4] {y}`` (XLA's MeshAxesReplicaGroupList::ToString): one group per combination of the
-    other axes, devices ordered by the listed axes; ``a:(p)s`` is the size-s sub-axis after p devices."""
-    names, sizes = [], []
-    for item in m.group(1).split(","):
-        name, size = item.split("=")
-        names.append(name.strip())
-        sizes.append(int(size))
-    total = int(np.prod(sizes))
-    devices = np.arange(total)
-    pos = m.end()
-    d = _MESH_DEVICES.match(src.text, pos)
-    if d:
-        if d.group(3):
-            listed = np.array(_ints(d.group(3).replace(" ", "")))
-            if sorted(listed.tolist()) != list(range(total)):
-                raise src.error(pos, f"device_ids must be a permutation of 0..{total - 1}")
-            devices = listed
-        else:
-            reshape = _ints(d.group(1))
-            perm = _ints(d.group(2)) if d.group(2) else tuple(range(len(reshape)))
-            if int(np.prod(reshape)) != total or sorted(perm) != list(range(len(reshape))):
-                raise src.error(pos, f"device_ids {d.group(0).strip()} do not describe {total} devices")
-            devices = np.arange(total).reshape(reshape).transpose(perm).reshape(-1)
-        pos = d.end()
-    pos = src.expect(pos, "{", "to start the mesh axes of the replica groups")
-    refs: list[tuple[int, int | None, int | None]] = []
-    while True:
-        a = _AXIS_REF.match(src.text, pos)
-        if not a or a.group(1) not in names:
-            raise src.error(pos, f"expected a mesh axis ({', '.join(names)}), found {src.found(pos)}")
-        axis = names.index(a.group(1))
-        pre = int(a.group(2)) if a.group(2) else None
-        size = int(a.group(3)) if a.group(3) else None
-        if size is not None and (pre is None or sizes[axis] % (pre * size)):
-            raise src.error(pos, f"sub-axis {a.group(0).strip()} does not divide axis {names[axis]}={sizes[axis]}")
-        refs.append((axis, pre, size))
-        pos = a.end()
-        if src.text.startswith(",", pos):
-            pos += 1
-            continue
-        pos = src.expect(pos, "}", "or ',' after a mesh axis")
-        break
-    try:
-        groups = _mesh_axes_groups(sizes, devices, refs)
-    except ValueError as err:
-        raise src.error(start, str(err)) from None
-    return ReplicaGroups(groups, src.text[start:pos]), pos
-
-
-def _mesh_axes_groups(
-    sizes: list[int], devices: np.ndarray, refs: list[tuple[int, int | None, int | None]]
-) -> tuple[tuple[int, ...], ...]:
-    """Split each referenced mesh axis at its sub-axes (major to minor: pre-size, size, rest), move the
-    grouped pieces, in the order listed, to the minor end, and read one group per row
-    (MeshAxesReplicaGroupList::flattened_replica_groups)."""
-    by_axis: dict[int, list[tuple[int, int | None, int | None]]] = {}
-    for k, (axis, pre, size) in enumerate(refs):
-        by_axis.setdefault(axis, []).append((k, pre, size))
-    dims: list[int] = []
-    grouped = [0] * len(refs)
-    for axis, full in enumerate(sizes):
-        items = by_axis.get(axis, [])
-        if not items or (len(items) == 1 and items[0][1] is None):
-            if items:
-                grouped[items[0][0]] = len(dims)
-            dims.append(full)
-            continue
-        prefix = 1
-        for k, pre, size in sorted(items, key=lambda t: t[1] or 0):
-            if pre is None or size is None or pre % prefix:
-                raise ValueError(f"the sub-axes of mesh axis {axis} overlap or mix with the whole axis")
-            if pre != prefix:
-                dims.append(pre // prefix)
-                prefix = pre
-            grouped[k] = len(dims)
-            dims.append(size)
-            prefix *= size
-        if full % prefix:
-            raise ValueError(f"the sub-axes of mesh axis {axis} do not divide its size {full}")
-        if prefix != full:
-            dims.append(full // prefix)
-    rest = [i for i in range(len(dims)) if i not in grouped]
-    array = devices.reshape(dims).transpose(rest + grouped)
-    group_size = int(np.prod([dims[i] for i in grouped]))
-    return tuple(tuple(int(v) for v in row) for row in array.reshape(-1, group_size))
-
-
 def read_shape(src: SourceText, pos: int) -> tuple[AnyShape, int]:
     """Read one shape with :class:`tpusim.memory.ShapeReader`, turning its errors into HLO parse errors."""
     reader_ = ShapeReader(src.text, src.skip_ws(pos), src.source)
@@ -572,6 +408,9 @@ def read_shape(src: SourceText, pos: int) -> tuple[AnyShape, int]:
     except LayoutError as err:
         raise src.error(err.offset, err.message) from None
     return shape, reader_.pos
+
+
+reader("replica_groups")(read_replica_groups)
 
 
 @reader("shape")
@@ -648,8 +487,3 @@ def _read_raw(src: SourceText, pos: int) -> tuple[Raw, int]:
             raise src.error(start, f"expected an attribute value, found {src.found(start)}")
         end = m.end()
     return Raw(src.original[start:end]), end
-
-
-def name_at(src: SourceText, pos: int) -> re.Match[str] | None:
-    """The name (with optional %) at ``pos``, or None."""
-    return NAME.match(src.text, pos)

@@ -20,6 +20,7 @@ __all__ = [
     "WS",
     "SourceText",
     "escape",
+    "int_tuple",
     "unescape",
 ]
 
@@ -33,6 +34,7 @@ _COMMENT_OR_STRING = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|/\*[\s\S
 _NOT_NEWLINE = re.compile(r"[^\n]")
 _BRACE_SCAN = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|["'{}]""", re.S)
 _FOUND = re.compile(r"""%?[A-Za-z_][A-Za-z0-9_.\-]*|-?\d[\w.+\-]*|"(?:[^"\\\n]|\\.){0,40}"?|\S""")
+_INT_LIST = re.compile(r"\s*\{\s*(-?\d+(?:\s*,\s*-?\d+)*)?\s*,?\s*\}")
 _ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{1,2}|[0-7]{1,3}|.)", re.S)
 _SIMPLE_ESCAPES = {"n": 10, "t": 9, "r": 13, "a": 7, "b": 8, "f": 12, "v": 11, '"': 34, "'": 39, "\\": 92, "?": 63}
 _ESCAPE_OUT = {10: "\\n", 9: "\\t", 13: "\\r", 34: '\\"', 39: "\\'", 92: "\\\\"}
@@ -118,6 +120,48 @@ class SourceText:
         except ValueError as err:
             raise self.error(pos, f"bad escape in {what}: {err}") from None
 
+    def int_list(self, pos: int, what: str) -> tuple[tuple[int, ...], int]:
+        """Read ``{1,2,3}`` (or ``{}``); returns (values, end)."""
+        m = _INT_LIST.match(self.text, pos)
+        if m is None:
+            self._explain_list(self.skip_ws(pos), what)
+        return int_tuple(m.group(1) or ""), m.end()  # type: ignore[union-attr]
+
+    def int_lists(self, pos: int, what: str) -> tuple[tuple[tuple[int, ...], ...], int]:
+        """Read ``{{0,1},{2,3}}`` (or ``{}``); returns (lists, end)."""
+        pos = self.expect(pos, "{", f"to start {what}")
+        out: list[tuple[int, ...]] = []
+        pos = self.skip_ws(pos)
+        if self.text.startswith("}", pos):
+            return (), pos + 1
+        while True:
+            values, pos = self.int_list(pos, what)
+            out.append(values)
+            pos = self.skip_ws(pos)
+            if self.text.startswith(",", pos):
+                pos += 1
+                continue
+            return tuple(out), self.expect(pos, "}", f"or ',' in {what}")
+
+    def _explain_list(self, pos: int, what: str) -> None:
+        """Raise at the first character of a ``{...}`` list that does not belong in ``what``."""
+        if not self.text.startswith("{", pos):
+            raise self.error(pos, f"expected {what}, found {self.found(pos)}")
+        p = self.skip_ws(pos + 1)
+        while True:
+            m = INT.match(self.text, p)
+            if not m:
+                if self.text.startswith("}", p):
+                    raise self.error(pos, f"expected {what}, found {self.found(pos)}")
+                raise self.error(p, f"expected an integer or '}}' in {what}, found {self.found(p)}")
+            p = self.skip_ws(m.end())
+            if self.text.startswith(",", p):
+                p = self.skip_ws(p + 1)
+                continue
+            if self.text.startswith("}", p):
+                raise self.error(pos, f"expected {what}, found {self.found(pos)}")
+            raise self.error(p, f"expected ',' or '}}' in {what}, found {self.found(p)}")
+
     def match_brace(self, pos: int, what: str) -> int:
         """``text[pos]`` is ``{``: return the offset after its matching ``}`` (strings may hold braces)."""
         depth = 0
@@ -134,6 +178,11 @@ class SourceText:
             elif m.end() - start == 1:
                 raise self.error(start, f"unterminated string in {what}")
         raise self.error(pos, f"'{{' of {what} is never closed")
+
+
+def int_tuple(text: str) -> tuple[int, ...]:
+    """``"1, 2,3"`` -> ``(1, 2, 3)``; blank text gives ``()``."""
+    return tuple(int(x) for x in text.split(",")) if text.strip() else ()
 
 
 def unescape(raw: str) -> str:

@@ -11,7 +11,8 @@ Python loop. Floats are parsed as doubles and rounded to the element type, as XL
 from __future__ import annotations
 
 import re
-from functools import cache
+from functools import cache, lru_cache
+from math import prod
 
 import ml_dtypes
 import numpy as np
@@ -138,9 +139,17 @@ def _match_braces(src: SourceText, pos: int) -> int:
     raise src.error(pos, "the '{' of this constant is never closed")
 
 
-@cache
 def _skeleton(dims: tuple[int, ...]) -> str:
     """The literal's text with values as ``x`` and blanks removed: ``{{xx}{xx}}`` for [2,2]."""
+    return _small_skeleton(dims) if prod(dims) <= 4096 else _build_skeleton(dims)  # keep only small ones
+
+
+@lru_cache(maxsize=256)
+def _small_skeleton(dims: tuple[int, ...]) -> str:
+    return _build_skeleton(dims)
+
+
+def _build_skeleton(dims: tuple[int, ...]) -> str:
     inner = "{" + "x" * dims[-1] + "}"
     for d in reversed(dims[:-1]):
         inner = "{" + inner * d + "}"
