@@ -255,3 +255,39 @@ ENTRY main {
     device1 = [i32([3, 4, 0]), i32([0, 0, 0, 0]), i32([0, 1]), i32([1, 1]), i32([1, 2]), i32([2, 1])]
     (r0,), (r1,) = evaluate_spmd(parse_module(text), [device0, device1])
     assert r0.tolist() == [1, 3, 0, 0] and r1.tolist() == [2, 2, 4, 0]
+
+
+def test_wait_at_a_collective_can_be_bounded_by_a_timeout() -> None:
+    text = """
+HloModule slow, replica_count=2
+sum { a = f32[] parameter(0)
+      b = f32[] parameter(1)
+      ROOT s = f32[] add(a, b) }
+cond { s = (s32[], f32[]) parameter(0)
+       i = s32[] get-tuple-element(s), index=0
+       n = s32[] constant(5000)
+       ROOT lt = pred[] compare(i, n), direction=LT }
+body { s = (s32[], f32[]) parameter(0)
+       i = s32[] get-tuple-element(s), index=0
+       v = f32[] get-tuple-element(s), index=1
+       one = s32[] constant(1)
+       j = s32[] add(i, one)
+       w = f32[] add(v, v)
+       ROOT t = (s32[], f32[]) tuple(j, w) }
+ENTRY main {
+  x = f32[] parameter(0)
+  id = u32[] replica-id()
+  start = s32[] convert(id)
+  big = s32[] constant(5000)
+  init = s32[] subtract(big, start)
+  first = s32[] multiply(init, start)
+  s0 = (s32[], f32[]) tuple(first, x)
+  loop = (s32[], f32[]) while(s0), condition=cond, body=body
+  v = f32[] get-tuple-element(loop), index=1
+  ROOT r = f32[] all-reduce(v), replica_groups={}, to_apply=sum
+}
+"""
+    # replica 0 starts its loop at 0 (5000 iterations), replica 1 at 4999 (1 iteration): replica 1 waits
+    with pytest.raises(CollectiveError, match=r"^%r \(all-reduce, line 27\): timed out after 0\.02 s: device 1 "
+                       r"waits here; devices \[1\] wait at %r; devices \[0\] are still running$"):  # fmt: skip
+        evaluate_spmd(parse_module(text), [[np.float32(1)], [np.float32(2)]], timeout=0.02)
