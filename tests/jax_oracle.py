@@ -34,6 +34,7 @@ __all__ = [
     "check_spmd_against_jax",
     "hlo_of",
     "jax_outputs",
+    "module_tolerance",
     "ops_module",
     "run_hlo_on_xla",
     "tolerance_for",
