@@ -291,6 +291,43 @@ def test_tpu_style_module():
     assert e["copy-start"].attr("cross_program_prefetch_index") == 0
 
 
+ASYNC_LONG = """HloModule m
+
+%async_comp (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %n = f32[8]{0} negate(%p)
+}, execution_thread="sc"
+
+ENTRY %e (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %s = ((f32[8]{0}), f32[8]{0}, s32[]) async-start(%x), async_execution_thread="sc", calls=%async_comp
+  %u = ((f32[8]{0}), f32[8]{0}, s32[]) async-update(%s)
+  ROOT %d = f32[8]{0} async-done(%u)
+}
+"""
+
+
+def test_async_ops_in_both_forms():
+    long = parse_module(ASYNC_LONG)
+    start = long.entry_computation["s"]
+    assert start.attr("calls") == "async_comp" and start.async_wrapped_instruction() is None
+    assert long["async_comp"].attributes["execution_thread"] == "sc"
+    # What XLA prints for the same module (jaxlib's parser + printer): the short form without the computation.
+    short = parse_module(hc.xla_parse(ASYNC_LONG).to_string())
+    e = short.entry_computation
+    assert [(i.opcode, i.attr("async_wrapped_opcode")) for i in e.instructions[1:]] == [
+        ("async-start", "negate"),
+        ("async-update", "negate"),
+        ("async-done", "negate"),
+    ]
+    wrapped = e["s"].async_wrapped_instruction()
+    assert (wrapped.opcode, wrapped.operands, str(wrapped.shape)) == ("negate", ("x",), "f32[8]{0}")
+    bad = ASYNC_LONG.replace("ROOT %n = f32[8]{0} negate(%p)", "ROOT %n = f32[4]{0} slice(%p), slice={[0:4]}")
+    bad = bad.replace("(p: f32[8]) -> f32[8]", "(p: f32[8]) -> f32[4]")
+    with pytest.raises(HloVerifyError, match=r"the async computation async_comp returns f32\[4\]\{0\}, expected "):
+        parse_module(bad)
+
+
 def test_legacy_forms():
     module = load_module(SAMPLES / "legacy_forms.hlo")
     assert module.name == "module_main" and module.entry == "main" and module["main"].is_entry
