@@ -229,10 +229,37 @@ def sharded_tpu_text() -> str:
     return jax.jit(_sharded).trace(*args).lower(lowering_platforms=("tpu",)).as_text(dialect="hlo")
 
 
+# Automatic SPMD partitioning over a 2x4 mesh ("a", "b"): the compiled modules print some replica groups in
+# the mesh form (mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_1'}). Each entry: input
+# partition spec, the reduction, and the replica groups the reduction's all-reduce must have (devices
+# sharing the reduced mesh axis: "a" groups differ by 4, "b" groups are consecutive).
+SPMD_CASES = {
+    "ab_sum0": (("a", "b"), lambda x: jnp.sum(x @ x.T, 0), ((0, 4), (1, 5), (2, 6), (3, 7))),
+    "ba_sum1": (("b", "a"), lambda x: jnp.sum(x, 1), ((0, 4), (1, 5), (2, 6), (3, 7))),
+    "both_sum0": ((("a", "b"),), lambda x: jnp.sum(x, 0), ((0, 1, 2, 3, 4, 5, 6, 7),)),
+    "b_max0": (("b",), lambda x: jnp.max(x, 0), ((0, 1, 2, 3), (4, 5, 6, 7))),
+}
+
+
+@cache
+def spmd_text(case: str) -> str:
+    """The CPU-compiled (SPMD-partitioned) module of SPMD_CASES[case]."""
+    from jax._src.lib import xla_client
+
+    spec, fn, _ = SPMD_CASES[case]
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "b"))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    compiled = jax.jit(fn, in_shardings=sharding).lower(jnp.ones((8, 16), f32)).compile()
+    options = xla_client.hlo.HloPrintOptions()
+    options.print_large_constants = True
+    return "\n\n".join(m.to_string(options) for m in compiled.runtime_executable().hlo_modules())
+
+
 def corpus() -> list[tuple[str, str]]:
     """(id, text) of every module of the corpus, in every form."""
     out = [(f"{name}-{form}", hlo_text(name, form)) for name in FUNCTIONS for form in FORMS]
     out.append(("sharded-tpu", sharded_tpu_text()))
+    out.extend((f"spmd-{case}", spmd_text(case)) for case in SPMD_CASES)
     return out
 
 

@@ -184,6 +184,8 @@ def test_collectives_replica_groups_and_pairs():
         ("mesh[a=8] {a:(4)2}", ((0, 1), (2, 3), (4, 5), (6, 7))),
         ("mesh[x=2,y=2], device_ids=(3,2,1,0) {x}", ((3, 1), (2, 0))),
         ("mesh[x=2,y=2], device_ids=([2,2]T(1,0)) {y}", ((0, 2), (1, 3))),
+        ("mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_1'}", ((0, 4), (1, 5), (2, 6), (3, 7))),
+        ('mesh["x"=2,"y"=4] {"y":(1)2}', ((0, 2), (1, 3), (4, 6), (5, 7))),
     ],
 )
 def test_replica_groups_forms(text, groups):
@@ -193,6 +195,15 @@ def test_replica_groups_forms(text, groups):
     )
     value = module.entry_computation.root_instruction.attr("replica_groups")
     assert value == ReplicaGroups(groups, text)
+
+
+@pytest.mark.parametrize("case", sorted(hc.SPMD_CASES))
+def test_mesh_replica_groups_printed_by_xla(case):
+    """XLA's SPMD partitioner prints mesh-form groups; they must be the devices that share the reduced axis."""
+    module = parse_module(hc.spmd_text(case))
+    reduction = module.entry_computation.root_instruction
+    assert reduction.opcode == "all-reduce"
+    assert reduction.attr("replica_groups").groups == hc.SPMD_CASES[case][2]
 
 
 def test_iota_groups_agree_with_numpy():

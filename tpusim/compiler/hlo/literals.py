@@ -374,8 +374,8 @@ def _strings(flat: np.ndarray, etype: ElementType) -> list[str]:
         return [str(v) for v in flat.astype(np.uint64 if etype.name == "u64" else np.int64).tolist()]
     if etype.is_complex:
         part = np.float32 if etype.name == "c64" else np.float64
-        re_s = _float_strings(np.ascontiguousarray(flat.real, dtype=part))
-        im_s = _float_strings(np.ascontiguousarray(flat.imag, dtype=part))
+        re_s = _float_strings(np.asarray(flat.real, dtype=part, order="C"))
+        im_s = _float_strings(np.asarray(flat.imag, dtype=part, order="C"))
         return [f"({a}, {b})" for a, b in zip(re_s, im_s)]
     return _float_strings(flat)
 

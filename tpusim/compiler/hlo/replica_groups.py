@@ -19,11 +19,14 @@ from tpusim.compiler.hlo.lexer import SourceText, int_tuple
 __all__ = ["read_replica_groups"]
 
 _IOTA_GROUPS = re.compile(r"\[(\d+(?:,\d+)*)\]<=\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?")
-_MESH = re.compile(r"mesh\[\s*([A-Za-z_]\w*\s*=\s*\d+(?:\s*,\s*[A-Za-z_]\w*\s*=\s*\d+)*)\s*\]")
+# Axis names are printed quoted by recent XLA (mesh['axis_0'=2,'axis_1'=4] {'axis_0'}), bare by others.
+_AXIS_NAME = r"""(?:'([^'\n]*)'|"([^"\n]*)"|([A-Za-z_]\w*))"""
+_MESH = re.compile(rf"mesh\[\s*({_AXIS_NAME}\s*=\s*\d+(?:\s*,\s*{_AXIS_NAME}\s*=\s*\d+)*)\s*\]")
+_MESH_AXIS = re.compile(rf"\s*{_AXIS_NAME}\s*=\s*(\d+)\s*,?")
 _MESH_DEVICES = re.compile(
     r"\s*,\s*device_ids=\(\s*(?:\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?|(\d+(?:\s*,\s*\d+)*))\s*\)"
 )
-_AXIS_REF = re.compile(r"\s*([A-Za-z_]\w*)(?::\((\d+)\)(\d+))?\s*")
+_AXIS_REF = re.compile(rf"\s*{_AXIS_NAME}(?::\((\d+)\)(\d+))?\s*")
 
 
 def read_replica_groups(src: SourceText, pos: int) -> tuple[ReplicaGroups, int]:
@@ -55,10 +58,9 @@ def _mesh_groups(src: SourceText, start: int, m: re.Match[str]) -> tuple[Replica
     """``mesh[x=2,y=4] {y}`` (XLA's MeshAxesReplicaGroupList::ToString): one group per combination of the
     other axes, devices ordered by the listed axes; ``a:(p)s`` is the size-s sub-axis after p devices."""
     names, sizes = [], []
-    for item in m.group(1).split(","):
-        name, size = item.split("=")
-        names.append(name.strip())
-        sizes.append(int(size))
+    for axis in _MESH_AXIS.finditer(m.group(1)):
+        names.append(next(g for g in axis.groups()[:3] if g is not None))
+        sizes.append(int(axis.group(4)))
     total = int(np.prod(sizes))
     devices = np.arange(total)
     pos = m.end()
@@ -80,11 +82,12 @@ def _mesh_groups(src: SourceText, start: int, m: re.Match[str]) -> tuple[Replica
     refs: list[tuple[int, int | None, int | None]] = []
     while True:
         a = _AXIS_REF.match(src.text, pos)
-        if not a or a.group(1) not in names:
+        name = next((g for g in a.groups()[:3] if g is not None), None) if a else None
+        if a is None or name not in names:
             raise src.error(pos, f"expected a mesh axis ({', '.join(names)}), found {src.found(pos)}")
-        axis = names.index(a.group(1))
-        pre = int(a.group(2)) if a.group(2) else None
-        size = int(a.group(3)) if a.group(3) else None
+        axis = names.index(name)
+        pre = int(a.group(4)) if a.group(4) else None
+        size = int(a.group(5)) if a.group(5) else None
         if size is not None and (pre is None or sizes[axis] % (pre * size)):
             raise src.error(pos, f"sub-axis {a.group(0).strip()} does not divide axis {names[axis]}={sizes[axis]}")
         refs.append((axis, pre, size))
