@@ -69,3 +69,12 @@ def test_short_buffer_is_refused() -> None:
 def test_python_lists_are_accepted_with_the_shape_dtype() -> None:
     shape = Shape("s32", (2, 2))
     assert np.array_equal(unpack(pack([[1, 2], [3, 4]], shape), shape), [[1, 2], [3, 4]])  # type: ignore[arg-type]
+
+
+def test_scalars_unpack_to_zero_dimensional_arrays() -> None:
+    for text in ("f32[]", "s32[]{:T(128)}", "bf16[]{:T(256)}", "pred[]"):
+        shape = parse_shape(text)
+        assert isinstance(shape, Shape)
+        value = np.zeros((), shape.element_type.dtype)
+        back = unpack(pack(value, shape), shape)
+        assert isinstance(back, np.ndarray) and back.shape == ()

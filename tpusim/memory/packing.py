@@ -162,7 +162,8 @@ def unpack(buffer: bytes | bytearray | memoryview | np.ndarray, shape: AnyShape)
     slots = _decode_slots(body, geo, et.raw_dtype, max(1, et.bits))[: prod(geo.tiled_dims)]
     tiled = slots.reshape(geo.tiled_dims)
     physical = _unpack_through_views(tiled, geo) if _views_suffice(geo) else _unpack_level_by_level(tiled, geo)
-    physical = physical[tuple(slice(0, shape.dimensions[p]) for p in geo.physical_permutation)]
+    if shape.rank:  # (indexing a 0-d array with () would give a numpy scalar, not an array)
+        physical = physical[tuple(slice(0, shape.dimensions[p]) for p in geo.physical_permutation)]
     inverse = np.argsort(geo.physical_permutation)
     out = physical.transpose(inverse).copy(order="C")  # (ascontiguousarray would turn 0-d into 1-d)
     return out.view(et.dtype)

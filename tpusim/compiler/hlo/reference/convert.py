@@ -157,7 +157,7 @@ def convert(x: np.ndarray, to: ElementType | str) -> np.ndarray:
 # bitcast-convert
 # ---------------------------------------------------------------------------------------------
 def _bits_u64(x: np.ndarray, et: ElementType) -> np.ndarray:
-    raw = np.ascontiguousarray(x).view(et.raw_dtype).astype(np.uint64)
+    raw = np.asarray(x, order="C").view(et.raw_dtype).astype(np.uint64)
     return raw & np.uint64((1 << et.bits) - 1) if et.bits < 8 else raw
 
 
@@ -178,7 +178,7 @@ def bitcast_convert(x: np.ndarray, to: ElementType | str) -> np.ndarray:
     if src.kind == "complex" or to.kind == "complex":
         if src.bits != to.bits:
             raise ValueError(f"bitcast-convert between {src.name} and {to.name} needs equal widths")
-        return np.ascontiguousarray(x).view(_np_dtype(to))
+        return np.asarray(x, order="C").view(_np_dtype(to))
     if src.bits == to.bits:
         return _from_bits(_bits_u64(x, src), to)
     if src.bits > to.bits:
@@ -218,7 +218,7 @@ def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> n
     nbits = et.bits
     udt = np.dtype(f"u{nbits // 8}")
     one = udt.type(1)
-    bits = np.ascontiguousarray(x).view(udt).copy()
+    bits = np.asarray(x, order="C").view(udt).copy()
     if mantissa_bits < src_mant:
         drop = src_mant - mantissa_bits
         last_kept = one << udt.type(drop)

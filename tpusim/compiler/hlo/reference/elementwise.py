@@ -285,7 +285,7 @@ def _real_imag(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Val
 def _unsigned_bits(x: np.ndarray) -> tuple[np.ndarray, int]:
     """The bit pattern of integer ``x`` as uint64 and the type's width."""
     et = element_type_of_dtype(x.dtype)
-    raw = np.ascontiguousarray(x).view(et.raw_dtype).astype(np.uint64)
+    raw = np.asarray(x, order="C").view(et.raw_dtype).astype(np.uint64)
     if et.bits < 8:
         raw &= np.uint64((1 << et.bits) - 1)
     return raw, et.bits
@@ -528,7 +528,7 @@ def total_order_key(x: np.ndarray) -> np.ndarray:
     """Signed integers ordered like XLA's TOTALORDER float comparison (-NaN < -inf < -0 < +0 < inf < NaN)."""
     et = element_type_of_dtype(x.dtype)
     bits = max(8, et.bits)
-    raw = np.ascontiguousarray(x).view(et.raw_dtype).astype(np.uint64)
+    raw = np.asarray(x, order="C").view(et.raw_dtype).astype(np.uint64)
     mag = (raw & np.uint64((1 << (bits - 1)) - 1)).astype(np.int64)
     negative = (raw >> np.uint64(bits - 1)) & np.uint64(1)
     return np.where(negative == 1, -mag - 1, mag)

@@ -29,4 +29,4 @@ def _map(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     out = ctx.vectorized_call(instr.attr("to_apply"), arrays)
     if not isinstance(out, np.ndarray):
         raise EvaluationError(instr, "the mapped computation must return a scalar")
-    return np.ascontiguousarray(np.broadcast_to(out, arrays[0].shape))
+    return np.asarray(np.broadcast_to(out, arrays[0].shape), order="C")

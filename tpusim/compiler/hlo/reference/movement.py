@@ -58,7 +58,7 @@ def _iota(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     counts = np.arange(shape.dimensions[d], dtype=np.int64)
     view = counts.reshape([-1 if i == d else 1 for i in range(shape.rank)])
     values = convert(np.broadcast_to(view, shape.dimensions), shape.element_type)
-    return np.ascontiguousarray(values)
+    return np.asarray(values, order="C")
 
 
 @register("broadcast")
@@ -85,7 +85,7 @@ def _reshape(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value
 
 @register("transpose")
 def _transpose(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
-    return np.ascontiguousarray(np.transpose(args[0], _dims(instr)))
+    return np.asarray(np.transpose(args[0], _dims(instr)), order="C")
 
 
 @register("reverse")

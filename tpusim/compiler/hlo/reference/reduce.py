@@ -62,7 +62,7 @@ def reduce_arrays(
     keep = [d for d in range(rank) if d not in dims]
     red = sorted(dims)
     out_shape = tuple(operands[0].shape[d] for d in keep)
-    moved = [np.ascontiguousarray(a.transpose(keep + red)).reshape((*out_shape, -1)) for a in operands]
+    moved = [np.asarray(a.transpose(keep + red), order="C").reshape((*out_shape, -1)) for a in operands]
     comp = computation(ctx, instr, instr.attr("to_apply"))
     return reduce_last_axis(ctx, comp, moved, inits)
 
@@ -80,13 +80,26 @@ def reduce_window_arrays(
 ) -> list[np.ndarray]:
     """XLA reduce-window of ``operands`` with ``instr``'s window and ``to_apply``."""
     window = _window(instr, operands[0].ndim)
-    views = []
-    for a, init in zip(operands, inits):
-        padded = dilate_pad(a, window.dims, init)
-        v = windows(padded, window.dims)
-        views.append(np.ascontiguousarray(v).reshape((*v.shape[: a.ndim], -1)))
+    rank = operands[0].ndim
+    strided = [windows(dilate_pad(a, window.dims, init), window.dims) for a, init in zip(operands, inits)]
     comp = computation(ctx, instr, instr.attr("to_apply"))
-    return reduce_last_axis(ctx, comp, views, inits)
+    positions = strided[0].shape[:rank]
+    taps = int(np.prod(strided[0].shape[rank:]))
+    # Materialising every window at once takes positions x taps elements (quadratic for a cumulative sum):
+    # reduce the windows in chunks of the leading position axis that stay within _WINDOW_CHUNK elements.
+    if rank == 0 or int(np.prod(positions)) * taps <= _WINDOW_CHUNK:
+        views = [np.asarray(v, order="C").reshape((*positions, -1)) for v in strided]
+        return reduce_last_axis(ctx, comp, views, inits)
+    step = max(1, _WINDOW_CHUNK // max(1, taps * int(np.prod(positions[1:]))))
+    parts: list[list[np.ndarray]] = []
+    for start in range(0, positions[0], step):
+        views = [np.asarray(v[start : start + step], order="C").reshape((-1, *positions[1:], taps)) for v in strided]
+        parts.append(reduce_last_axis(ctx, comp, views, inits))
+    return [np.concatenate([p[i] for p in parts], axis=0) for i in range(len(operands))]
+
+
+_WINDOW_CHUNK = 1 << 24
+"""Most window elements reduce-window materialises at once."""
 
 
 @register("reduce-window")

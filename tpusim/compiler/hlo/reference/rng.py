@@ -169,7 +169,7 @@ def rng_bit_generator(
             new = [st[0], ctr & 0xFFFFFFFFFFFFFFFF]
     else:
         raise ValueError(f"unknown rng algorithm {algorithm!r}; known: rng_default, rng_three_fry, rng_philox")
-    return np.array(new, np.uint64), np.ascontiguousarray(raw).view(dtype).reshape(shape)
+    return np.array(new, np.uint64), np.asarray(raw, order="C").view(dtype).reshape(shape)
 
 
 @register("rng-bit-generator")

@@ -192,7 +192,7 @@ def _merge_sort(ctx: EvalContext, comp: Computation, operands: Sequence[np.ndarr
     n = shape[-1]
     rows = int(np.prod(shape[:-1], dtype=np.int64))
     perm = np.broadcast_to(np.arange(n, dtype=np.int64), (rows, n)).copy()
-    flat = [np.ascontiguousarray(o).reshape(rows, n) for o in operands]
+    flat = [np.asarray(o, order="C").reshape(rows, n) for o in operands]
     row = np.arange(rows)[:, None]
     pos = np.arange(n, dtype=np.int64)[None, :]
     width = 1
