@@ -316,6 +316,15 @@ def test_module_level_rules():
         verify_module(cyclic)
 
 
+def test_entry_computation_layout_must_match_the_entry():
+    text = "HloModule m, entry_computation_layout={(f32[2]{0})->f32[2]{0}}\nENTRY e {\n p = f32[2] parameter(0)\n"
+    parse_module(text + " ROOT n = f32[2]{0} negate(p)\n}")
+    with pytest.raises(HloVerifyError, match=r"declares the result f32\[2\]\{0\} but the root %n is s32\[2\]"):
+        parse_module(text + " ROOT n = s32[2] convert(p)\n}")
+    with pytest.raises(HloVerifyError, match=r"declares parameters \(f32\[2\]\{0\}\) but they are \(f32\[3\]\)"):
+        parse_module(text.replace("p = f32[2]", "p = f32[3]") + " ROOT n = f32[2] slice(p), slice={[0:2]}\n}")
+
+
 def test_malformed_attribute_values_are_verify_errors():
     bad = _module(_param("p", 0), Instruction("t", "transpose", F, ("p",), Attributes({"dimensions": "zero"})))
     with pytest.raises(HloVerifyError, match=r"instruction %t"):

@@ -16,9 +16,9 @@ import gc
 
 import tpusim.compiler.hlo.shape_rules_ops  # noqa: F401  (registers the remaining shape rules)
 from tpusim.compiler.hlo.errors import HloVerifyError
-from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.hlo.ir import Computation, Instruction, Module, ProgramShape
 from tpusim.compiler.hlo.opcodes import OPCODES
-from tpusim.compiler.hlo.shape_rules import SHAPE_RULES, RuleError
+from tpusim.compiler.hlo.shape_rules import SHAPE_RULES, RuleError, compatible
 from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape
 
@@ -56,6 +56,7 @@ def _verify(module: Module) -> None:
     for computation in module.computations:
         _verify_computation(module, computation)
     _check_call_graph(module)
+    _check_entry_layout(module)
 
 
 def _where(ins: Instruction) -> str | None:
@@ -114,6 +115,25 @@ def _verify_instruction(module: Module, comp: Computation, ins: Instruction, see
         raise fail(str(err)) from None
     except (AttributeError, TypeError, ValueError, IndexError, KeyError, TpusimError) as err:
         raise fail(f"malformed attributes for {ins.opcode}: {type(err).__name__}: {err}") from None
+
+
+def _check_entry_layout(module: Module) -> None:
+    """The header's entry_computation_layout must describe the entry computation (layouts may differ)."""
+    layout = module.attributes.get("entry_computation_layout")
+    if not isinstance(layout, ProgramShape):
+        return
+    entry = module.entry_computation
+    params = [p.shape for p in entry.parameters]
+    if len(params) != len(layout.parameters) or not all(map(compatible, params, layout.parameters)):
+        declared = ", ".join(str(p) for p in layout.parameters)
+        actual = ", ".join(str(p) for p in params)
+        raise HloVerifyError(f"entry_computation_layout declares parameters ({declared}) but they are ({actual})")
+    if not compatible(entry.root_instruction.shape, layout.result):
+        raise HloVerifyError(
+            f"entry_computation_layout declares the result {layout.result} but the root "
+            f"%{entry.root} is {entry.root_instruction.shape}",
+            entry.name,
+        )
 
 
 def _check_call_graph(module: Module) -> None:
