@@ -1,0 +1,121 @@
+"""A chip's state (HBM, per-core VMEM, SMEM and semaphores) and the per-run world that holds the chips.
+
+A chip has ``core.count`` TensorCores sharing its HBM, and ICI ports to its neighbours (links are flow
+resources of the system's :class:`~tpusim.devices.flows.FlowNetwork`). Memories exist for every core of
+every chip, whether or not a stream runs there (a remote DMA may target any of them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpusim.config import ChipConfig
+from tpusim.devices.core import Core
+from tpusim.devices.engine import make_env
+from tpusim.devices.fallback import FallbackEvaluator
+from tpusim.devices.flows import FlowNetwork
+from tpusim.devices.ici import Topology
+from tpusim.devices.memory import ByteStore
+from tpusim.devices.sync import BarrierState, Semaphores
+from tpusim.isa import Program, Space
+
+__all__ = ["ChipState", "Machine"]
+
+
+class ChipState:
+    """The memories and semaphores of one chip, and the cores running on it."""
+
+    def __init__(self, machine: Machine, index: int) -> None:
+        cfg = machine.cfg
+        self.system = machine
+        self.index = index
+        self.hbm = ByteStore(f"hbm of chip {index}", cfg.hbm.bytes)
+        n = cfg.core.count
+        self.vmem = [ByteStore(f"vmem of chip {index} core {k}", cfg.vmem.bytes) for k in range(n)]
+        self.smem = [ByteStore(f"smem of chip {index} core {k}", cfg.smem.bytes) for k in range(n)]
+        self.sems = [Semaphores(machine.env, cfg.core.semaphores) for _ in range(n)]
+        self.cores: list[Core] = []
+
+    def store(self, space: Space, core: int) -> ByteStore:
+        if space is Space.HBM:
+            return self.hbm
+        return self.vmem[core] if space is Space.VMEM else self.smem[core]
+
+
+class Machine:
+    """Everything one run needs: the environment, the flow network, the chips, the trace records."""
+
+    def __init__(
+        self,
+        cfg: ChipConfig,
+        topology: Topology,
+        program: Program,
+        numeric: bool,
+        max_jumps: int,
+        fallback_evaluator: FallbackEvaluator,
+    ) -> None:
+        self.cfg = cfg
+        self.topology = topology
+        self.program = program
+        self.numeric = numeric
+        self.max_jumps = max_jumps
+        self.fallback_evaluator = fallback_evaluator
+        self.env = make_env()
+        self.network = FlowNetwork(self.env)
+        self.records: list[tuple[int, int, int, int, int, int, int, int]] = []
+        self.units: list[str] = []
+        self._unit_ids: dict[str, int] = {}
+        self.barriers: dict[Any, BarrierState] = {}
+        self.expected: dict[Any, int] = {}
+        self.chips = [ChipState(self, c) for c in range(topology.chips)]
+        self.cores: list[Core] = []
+
+    def unit_id(self, name: str) -> int:
+        i = self._unit_ids.get(name)
+        if i is None:
+            i = self._unit_ids[name] = len(self.units)
+            self.units.append(name)
+        return i
+
+    def start(self) -> None:
+        """Create a core per stream (decoding and checking every instruction), then their processes."""
+        program = self.program
+        for stream in program.streams:
+            if stream.core >= self.cfg.core.count:
+                raise _load_error(f"{stream.where}: the chip has only {self.cfg.core.count} cores")
+            if stream.chip is not None and stream.chip >= len(self.chips):
+                raise _load_error(f"{stream.where}: the system has only {len(self.chips)} chips")
+        for chip in self.chips:
+            for stream in program.streams:
+                if stream.chip is None or stream.chip == chip.index:
+                    core = Core(chip, stream.core, stream, len(self.cores))
+                    chip.cores.append(core)
+                    self.cores.append(core)
+        for chip in self.chips:
+            self.expected[("chip", chip.index)] = len(chip.cores)
+        self.expected[("system", None)] = len(self.cores)
+        for core in self.cores:
+            self.env.process(core.run())
+
+    def barrier(self, key: tuple[str, int, int | None]) -> BarrierState:
+        state = self.barriers.get(key)
+        if state is None:
+            scope, _, chip = key
+            state = self.barriers[key] = BarrierState(self.env, self.expected[(scope, chip)])
+        return state
+
+    def release_barrier(self, key: Any, state: BarrierState) -> None:
+        """All cores arrived: wake them at the last arrival's cycle and open the next round."""
+        del self.barriers[key]
+        ev, latest = state.event, state.latest
+        delay = latest - self.env.now
+        if delay <= 0:
+            ev.succeed(latest)
+        else:
+            self.env.timeout(delay).callbacks.append(lambda _e: ev.succeed(latest))
+
+
+def _load_error(message: str) -> Exception:
+    from tpusim.devices.units import ExecutionError
+
+    return ExecutionError(message)

@@ -1,0 +1,419 @@
+"""A TensorCore's sequencer: in-order issue into decoupled unit queues.
+
+Cycle-level contract:
+
+* The sequencer issues one instruction per cycle, in program order. It keeps its own clock ``t`` and runs
+  ahead of the event queue as long as nothing forces it to wait, so compute instructions cost no SimPy
+  events at all: their start and end cycles are computed in closed form from next-free-time counters of
+  their unit (STYLE 2.1 idioms 2 and 4).
+* Each unit has a FIFO of ``core.instruction_queue_depth`` instructions; when it is full, issue waits
+  until the oldest one starts.
+* A compute instruction starts when its unit is free and the scoreboard allows (RAW, WAR, WAW on byte
+  ranges against in-flight instructions: :mod:`tpusim.devices.hazards`); it does not hold up later issue.
+* The sequencer itself stalls (one SimPy event) on: a semaphore that is not yet high enough, a hazard on
+  an in-flight DMA, a full DMA queue, a barrier, and a scalar load (``smem.latency_cycles``).
+* Numeric effects of compute and scalar instructions are applied at issue, in program order (the
+  scoreboard guarantees that this equals the timed order); a DMA's bytes land at its completion.
+
+Handlers are registered per instruction class in :data:`HANDLERS` (STYLE 3.4). A handler takes
+``(core, decoded, t)`` and returns the sequencer's next cycle, or an event to wait for before trying the
+same instruction again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from tpusim.devices import fallback as _fallback  # noqa: F401  (registers the fallback spec)
+from tpusim.devices import mxu as _mxu  # noqa: F401  (registers the MXU specs)
+from tpusim.devices import scalar as _scalar  # noqa: F401  (registers scalar and control handlers)
+from tpusim.devices import sync as _sync  # noqa: F401  (registers semaphore and barrier handlers)
+from tpusim.devices import vpu as _vpu  # noqa: F401  (registers the VPU and XLU specs)
+from tpusim.devices.dma import DmaEngines, issue_dma
+from tpusim.devices.fallback import fallback_cost
+from tpusim.devices.hazards import Scoreboard
+from tpusim.devices.memory import window_extent
+from tpusim.devices.mxu import MxuState
+from tpusim.devices.units import COMPUTE, HANDLERS, Access, Cost, ExecutionError, Handler, handles
+from tpusim.isa import DmaStart, Fallback, MemRef, Reg, Space, format_instruction
+
+if TYPE_CHECKING:
+    from tpusim.devices.chip import ChipState
+    from tpusim.isa import Instruction, Stream
+
+__all__ = ["Core", "DeadlockError", "Decoded"]
+
+
+class DeadlockError(ExecutionError):
+    """The event queue ran dry while a core still had instructions to run."""
+
+
+class Decoded:
+    """One instruction prepared for issue: its handler and whatever can be computed before the run."""
+
+    __slots__ = (
+        "cost",
+        "cost_fn",
+        "extra",
+        "handler",
+        "index",
+        "ins",
+        "read_refs",
+        "reads",
+        "rr",
+        "rw",
+        "spec",
+        "static",
+        "write_refs",
+        "writes",
+    )
+
+    def __init__(self, ins: Instruction, index: int) -> None:
+        self.ins = ins
+        self.index = index
+        self.handler: Handler = HANDLERS[type(ins)]
+        self.spec = COMPUTE.get(type(ins))
+        self.static = False
+        self.reads: tuple[Access, ...] = ()
+        self.writes: tuple[Access, ...] = ()
+        self.rr: tuple[Any, ...] = ()
+        self.rw: tuple[Any, ...] = ()
+        self.read_refs: tuple[MemRef, ...] = ()
+        self.write_refs: tuple[MemRef, ...] = ()
+        self.cost: Cost | None = None
+        self.cost_fn: Any = None
+        self.extra: Any = None  # a handler's per-instruction cache
+
+
+class Core:
+    """The sequencer and units of TensorCore ``index`` of a chip, running one stream.
+
+    Args:
+        chip: the chip it belongs to (memories, semaphores, the system).
+        index: core number within the chip.
+        stream: its instruction stream.
+        stream_id: its number in the trace.
+    """
+
+    def __init__(self, chip: ChipState, index: int, stream: Stream, stream_id: int) -> None:
+        system = chip.system
+        cfg = system.cfg
+        self.system = system
+        self.chip = chip
+        self.index = index
+        self.stream = stream
+        self.stream_id = stream_id
+        self.cfg = cfg
+        self.env = system.env
+        self.network = system.network
+        self.records = system.records
+        self.numeric = system.numeric
+        self.regs = [0] * cfg.core.scalar_registers
+        self.sems = chip.sems[index]
+        self.vmem = chip.vmem[index]
+        self.smem = chip.smem[index]
+        self.stores = {Space.HBM: chip.hbm, Space.VMEM: self.vmem, Space.SMEM: self.smem}
+        self.scoreboard = Scoreboard()
+        self.mxus = [MxuState(cfg) for _ in range(cfg.mxu.count)]
+        depth = cfg.core.instruction_queue_depth
+        self.queues = {k: deque(maxlen=depth) for k in ("vpu", "xlu", "fallback", "dma")}
+        self.vpu_queue = self.queues["vpu"]
+        self.mxu_queues = [deque(maxlen=depth) for _ in range(cfg.mxu.count)]
+        self.vpu_free = 0
+        self.xlu_free = [0] * cfg.xlu.count
+        self.fallback_free = 0
+        self.max_end = 0  # latest end cycle of any compute instruction issued so far
+        name = f"chip{chip.index}.core{index}"
+        self.unit = {u: system.unit_id(f"{name}.{u}") for u in ("scalar", "sync", "dma", "vpu", "fallback")}
+        self.vpu_unit = self.unit["vpu"]
+        self.xlu_units = [system.unit_id(f"{name}.xlu{i}") for i in range(cfg.xlu.count)]
+        self.mxu_units = [system.unit_id(f"{name}.mxu{i}") for i in range(cfg.mxu.count)]
+        self.dma = DmaEngines(self)
+        self.pc = 0
+        self.first_try = 0  # cycle the current instruction was first tried (for stalls in the trace)
+        self.blocked: tuple[int, str] | None = None
+        self.finished = False
+        self.final_cycle = 0
+        self.jumps = 0
+        self.barrier_event: Any = None
+        self.texts: dict[int, str] = {}
+        self._operands: dict[int, _OperandPlan] = {}
+        self.decoded = [self.decode(ins, i) for i, ins in enumerate(stream.instructions)]
+
+    # ------------------------------------------------------------------ naming and errors
+    @property
+    def name(self) -> str:
+        return f"chip {self.chip.index} core {self.index}"
+
+    def text(self, index: int) -> str:
+        t = self.texts.get(index)
+        if t is None:
+            t = self.texts[index] = format_instruction(self.stream.instructions[index])
+        return t
+
+    def error(self, where: Any, message: str, cls: type[ExecutionError] = ExecutionError) -> ExecutionError:
+        """An error naming this core, the instruction (an index; anything else means the one issuing now)
+        and its HLO origin."""
+        index = where if isinstance(where, int) else self.pc
+        hlo = self.stream.instructions[index].hlo
+        origin = f" (from HLO {hlo})" if hlo else ""
+        return cls(f"{self.name}, instruction {index} `{self.text(index)}`{origin}: {message}")
+
+    # ------------------------------------------------------------------ operands
+    def access(self, ref: MemRef, index: int, store: Any = None) -> Access:
+        """Resolve a memory operand: registers read, window clamped or checked, bounds checked."""
+        p = self._operands.get(id(ref))
+        if p is None:
+            p = self._operands[id(ref)] = _OperandPlan(ref)
+        regs = self.regs
+        if store is None:
+            store = self.stores[p.space]
+        address = p.address if p.base < 0 else p.address + regs[p.base]
+        if p.sizes is None:
+            offsets = None
+            lo, hi = 0, p.nbytes
+        elif p.offsets is not None:
+            offsets = p.offsets
+            lo, hi = p.extent
+        else:
+            offs = []
+            for i, (o, s, d) in enumerate(zip(p.dynamic, p.sizes, p.dims)):
+                v = regs[o] if o >= 0 else -o - 1
+                if p.clamp:
+                    v = min(max(v, 0), d - s)
+                elif v < 0 or v + s > d:
+                    raise self.error(
+                        index,
+                        f"window start {v} (from {ref.window.offsets[i]}) puts dimension {i} "  # type: ignore[union-attr]
+                        f"at [{v}, {v + s}), outside 0..{d} of {ref.shape}",
+                    )
+                offs.append(v)
+            offsets = tuple(offs)
+            ext = p.extents.get(offsets)
+            if ext is None:
+                ext = p.extents[offsets] = window_extent(ref.shape, offsets, p.sizes)
+            lo, hi = ext
+        if address < 0 or address + p.nbytes > store.capacity:
+            problem = store.check(address, address + p.nbytes)
+            raise self.error(index, f"operand {ref} at {address:#x}: {problem}")
+        return Access(store, p.space, address, ref.shape, offsets, p.sizes, address + lo, address + hi)
+
+    def decode(self, ins: Instruction, index: int) -> Decoded:
+        """Check ``ins`` against the config and precompute what does not depend on registers."""
+        cfg = self.cfg
+        d = Decoded(ins, index)
+        for reg in _registers(ins):
+            if reg.index >= cfg.core.scalar_registers:
+                raise self.error(index, f"register {reg} does not exist (the core has {cfg.core.scalar_registers})")
+        for sem in (getattr(ins, "sem", None), getattr(ins, "dst_sem", None)):
+            if isinstance(sem, int) and sem >= cfg.core.semaphores:
+                raise self.error(index, f"semaphore {sem} does not exist (the core has {cfg.core.semaphores})")
+        spec = d.spec
+        if spec is None:
+            return d
+        problem = spec.check(cfg, ins)
+        if problem:
+            raise self.error(index, problem)
+        d.read_refs, d.write_refs = spec.refs(ins)
+        d.cost_fn = spec.cost
+        if isinstance(ins, Fallback):
+            kernel = self.system.program.fallback(ins.kernel)
+            d.cost_fn = lambda cfg, i, r, w: fallback_cost(kernel, r, w)
+        if all(r.is_static for r in d.read_refs + d.write_refs):
+            d.static = True
+            d.reads = tuple(self.access(r, index) for r in d.read_refs)
+            d.writes = tuple(self.access(r, index) for r in d.write_refs)
+            d.rr = tuple((a.key, a.lo, a.hi) for a in d.reads)
+            d.rw = tuple((a.key, a.lo, a.hi) for a in d.writes)
+            d.cost = d.cost_fn(cfg, ins, d.reads, d.writes)
+            if d.cost.unit == "vpu":
+                d.handler = issue_vpu_static
+        return d
+
+    # ------------------------------------------------------------------ the sequencer process
+    def run(self) -> Any:
+        """The SimPy process: issue until the end of the stream (or ``halt``)."""
+        env = self.env
+        decoded = self.decoded
+        n = len(decoded)
+        t = env.now
+        retry = False
+        while self.pc < n:
+            d = decoded[self.pc]
+            if not retry:
+                self.first_try = t
+            r = d.handler(self, d, t)
+            if r.__class__ is int:
+                t = r
+                retry = False
+                continue
+            yield r
+            self.blocked = None
+            retry = True
+            if env.now > t:
+                t = env.now
+        self.finished = True
+        self.final_cycle = max(t, self.max_end)
+
+    def block(self, d: Decoded, reason: str, event: Any) -> Any:
+        """Record why the sequencer waits (for deadlock reports) and return the event to wait for."""
+        self.blocked = (d.index, reason)
+        return event
+
+
+class _OperandPlan:
+    """What access() needs of one MemRef, computed once per program."""
+
+    __slots__ = (
+        "address",
+        "base",
+        "clamp",
+        "dims",
+        "dynamic",
+        "extent",
+        "extents",
+        "nbytes",
+        "offsets",
+        "sizes",
+        "space",
+    )
+
+    def __init__(self, ref: MemRef) -> None:
+        self.space = ref.space
+        self.address = ref.address
+        self.base = ref.base.index if ref.base is not None else -1
+        self.nbytes = ref.shape.byte_size
+        self.dims = ref.shape.dimensions
+        w = ref.window
+        self.sizes = w.sizes if w is not None else None
+        self.clamp = w.clamp if w is not None else False
+        self.offsets: tuple[int, ...] | None = None
+        self.dynamic: tuple[int, ...] = ()
+        self.extents: dict[tuple[int, ...], tuple[int, int]] = {}
+        self.extent = (0, self.nbytes)
+        if w is not None:
+            if w.is_static:
+                self.offsets = w.offsets  # type: ignore[assignment]
+                self.extent = window_extent(ref.shape, self.offsets, w.sizes)
+            else:
+                # register index, or -(immediate + 1) for an immediate offset
+                self.dynamic = tuple(o.index if isinstance(o, Reg) else -o - 1 for o in w.offsets)
+
+
+def _registers(ins: Any) -> list[Reg]:
+    out: list[Reg] = []
+    for name in getattr(ins, "__dataclass_fields__", {}):
+        v = getattr(ins, name)
+        for x in v if isinstance(v, tuple) else (v,):
+            if isinstance(x, Reg):
+                out.append(x)
+            elif isinstance(x, MemRef):
+                out.extend(x.registers)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compute instructions (MXU, VPU, XLU, fallback)
+# ---------------------------------------------------------------------------------------------------------
+def issue_compute(core: Core, d: Decoded, t: int) -> Any:
+    ins = d.ins
+    if d.static:
+        reads, writes, rr, rw, cost = d.reads, d.writes, d.rr, d.rw, d.cost
+    else:
+        i = d.index
+        reads = tuple(core.access(r, i) for r in d.read_refs)
+        writes = tuple(core.access(r, i) for r in d.write_refs)
+        rr = tuple((a.key, a.lo, a.hi) for a in reads)
+        rw = tuple((a.key, a.lo, a.hi) for a in writes)
+        cost = d.cost_fn(core.cfg, ins, reads, writes)
+    need, dma = core.scoreboard.check(t, rr, rw)
+    if dma is not None:
+        return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
+    assert cost is not None
+    kind = cost.unit
+    flops = cost.flops
+    if kind == "mxu":
+        q = core.mxu_queues[ins.mxu]
+        if len(q) == q.maxlen and q[0] > t:
+            t = q[0]
+        start, end, flops = core.mxus[ins.mxu].schedule(ins, t, need, cost, core, d.index)
+        unit = core.mxu_units[ins.mxu]
+    else:
+        q = core.queues[kind]
+        if len(q) == q.maxlen and q[0] > t:
+            t = q[0]
+        if kind == "vpu":
+            start = max(t, need, core.vpu_free)
+            core.vpu_free = start + cost.occupancy
+            unit = core.unit["vpu"]
+        elif kind == "xlu":
+            free = core.xlu_free
+            k = free.index(min(free))
+            start = max(t, need, free[k])
+            free[k] = start + cost.occupancy
+            unit = core.xlu_units[k]
+        else:
+            start = max(t, need, core.fallback_free)
+            core.fallback_free = start + cost.occupancy
+            unit = core.unit["fallback"]
+        end = start + cost.occupancy + cost.latency
+    q.append(start)
+    if end > core.max_end:
+        core.max_end = end
+    core.scoreboard.add(rr, rw, end)
+    core.records.append((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))
+    if core.numeric or ins.control:
+        d.spec.execute(core, ins, reads, writes)
+    core.pc = d.index + 1
+    return t + 1
+
+
+def issue_vpu_static(core: Core, d: Decoded, t: int) -> Any:
+    """``issue_compute`` for a VPU instruction whose operands need no registers (the common case).
+
+    NOTE: speed. Same rules as issue_compute, with the decode-time facts used directly.
+    """
+    sb = core.scoreboard
+    rr, rw = d.rr, d.rw
+    if sb.horizon <= t and not sb.dmas:
+        need = t
+    else:
+        need, dma = sb.check(t, rr, rw)
+        if dma is not None:
+            return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
+    q = core.vpu_queue
+    if len(q) == q.maxlen and q[0] > t:
+        t = q[0]
+    cost = d.cost
+    start = core.vpu_free
+    if start < t:
+        start = t
+    if start < need:
+        start = need
+    free = core.vpu_free = start + cost.occupancy  # type: ignore[union-attr]
+    end = free + cost.latency  # type: ignore[union-attr]
+    q.append(start)
+    if end > core.max_end:
+        core.max_end = end
+    sb.add(rr, rw, end)
+    core.records.append(
+        (
+            core.stream_id,
+            d.index,
+            core.vpu_unit,
+            core.first_try,
+            start,
+            end,
+            cost.nbytes,  # type: ignore[union-attr]
+            cost.flops,
+        )
+    )  # type: ignore[union-attr]
+    if core.numeric or d.ins.control:
+        d.spec.execute(core, d.ins, d.reads, d.writes)  # type: ignore[union-attr]
+    core.pc = d.index + 1
+    return t + 1
+
+
+handles(*COMPUTE)(issue_compute)
+handles(DmaStart)(issue_dma)

@@ -1,0 +1,353 @@
+"""DMA engines: asynchronous copies between HBM, VMEM, SMEM and remote chips, in layout terms.
+
+Cost rule of one transfer (every symbol a config key; derivation in ``docs/model.md``):
+
+1. It waits for one of the core's ``dma.engines`` (FIFO), then spends ``dma.setup_cycles``.
+2. Its data phase is a flow (:mod:`tpusim.devices.flows`) of ``payload`` bytes (window elements x
+   element size; a whole-array copy between identical layouts moves the whole buffer, padding included)
+   through: the chip's HBM for every HBM side, at ``hbm.bandwidth_bytes_per_s / clock_hz`` bytes per
+   cycle, charged ``weight = burst-rounded bytes / payload`` (each contiguous run of that side occupies
+   whole ``dma.burst_bytes`` bursts); the core's local port (``dma.local_bytes_per_cycle``) for a VMEM or
+   SMEM side; every ICI link on the route. Its own rate is capped by the channels its HBM bytes spread over
+   (``min(hbm.channels, ceil(bytes / hbm.interleave_bytes))`` channels of ``bandwidth / channels``) and by
+   the engine's address generation: ``dma.runs_per_cycle`` runs per cycle, where a run is a maximal set of
+   elements contiguous in both the source and the destination.
+3. It completes ``hbm.latency_ns`` (if a side is HBM) plus ``ici.hop_latency_ns`` per hop after its last
+   byte moved; then the bytes land, and the semaphores are incremented.
+
+The engine is released when the data phase ends, so latencies of back-to-back transfers overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from math import ceil
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tpusim.devices.flows import Flow
+from tpusim.devices.memory import read_value, window_slots, write_value
+from tpusim.isa import Reg, Space
+from tpusim.memory import Shape, geometry
+
+if TYPE_CHECKING:
+    from tpusim.devices.units import Access
+
+__all__ = ["DmaEngines", "Transfer", "TransferPlan", "burst_bytes", "flow_uses", "issue_dma", "transfer_plan"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TransferPlan:
+    """The layout facts of one transfer shape (cached).
+
+    Attributes:
+        payload: bytes moved.
+        runs: maximal element sets contiguous in both source and destination.
+        src_runs, dst_runs: ``(start, length)`` byte arrays of each side's own contiguous runs, relative to
+            the array's address.
+        src_slots, dst_slots: element slots in window order, None for a raw whole-buffer copy.
+    """
+
+    payload: int
+    runs: int
+    src_runs: tuple[np.ndarray, np.ndarray]
+    dst_runs: tuple[np.ndarray, np.ndarray]
+    src_slots: np.ndarray | None
+    dst_slots: np.ndarray | None
+
+
+def _side_runs(slots_sorted: np.ndarray, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
+    geo = geometry(shape)
+    if slots_sorted.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    breaks = np.flatnonzero(np.diff(slots_sorted) != 1) + 1
+    starts = slots_sorted[np.concatenate(([0], breaks))]
+    lengths = np.diff(np.concatenate(([0], breaks, [slots_sorted.size])))
+    bits = geo.element_bits
+    return geo.prefix_bytes + starts * bits // 8, (lengths * bits + 7) // 8
+
+
+@lru_cache(maxsize=1024)
+def transfer_plan(
+    src: Shape, src_off: tuple[int, ...] | None, dst: Shape, dst_off: tuple[int, ...] | None, sizes: tuple[int, ...]
+) -> TransferPlan:
+    """Payload, runs and element maps of copying a ``sizes`` window between two layouts."""
+    if src_off is None and dst_off is None and src == dst:
+        n = src.byte_size
+        one = (np.zeros(1, np.int64), np.full(1, n, np.int64))
+        return TransferPlan(n, 1, one, one, None, None)
+    s_off = src_off if src_off is not None else (0,) * len(sizes)
+    d_off = dst_off if dst_off is not None else (0,) * len(sizes)
+    s = window_slots(src, s_off, sizes)
+    d = window_slots(dst, d_off, sizes)
+    bits = geometry(src).element_bits
+    if s.size == 0:
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return TransferPlan(0, 0, empty, empty, s, d)
+    order = np.argsort(s, kind="stable")
+    s_sorted, d_by_s = s[order], d[order]
+    joint = 1 + int(np.count_nonzero((np.diff(s_sorted) != 1) | (np.diff(d_by_s) != 1)))
+    return TransferPlan(ceil(s.size * bits / 8), joint, _side_runs(s_sorted, src), _side_runs(np.sort(d), dst), s, d)
+
+
+def burst_bytes(runs: tuple[np.ndarray, np.ndarray], base: int, burst: int) -> int:
+    """Bytes of whole bursts the runs occupy when the array starts at ``base``."""
+    starts, lengths = runs
+    if starts.size == 0:
+        return 0
+    a = base + starts
+    return int(((a + lengths + burst - 1) // burst - a // burst).sum()) * burst
+
+
+class Transfer(Flow):
+    """One DMA in flight: its flow through the network plus what completion must do."""
+
+    __slots__ = (
+        "copy_bytes",
+        "core",
+        "done",
+        "dst",
+        "event",
+        "index",
+        "issue",
+        "latency",
+        "plan",
+        "sems",
+        "src",
+        "start",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        core: Any,
+        index: int,
+        issue: int,
+        src: Access,
+        dst: Access,
+        plan: TransferPlan,
+        sems: list[tuple[Any, int]],
+        latency: int,
+        copy_bytes: bool,
+        uses: list[Any],
+        cap: float,
+        shape: tuple[float, tuple[int, ...]],
+    ) -> None:
+        # NOTE: speed. Flow's fields are set here directly (no super().__init__ call on this hot path).
+        self.remaining = float(plan.payload)
+        self.uses = uses
+        self.cap = cap
+        self.on_done = self.data_done
+        self.rate = 0.0
+        self.seq = 0
+        self.solo, self.sig = shape
+        self.core = core
+        self.stream = core.stream_id
+        self.index = index
+        self.issue = issue
+        self.src = src
+        self.dst = dst
+        self.plan = plan
+        self.sems = sems  # (semaphore bank, number) pairs incremented at completion
+        self.latency = latency
+        self.copy_bytes = copy_bytes
+        self.start = 0
+        self.done = False
+        self.event: Any = None
+
+    def wait_event(self) -> Any:
+        """An event that fires at completion (created on demand: a transfer nobody waits for costs none)."""
+        if self.event is None:
+            self.event = self.core.env.event()
+        return self.event
+
+    def data_done(self, now: int) -> None:
+        """The flow moved its last byte at ``now``: free the engine; complete after the latency."""
+        self.core.dma.release(now)
+        if self.latency:
+            self.core.env.timeout(self.latency).callbacks.append(self._complete_cb)
+        else:
+            _complete(self)
+
+    def _complete_cb(self, _ev: Any) -> None:
+        _complete(self)
+
+    def describe(self) -> str:
+        return f"DMA {self.core.text(self.index)} (instruction {self.index})"
+
+    def copy(self) -> None:
+        """Move the bytes (at completion)."""
+        s, d, p = self.src, self.dst, self.plan
+        if p.src_slots is None:
+            d.store.write(d.address, s.store.read(s.address, p.payload))
+            return
+        et = s.shape.element_type
+        assert et.dtype is not None
+        gs, gd = geometry(s.shape), geometry(d.shape)
+        width = 8 * et.raw_dtype.itemsize
+        if gs.element_bits == width == gd.element_bits and et.bits >= 8:
+            src_raw = s.store.view(s.address + gs.prefix_bytes, gs.element_slots * et.raw_dtype.itemsize)
+            values = src_raw.view(et.raw_dtype)[p.src_slots]
+            dst_raw = d.store.view(d.address + gd.prefix_bytes, gd.element_slots * et.raw_dtype.itemsize)
+            dst_raw.view(et.raw_dtype)[p.dst_slots] = values
+            return
+        sizes = s.sizes if s.sizes is not None else s.shape.dimensions
+        value = read_value(s.store, s.address, s.shape, s.offsets or (0,) * len(sizes), sizes)
+        write_value(d.store, d.address, d.shape, d.offsets or (0,) * len(sizes), sizes, value)
+
+
+class DmaEngines:
+    """The DMA engines of one core: ``count`` transfers in their data phase at once, a FIFO of waiting ones.
+
+    Args:
+        core: the owning core (for the config, the flow network and completion bookkeeping).
+    """
+
+    __slots__ = ("core", "free", "queue", "space_event")
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.free = core.cfg.dma.engines
+        self.queue: list[tuple[Transfer, int]] = []
+        self.space_event: Any = None
+
+    def full(self) -> bool:
+        return len(self.queue) >= self.core.cfg.dma.queue_depth
+
+    def submit(self, tr: Transfer, ready: int) -> None:
+        """Start ``tr`` on a free engine at ``ready`` (its issue cycle or later), or queue it."""
+        if self.free > 0:
+            self.free -= 1
+            tr.start = ready
+            self.core.network.add(tr, ready + self.core.cfg.dma.setup_cycles)
+        else:
+            self.queue.append((tr, ready))
+
+    def release(self, now: int) -> None:
+        """An engine finished a data phase at ``now``."""
+        if self.queue:
+            tr, ready = self.queue.pop(0)
+            tr.start = max(now, ready)
+            self.core.network.add(tr, tr.start + self.core.cfg.dma.setup_cycles)
+            if self.space_event is not None:
+                ev, self.space_event = self.space_event, None
+                ev.succeed()
+        else:
+            self.free += 1
+
+
+def flow_uses(
+    cfg: Any,
+    net: Any,
+    plan: TransferPlan,
+    src: Access,
+    dst: Access,
+    src_port: tuple[int, int],
+    dst_port: tuple[int, int],
+    hops: list[Any],
+) -> tuple[list[Any], float]:
+    """The resources a transfer crosses with their weights, and its own rate cap (payload bytes/cycle).
+
+    ``src_port`` / ``dst_port`` are (chip, core) of each side's memory.
+    """
+    payload = max(plan.payload, 1)
+    uses: list[Any] = []
+    cap = cfg.dma.runs_per_cycle * payload / max(plan.runs, 1)
+    hbm_bytes: dict[int, int] = {}
+    for acc, runs, (chip, core) in ((src, plan.src_runs, src_port), (dst, plan.dst_runs, dst_port)):
+        if acc.space is Space.HBM:
+            hbm_bytes[chip] = hbm_bytes.get(chip, 0) + burst_bytes(runs, acc.address, cfg.dma.burst_bytes)
+        else:
+            r = net.resource(("local", chip, core), f"chip{chip}.core{core}.dma_port", cfg.dma.local_bytes_per_cycle)
+            uses.append((r, 1.0))
+    for chip, b in hbm_bytes.items():
+        r = net.resource(("hbm", chip), f"chip{chip}.hbm", cfg.hbm_bytes_per_cycle)
+        weight = b / payload
+        uses.append((r, weight))
+        channels = min(cfg.hbm.channels, max(1, ceil(b / cfg.hbm.interleave_bytes)))
+        cap = min(cap, channels * cfg.hbm_bytes_per_cycle / cfg.hbm.channels / weight)
+    for chip, axis, step in hops:
+        name = f"chip{chip}.ici{axis}{'+' if step > 0 else '-'}"
+        uses.append((net.resource(("link", chip, axis, step), name, cfg.link_bytes_per_cycle), 1.0))
+    return uses, cap
+
+
+def issue_dma(core: Any, d: Any, t: int) -> Any:
+    """Issue handler of ``dma.start`` (registered by the core)."""
+    ins = d.ins
+    system = core.system
+    i = d.index
+    dst_chip = core.chip
+    if ins.chip is not None:
+        c = core.regs[ins.chip.index] if isinstance(ins.chip, Reg) else ins.chip
+        if not 0 <= c < len(system.chips):
+            raise core.error(i, f"destination chip {c} does not exist (the system has {len(system.chips)})")
+        dst_chip = system.chips[c]
+    dst_core = core.index if ins.dst_core is None else ins.dst_core
+    if dst_core >= core.cfg.core.count:
+        raise core.error(i, f"destination core {dst_core} does not exist (the chip has {core.cfg.core.count})")
+    cfg = core.cfg
+    key = (dst_chip.index, dst_core)
+    cache = d.extra
+    if cache is None:
+        cache = d.extra = {}
+    static = ins.src.is_static and ins.dst.is_static
+    hit = cache.get(key) if static else None
+    if hit is not None:
+        src, dst, plan, rr, rw, uses, cap, latency, sems, shape = hit
+    else:
+        src = core.access(ins.src, i)
+        dst = core.access(ins.dst, i, dst_chip.store(ins.dst.space, dst_core))
+        rr = ((src.key, src.lo, src.hi),)
+        rw = ((dst.key, dst.lo, dst.hi),)
+        pkey = (src.offsets, dst.offsets)
+        plan = cache.get(pkey)
+        if plan is None:
+            sizes = src.sizes if src.sizes is not None else src.shape.dimensions
+            plan = cache[pkey] = transfer_plan(src.shape, src.offsets, dst.shape, dst.offsets, sizes)
+        burst = cfg.dma.burst_bytes
+        fkey = (key, src.offsets, dst.offsets, src.address % burst, dst.address % burst)
+        flow_hit = cache.get(fkey)
+        if flow_hit is None:
+            hops = system.topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
+            latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (src.space, dst.space) else 0
+            latency += len(hops) * cfg.cycles(cfg.ici.hop_latency_ns)
+            uses, cap = flow_uses(cfg, core.network, plan, src, dst, (core.chip.index, core.index), key, hops)
+            shape = Flow.shape_of(uses, cap)
+            sems = []
+            if ins.sem is not None:
+                sems.append((core.sems, ins.sem))
+            if ins.dst_sem is not None:
+                sems.append((dst_chip.sems[dst_core], ins.dst_sem))
+            flow_hit = cache[fkey] = (uses, cap, latency, sems, shape)
+        uses, cap, latency, sems, shape = flow_hit
+        if static:
+            cache[key] = (src, dst, plan, rr, rw, uses, cap, latency, sems, shape)
+    need, busy = core.scoreboard.check(t, rr, rw)
+    if busy is not None:
+        return core.block(d, f"waits for {busy.describe()}, which touches the same memory", busy.wait_event())
+    engines = core.dma
+    if engines.full():
+        if engines.space_event is None:
+            engines.space_event = core.env.event()
+        return core.block(d, "waits for room in the DMA queue", engines.space_event)
+    tr = Transfer(core, i, core.first_try, src, dst, plan, sems, latency, core.numeric or ins.control, uses, cap, shape)
+    core.scoreboard.add_dma(tr, rr, rw)
+    engines.submit(tr, max(t, need))
+    core.pc = i + 1
+    return t + 1
+
+
+def _complete(tr: Transfer) -> None:
+    core = tr.core
+    if tr.copy_bytes:
+        tr.copy()
+    for bank, sem in tr.sems:
+        bank.signal(sem, 1)
+    tr.done = True
+    core.scoreboard.dma_done(tr)
+    core.records.append((tr.stream, tr.index, core.unit["dma"], tr.issue, tr.start, core.env.now, tr.plan.payload, 0))
+    if tr.event is not None:
+        tr.event.succeed()

@@ -1,0 +1,83 @@
+"""The fallback unit: runs an HLO computation from the program's kernel table on operand bytes.
+
+This is how every HLO op runs, including those without a hardware lowering (DESIGN principle 6). The
+numbers come from an *evaluator* ``(hlo_text, input arrays) -> output arrays``; the default one parses
+the kernel with :func:`tpusim.compiler.hlo.parse_module` and runs the reference interpreter
+(:func:`tpusim.compiler.hlo.reference.evaluate`). That lazy import is the devices' only dependency on the
+compiler package; ``System.run(..., fallback_evaluator=...)`` replaces it.
+
+Timing: the core's single fallback unit is busy for the kernel's declared cost
+(:meth:`tpusim.isa.FallbackKernel.cycles`), with ``bytes`` = the bytes the operand blocks span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tpusim.devices.memory import read_value, write_value
+from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
+from tpusim.isa import Fallback, FallbackKernel
+
+if TYPE_CHECKING:
+    from tpusim.config import ChipConfig
+
+__all__ = ["FallbackEvaluator", "fallback_cost", "reference_evaluator"]
+
+FallbackEvaluator = Callable[[str, list[np.ndarray]], list[np.ndarray]]
+
+
+@lru_cache(maxsize=64)
+def _parsed(hlo: str) -> Any:
+    from tpusim.compiler.hlo import parse_module
+
+    return parse_module(hlo)
+
+
+def reference_evaluator(hlo: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run an HLO module text on ``inputs`` with tpusim's reference interpreter."""
+    from tpusim.compiler.hlo.reference import evaluate
+
+    return list(evaluate(_parsed(hlo), inputs))
+
+
+def fallback_cost(kernel: FallbackKernel, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    nbytes = sum(a.hi - a.lo for a in reads + writes)
+    return Cost(kernel.cycles(nbytes), 0, nbytes, kernel.flops, "fallback")
+
+
+def _cost(cfg: ChipConfig, ins: Fallback, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    raise AssertionError("the core binds each fallback's cost to its kernel")  # see Core.decode
+
+
+def _execute(core: Any, ins: Fallback, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    kernel = core.system.program.fallback(ins.kernel)
+    values = [read_value(a.store, a.address, a.shape, a.offsets, a.sizes) for a in reads]
+    try:
+        outputs = core.system.fallback_evaluator(kernel.hlo, values)
+    except Exception as e:  # the evaluator is user-replaceable: report any failure at the instruction
+        raise core.error(ins, f"fallback kernel {ins.kernel!r} failed: {type(e).__name__}: {e}") from e
+    if len(outputs) != len(writes):
+        raise core.error(
+            ins, f"fallback kernel {ins.kernel!r} returned {len(outputs)} values for {len(writes)} outputs"
+        )
+    for k, (a, v) in enumerate(zip(writes, outputs)):
+        v = np.asarray(v)
+        et = a.shape.element_type
+        if v.shape != a.dims or v.dtype != et.dtype:
+            raise core.error(
+                ins,
+                f"fallback kernel {ins.kernel!r} output {k} is {v.dtype}{list(v.shape)}, "
+                f"but the operand is {et}{list(a.dims)}",
+            )
+        write_value(a.store, a.address, a.shape, a.offsets, a.sizes, v)
+
+
+def _check(cfg: ChipConfig, ins: Fallback) -> str | None:
+    return None
+
+
+register_compute(Fallback, ComputeSpec(lambda i: (i.inputs, i.outputs), _check, _cost, _execute))

@@ -1,0 +1,253 @@
+"""Bandwidth sharing: a processor-sharing fluid model of concurrent transfers.
+
+Every transfer is a :class:`Flow` through one or more :class:`Resource` s (a chip's HBM, a core's local DMA
+port, an ICI link), each with a capacity in bytes per cycle. A flow uses ``weight`` bytes of a resource per
+payload byte (more than 1 when short runs waste whole bursts). Rates are the weighted max-min fair
+allocation (progressive filling), also capped per flow, recomputed whenever a flow starts or ends; a
+flow's completion is rounded up to a whole cycle, where the rates are recomputed.
+
+Events (DESIGN principle 1: a few per transfer, never one per burst or cycle): one timer at a time. When
+every flow in the network crosses the same set of resources, a new flow can only slow the others down, so
+a start needs no event of its own: the timer is set at the earliest possible completion (each flow at the
+rate it would have alone from its start) and the starts in between are applied in order when it fires.
+Otherwise every start is an event, as the plain model has it. Both give the same cycles.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from math import ceil
+from typing import Any
+
+__all__ = ["Flow", "FlowNetwork", "Resource"]
+
+_EPS = 1e-6  # bytes: a flow with less left is finished (float rounding)
+_INF = float("inf")
+
+
+class Resource:
+    """A shared bandwidth: ``capacity`` bytes per cycle."""
+
+    __slots__ = ("capacity", "name")
+
+    def __init__(self, name: str, capacity: float) -> None:
+        self.name = name
+        self.capacity = capacity
+
+    def __repr__(self) -> str:
+        return f"Resource({self.name!r}, {self.capacity})"
+
+
+class Flow:
+    """One transfer's data phase.
+
+    Args:
+        payload: bytes to move.
+        uses: ``(resource, weight)`` pairs.
+        cap: the flow's own rate limit in payload bytes per cycle.
+        on_done: called with the cycle the last byte moved.
+    """
+
+    __slots__ = ("cap", "on_done", "rate", "remaining", "seq", "sig", "solo", "uses")
+
+    def __init__(
+        self,
+        payload: float,
+        uses: list[tuple[Resource, float]],
+        cap: float,
+        on_done: Callable[[int], None],
+        shape: tuple[float, tuple[int, ...]] | None = None,
+    ) -> None:
+        self.remaining = float(payload)
+        self.uses = uses
+        self.cap = cap
+        self.on_done = on_done
+        self.rate = 0.0
+        self.seq = 0
+        # (rate alone, which resources it crosses); callers that start many equal flows pass it precomputed
+        self.solo, self.sig = shape if shape is not None else Flow.shape_of(uses, cap)
+
+    @staticmethod
+    def shape_of(uses: list[tuple[Resource, float]], cap: float) -> tuple[float, tuple[int, ...]]:
+        return min([cap] + [r.capacity / w for r, w in uses]), tuple(id(r) for r, _ in uses)
+
+
+class FlowNetwork:
+    """All flows of a system, advanced by one self-rescheduling timer."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.active: list[Flow] = []
+        self.pending: list[tuple[int, int, Flow]] = []  # heap of (start cycle, seq, flow)
+        self.last = 0  # cycle the remaining bytes and rates refer to
+        self.seq = 0
+        self.gen = 0
+        self.timer_at: int | None = None
+        self.busy = False
+        self.sigs: dict[tuple[int, ...], int] = {}  # resource sets of active and pending flows -> count
+        self.resources: dict[Any, Resource] = {}
+
+    def resource(self, key: Any, name: str, capacity: float) -> Resource:
+        r = self.resources.get(key)
+        if r is None:
+            r = self.resources[key] = Resource(name, capacity)
+        return r
+
+    def add(self, flow: Flow, start: int) -> None:
+        """Start ``flow`` at cycle ``start`` (not before the current cycle)."""
+        self.seq += 1
+        flow.seq = self.seq
+        self.sigs[flow.sig] = self.sigs.get(flow.sig, 0) + 1
+        heapq.heappush(self.pending, (start, self.seq, flow))
+        if self.busy:
+            return
+        now = self.env.now
+        if self.pending[0][0] <= now:
+            self._process(now)
+        else:
+            self._schedule(now)
+
+    # ------------------------------------------------------------------ internals
+    def _advance(self, to: int) -> None:
+        dt = to - self.last
+        if dt > 0:
+            for f in self.active:
+                f.remaining -= f.rate * dt
+            self.last = to
+
+    def _process(self, now: int) -> None:
+        """Apply the starts up to ``now`` in order, then finish the flows that are done at ``now``."""
+        self.busy = True
+        pending = self.pending
+        try:
+            while True:
+                while pending and pending[0][0] <= now:
+                    at = pending[0][0]
+                    self._advance(at)
+                    while pending and pending[0][0] == at:
+                        self.active.append(heapq.heappop(pending)[2])
+                    self._rates()
+                self._advance(now)
+                done = None
+                for f in self.active:
+                    if f.remaining <= _EPS:
+                        if done is None:
+                            done = [f]
+                        else:
+                            done.append(f)
+                if done is None:
+                    break
+                self.active = [f for f in self.active if f.remaining > _EPS]
+                sigs = self.sigs
+                for f in done:
+                    n = sigs[f.sig] - 1
+                    if n:
+                        sigs[f.sig] = n
+                    else:
+                        del sigs[f.sig]
+                self._rates()
+                for f in done:
+                    f.on_done(now)
+        finally:
+            self.busy = False
+        self._schedule(now)
+
+    def _rates(self) -> None:
+        """Weighted max-min fair rates by progressive filling."""
+        flows = self.active
+        if len(flows) <= 1:
+            for f in flows:
+                f.rate = f.solo
+            return
+        if len(self.sigs) == 1:
+            self._rates_shared(flows)
+            return
+        used: dict[Resource, float] = {}
+        unfrozen = flows
+        while unfrozen:
+            wsum: dict[Resource, float] = {}
+            for f in unfrozen:
+                for r, w in f.uses:
+                    wsum[r] = wsum.get(r, 0.0) + w
+            level = min(f.cap for f in unfrozen)
+            for r, s in wsum.items():
+                level = min(level, (r.capacity - used.get(r, 0.0)) / s)
+            level = max(level, 0.0)
+            tight = {r for r, s in wsum.items() if (r.capacity - used.get(r, 0.0)) / s <= level * (1 + 1e-12)}
+            rest = []
+            for f in unfrozen:
+                if f.cap <= level * (1 + 1e-12) or any(r in tight for r, _ in f.uses):
+                    f.rate = level
+                    for r, w in f.uses:
+                        used[r] = used.get(r, 0.0) + level * w
+                else:
+                    rest.append(f)
+            if len(rest) == len(unfrozen):  # no progress (cannot happen with positive capacities)
+                for f in rest:
+                    f.rate = level
+                break
+            unfrozen = rest
+
+    @staticmethod
+    def _rates_shared(flows: list[Flow]) -> None:
+        """Progressive filling when every flow crosses the same resources (in the same order)."""
+        left = [r.capacity for r, _ in flows[0].uses]
+        idx = range(len(left))
+        unfrozen = flows
+        while unfrozen:
+            level = min(f.cap for f in unfrozen)
+            for i in idx:
+                w = 0.0
+                for f in unfrozen:
+                    w += f.uses[i][1]
+                x = left[i] / w
+                if x < level:
+                    level = x
+            capped = [f for f in unfrozen if f.cap <= level * (1 + 1e-12)]
+            if not capped or len(capped) == len(unfrozen):
+                for f in unfrozen:
+                    f.rate = level
+                return
+            for f in capped:
+                f.rate = f.cap
+                for i in idx:
+                    left[i] -= f.cap * f.uses[i][1]
+            unfrozen = [f for f in unfrozen if f.cap > level * (1 + 1e-12)]
+
+    def _schedule(self, now: int) -> None:
+        t = _INF
+        last = self.last
+        for f in self.active:
+            if f.rate > 0:
+                x = last + f.remaining / f.rate
+                if x < t:
+                    t = x
+        pending = self.pending
+        if pending:
+            if len(self.sigs) <= 1:
+                # One resource set: starts only slow flows down; the earliest completion is bounded below by
+                # each pending flow running alone from its start.
+                for s, _, f in pending:
+                    x = (s if s > last else last) + f.remaining / f.solo
+                    if x < t:
+                        t = x
+            elif pending[0][0] < t:
+                t = pending[0][0]
+        if t == _INF:
+            return
+        nxt = ceil(t - 1e-9)
+        if nxt < now:
+            nxt = now
+        timer = self.timer_at
+        if timer is not None and timer <= nxt:
+            return
+        self.gen += 1
+        self.timer_at = nxt
+        self.env.timeout(nxt - now, self.gen).callbacks.append(self._fire)
+
+    def _fire(self, ev: Any) -> None:
+        if ev.value != self.gen:
+            return  # superseded by an earlier timer
+        self.timer_at = None
+        self._process(self.env.now)

@@ -1,0 +1,120 @@
+"""The scoreboard of one core: which in-flight instructions read or write which address ranges.
+
+An instruction must not read memory an earlier, still running instruction writes (RAW), nor write memory
+one reads or writes (WAR, WAW). Compute instructions have a known end cycle when they issue, so a hazard
+on one only delays the new instruction's start (its unit waits, the sequencer goes on). A DMA's end is
+only known when it happens, so a hazard on an in-flight DMA stalls the sequencer until it completes.
+
+Ranges are byte ranges ``[lo, hi)`` in a space key (the memory object itself). A windowed operand is
+tracked by the byte extent of its window, a conservative over-estimate. Compute entries keep the latest
+end cycle per range (exact for the hazard bound, which is a maximum) and are dropped lazily once the
+sequencer's clock (which never goes back) passes them; DMA entries are dropped when the transfer completes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Range", "Scoreboard"]
+
+Range = tuple[Any, int, int]  # (space key, lo, hi)
+
+_PRUNE_AT = 32  # entries before dead ones (end cycle passed) are dropped
+
+
+class Scoreboard:
+    """In-flight reads and writes of one core."""
+
+    __slots__ = ("dmas", "horizon", "readers", "writers")
+
+    def __init__(self) -> None:
+        self.horizon = 0  # the latest end cycle of any compute entry
+        # Compute entries: (space, lo, hi) -> latest end cycle. Programs reuse buffers, so these stay small.
+        self.writers: dict[Range, int] = {}
+        self.readers: dict[Range, int] = {}
+        self.dmas: list[tuple[Any, tuple[Range, ...], tuple[Range, ...]]] = []  # (transfer, reads, writes)
+
+    def check(self, t: int, reads: tuple[Range, ...], writes: tuple[Range, ...]) -> tuple[int, Any]:
+        """The earliest start allowed by compute hazards, and an in-flight DMA to wait for (or None).
+
+        Args:
+            t: the sequencer's clock.
+            reads: ranges the new instruction reads.
+            writes: ranges it writes.
+        """
+        need = t
+        if self.horizon <= t:
+            # every compute entry has ended: nothing to scan (and nothing worth keeping)
+            if self.writers:
+                self.writers = {}
+                self.readers = {}
+            return self._check_dmas(t, reads, writes)
+        w = self.writers
+        if len(w) > _PRUNE_AT:
+            w = self.writers = {k: e for k, e in w.items() if e > t}
+        for (sp, lo, hi), end in w.items():
+            if end <= need:
+                continue
+            for s2, l2, h2 in reads:
+                if s2 is sp and l2 < hi and lo < h2:
+                    need = end
+                    break
+            else:
+                for s2, l2, h2 in writes:
+                    if s2 is sp and l2 < hi and lo < h2:
+                        need = end
+                        break
+        if writes:
+            r = self.readers
+            if len(r) > _PRUNE_AT:
+                r = self.readers = {k: e for k, e in r.items() if e > t}
+            for (sp, lo, hi), end in r.items():
+                if end <= need:
+                    continue
+                for s2, l2, h2 in writes:
+                    if s2 is sp and l2 < hi and lo < h2:
+                        need = end
+                        break
+        return self._check_dmas(need, reads, writes)
+
+    def _check_dmas(self, need: int, reads: tuple[Range, ...], writes: tuple[Range, ...]) -> tuple[int, Any]:
+        if self.dmas:
+            both = reads + writes
+            for tr, d_reads, d_writes in self.dmas:
+                for sp, lo, hi in d_writes:
+                    for s2, l2, h2 in both:
+                        if s2 is sp and l2 < hi and lo < h2:
+                            return need, tr
+                if writes:
+                    for sp, lo, hi in d_reads:
+                        for s2, l2, h2 in writes:
+                            if s2 is sp and l2 < hi and lo < h2:
+                                return need, tr
+        return need, None
+
+    def add(self, reads: tuple[Range, ...], writes: tuple[Range, ...], end: int) -> None:
+        """Record an issued compute instruction's ranges until cycle ``end``."""
+        if end > self.horizon:
+            self.horizon = end
+        w = self.writers
+        for k in writes:
+            if w.get(k, -1) < end:
+                w[k] = end
+        r = self.readers
+        for k in reads:
+            if r.get(k, -1) < end:
+                r[k] = end
+
+    def add_dma(self, transfer: Any, reads: tuple[Range, ...], writes: tuple[Range, ...]) -> None:
+        """Record an issued DMA's ranges until :meth:`dma_done`."""
+        self.dmas.append((transfer, reads, writes))
+
+    def dma_done(self, transfer: Any) -> None:
+        for i, e in enumerate(self.dmas):
+            if e[0] is transfer:
+                del self.dmas[i]
+                return
+
+    def pending_dma(self) -> Any:
+        """Some in-flight DMA of this core, or None (used by barriers to drain)."""
+        return self.dmas[0][0] if self.dmas else None

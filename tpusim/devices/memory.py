@@ -1,0 +1,169 @@
+"""Memories that hold real bytes, and reading / writing operand values in their exact layouts.
+
+A :class:`ByteStore` is one memory (a chip's HBM, a core's VMEM or SMEM): a flat byte array that grows
+up to its capacity as addresses are touched (a 95 GiB HBM costs only what the program uses). Addresses
+come from the program; there is no allocator here. Every access is bounds-checked against the capacity.
+
+Operand values are read and written exactly as ``tpusim.memory.pack`` lays them out. A windowed operand
+goes through the element slots of its window (``Geometry.linear_index``, cached per shape and window).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import ceil, prod
+
+import numpy as np
+
+from tpusim.errors import TpusimError
+from tpusim.memory import Shape, geometry, pack, unpack
+
+__all__ = [
+    "ByteStore",
+    "MemoryAccessError",
+    "read_value",
+    "window_extent",
+    "window_slots",
+    "window_vregs",
+    "write_value",
+]
+
+
+class MemoryAccessError(TpusimError):
+    """An access outside a memory, or an operand that does not fit it."""
+
+
+class ByteStore:
+    """One memory's bytes.
+
+    Args:
+        name: for messages (``hbm of chip 0``, ``vmem of chip 0 core 1``).
+        capacity: bytes.
+    """
+
+    __slots__ = ("capacity", "data", "name")
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.data = np.zeros(0, np.uint8)
+
+    def check(self, lo: int, hi: int) -> str | None:
+        """None when ``[lo, hi)`` lies inside the memory, else a description of the problem."""
+        if lo < 0 or hi > self.capacity:
+            return f"bytes [{lo:#x}, {hi:#x}) fall outside {self.name} (capacity {self.capacity:#x} bytes)"
+        return None
+
+    def view(self, address: int, nbytes: int) -> np.ndarray:
+        """A writable view of ``nbytes`` at ``address`` (untouched memory reads as zeros)."""
+        end = address + nbytes
+        if end > self.data.size:
+            if end > self.capacity or address < 0:
+                raise MemoryAccessError(self.check(address, end) or "")
+            size = min(self.capacity, max(end, 2 * self.data.size, 4096))
+            grown = np.zeros(size, np.uint8)
+            grown[: self.data.size] = self.data
+            self.data = grown
+        return self.data[address:end]
+
+    def write(self, address: int, data: np.ndarray) -> None:
+        self.view(address, data.size)[...] = data
+
+    def read(self, address: int, nbytes: int) -> np.ndarray:
+        return self.view(address, nbytes).copy()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Windows
+# ---------------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=512)
+def window_slots(shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
+    """Element slots (``Geometry.linear_index``) of a window, in row-major order of its sizes (read-only)."""
+    grids = np.indices(sizes, dtype=np.int64).reshape(len(sizes), -1)
+    grids += np.asarray(offsets, np.int64).reshape(-1, 1)
+    slots = geometry(shape).linear_index(grids.T)
+    slots.setflags(write=False)
+    return slots
+
+
+@lru_cache(maxsize=4096)
+def window_extent(shape: Shape, offsets: tuple[int, ...] | None, sizes: tuple[int, ...] | None) -> tuple[int, int]:
+    """Byte range ``[lo, hi)`` relative to the array's address that a window (None: the array) touches."""
+    geo = geometry(shape)
+    if offsets is None or sizes is None or prod(sizes) == 0:
+        return (0, geo.byte_size) if offsets is None else (0, 0)
+    slots = window_slots(shape, offsets, sizes)
+    bits = geo.element_bits
+    lo = geo.prefix_bytes + int(slots.min()) * bits // 8
+    hi = geo.prefix_bytes + ceil((int(slots.max()) + 1) * bits / 8)
+    return lo, hi
+
+
+@lru_cache(maxsize=4096)
+def window_vregs(shape: Shape, offsets: tuple[int, ...] | None, sizes: tuple[int, ...] | None, vreg_bytes: int) -> int:
+    """Vector registers a block occupies: ``ceil(bytes / vreg_bytes)`` for a whole array (padding counts),
+    the distinct vreg-sized pieces (aligned to the array's start) a window touches otherwise."""
+    geo = geometry(shape)
+    if offsets is None or sizes is None:
+        return max(1, ceil(geo.byte_size / vreg_bytes)) if geo.byte_size else 0
+    if prod(sizes) == 0:
+        return 0
+    slots = window_slots(shape, offsets, sizes)
+    pieces = (geo.prefix_bytes + slots * geo.element_bits // 8) // vreg_bytes
+    return int(np.unique(pieces).size)
+
+
+def _fast_path(shape: Shape) -> bool:
+    et = shape.element_type
+    assert et.dtype is not None
+    return geometry(shape).element_bits == 8 * et.raw_dtype.itemsize and et.bits >= 8
+
+
+def read_value(
+    store: ByteStore, address: int, shape: Shape, offsets: tuple[int, ...] | None, sizes: tuple[int, ...] | None
+) -> np.ndarray:
+    """The value of an operand: the whole array (``offsets`` None) or a window, as a numpy array."""
+    geo = geometry(shape)
+    buf = store.view(address, geo.byte_size)
+    if offsets is None or sizes is None:
+        return unpack(buf, shape)
+    et = shape.element_type
+    assert et.dtype is not None
+    if _fast_path(shape):
+        n = geo.element_slots * et.raw_dtype.itemsize
+        raw = buf[geo.prefix_bytes : geo.prefix_bytes + n].view(et.raw_dtype)
+        return raw[window_slots(shape, offsets, sizes)].view(et.dtype).reshape(sizes)
+    full = unpack(buf, shape)
+    return full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))].copy()
+
+
+def write_value(
+    store: ByteStore,
+    address: int,
+    shape: Shape,
+    offsets: tuple[int, ...] | None,
+    sizes: tuple[int, ...] | None,
+    value: np.ndarray,
+) -> None:
+    """Store ``value`` (exactly the operand's dimensions and dtype) into the whole array or a window.
+
+    Writing a whole array rewrites its padding with the layout's padding value; writing a window leaves
+    every other byte alone.
+    """
+    geo = geometry(shape)
+    et = shape.element_type
+    assert et.dtype is not None
+    if value.dtype != et.dtype:
+        raise TypeError(f"internal: writing {value.dtype} into {shape}")
+    if offsets is None or sizes is None:
+        store.write(address, pack(value, shape))
+        return
+    buf = store.view(address, geo.byte_size)
+    if _fast_path(shape):
+        n = geo.element_slots * et.raw_dtype.itemsize
+        raw = buf[geo.prefix_bytes : geo.prefix_bytes + n].view(et.raw_dtype)
+        raw[window_slots(shape, offsets, sizes)] = np.ascontiguousarray(value).view(et.raw_dtype).reshape(-1)
+        return
+    full = unpack(buf, shape)
+    full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] = value
+    buf[...] = pack(full, shape)

@@ -1,0 +1,328 @@
+"""The MXU: a weight-stationary R x C systolic array with a weight staging buffer and a result buffer.
+
+Timing contract (``R = mxu.rows``, ``C = mxu.cols``, ``L = mxu.weight_load_cycles``, all from the config):
+
+* ``mxu.load_weights`` occupies the weight-load path for ``L`` cycles per bf16 part (2 or 3 parts for f32
+  weights under the multi-pass precisions). Double-buffered: it may start as soon as the previous staged
+  tile has been taken by a matmul (it overlaps the current stream). Single-buffered: it waits until the
+  last matmul has fully drained.
+* ``mxu.matmul`` of M rows occupies the input port for ``passes * ceil(M / s)`` cycles (``s`` =
+  ``mxu.int8_speedup`` for 8-bit operands); its results are complete ``R - 1 + C - 1`` cycles (input and
+  output skew) after its last row entered. Back-to-back matmuls stream without bubbles, also across a
+  weight swap. Without double buffering one pass therefore costs ``L + M + R - 1 + C - 1 = 2R + C + M - 2``
+  cycles (L = R), and a K x N weight sweep ``ceil(K/R) * ceil(N/C)`` such passes.
+* ``mxu.pop`` waits for every earlier matmul of this MXU, then occupies the result port for
+  ``ceil(rows / mxu.pop_rows_per_cycle)`` cycles. A matmul writing result rows an earlier pop still reads
+  waits for that pop.
+
+Numerics: products of bf16 (or 8-bit integer) values are exact; each output is the float64 sum of its
+products rounded once to f32 (integers: exact, wrapped to s32). f32 operands are split as XLA's
+dot-algorithm rewriter does (``bf16_3x``: hi = truncation to bf16, lo = rounded remainder, passes
+lo*hi + hi*lo, NaN to 0, + hi*hi; ``bf16_6x``: three parts, mid*mid + hi*lo + lo*hi + hi*mid + mid*hi,
+NaN to 0, + hi*hi), each pass rounded to f32, summed in f32. The result buffer holds 32-bit words.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+from typing import TYPE_CHECKING, Any
+
+import ml_dtypes
+import numpy as np
+
+from tpusim.devices.memory import read_value, window_vregs, write_value
+from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
+from tpusim.isa import PRECISION_PASSES, MxuLoadWeights, MxuMatmul, MxuPop
+
+if TYPE_CHECKING:
+    from tpusim.config import ChipConfig
+
+__all__ = ["MxuState", "matmul_f32", "split_bf16"]
+
+_FLOAT_INPUTS = ("bf16", "f32", "f16")
+_INT_INPUTS = ("s8", "u8")
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class MxuState:
+    """One MXU: its timing state (next-free counters) and its numeric state (weights, result buffer)."""
+
+    __slots__ = (
+        "active_ready",
+        "cfg",
+        "last_end",
+        "load_free",
+        "pending",
+        "pop_free",
+        "pops",
+        "result",
+        "staged_ready",
+        "staging_free",
+        "stream_free",
+        "weights",
+        "weights_dims",
+        "weights_parts",
+    )
+
+    def __init__(self, cfg: ChipConfig) -> None:
+        self.cfg = cfg
+        self.load_free = self.staging_free = self.staged_ready = self.stream_free = 0
+        self.active_ready = self.last_end = self.pop_free = 0
+        self.pending = False
+        self.pops: list[tuple[int, int, int]] = []  # (first row, end row, end cycle) of recent pops
+        self.weights: np.ndarray | None = None
+        self.weights_dims: tuple[int, int] | None = None
+        self.weights_parts = 1
+        self.result = np.zeros((cfg.mxu.result_buffer_rows, cfg.mxu.cols), np.uint32)
+
+    # ------------------------------------------------------------------ timing
+    def schedule(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
+        """Place ``ins`` on this MXU's timeline.
+
+        Args:
+            ins: an MXU instruction.
+            t: the issue cycle.
+            need: the earliest start the scoreboard allows.
+            cost: its closed-form cost.
+            core, index: the issuing core and the instruction's index, for errors.
+
+        Returns:
+            (start, end, flops); a matmul's flops use the width of the weights latched at that point.
+        """
+        m = self.cfg.mxu
+        occ = cost.occupancy
+        if isinstance(ins, MxuMatmul):
+            if self.weights_dims is None:
+                raise core.error(index, "mxu.matmul before any mxu.load_weights on this MXU")
+            k, n = self.weights_dims
+            if ins.lhs.dims[-1] != k:
+                raise core.error(
+                    index, f"left operand has {ins.lhs.dims[-1]} columns but the latched weights have {k} rows"
+                )
+            start = max(t, need, self.stream_free)
+            if m.double_buffered:
+                if self.pending:
+                    start = max(start, self.staged_ready)
+                    self.staging_free = start
+                    self.pending = False
+            else:
+                start = max(start, self.active_ready)
+            lo, hi = ins.acc, ins.acc + ins.lhs.dims[-2]
+            for p_lo, p_hi, p_end in self.pops:
+                if p_lo < hi and lo < p_hi and p_end > start:
+                    start = p_end
+            self.stream_free = start + occ
+            end = start + occ + cost.latency
+            self.last_end = max(self.last_end, end)
+            return start, end, cost.flops * n
+        if isinstance(ins, MxuLoadWeights):
+            d = ins.src.dims
+            self.weights_dims = (d[-1], d[-2]) if ins.transpose else (d[-2], d[-1])
+            if m.double_buffered:
+                start = max(t, need, self.load_free, self.staging_free)
+                self.staged_ready = start + occ
+                self.pending = True
+            else:
+                start = max(t, need, self.load_free, self.last_end)
+                self.active_ready = start + occ
+            self.load_free = start + occ
+            return start, start + occ, 0
+        # MxuPop
+        start = max(t, need, self.pop_free, self.last_end)
+        end = start + occ
+        self.pop_free = end
+        rows = ins.dst.dims[-2]
+        self.pops = [*[p for p in self.pops if p[2] > t][-7:], (ins.acc, ins.acc + rows, end)]
+        return start, end, 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Numerics (pure functions)
+# ---------------------------------------------------------------------------------------------------------
+def _truncate_bf16(x: np.ndarray) -> np.ndarray:
+    """f32 with the low 16 bits cleared (exactly representable in bf16)."""
+    return (np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def split_bf16(x: np.ndarray, parts: int) -> list[np.ndarray]:
+    """Split f32 ``x`` into ``parts`` bf16-valued f32 arrays as XLA's dot-algorithm rewriter does.
+
+    1 part: ``x`` rounded to bf16 (nearest even). 2: truncated high part and the rounded remainder.
+    3: truncated high, truncated middle, rounded low.
+    """
+    x = np.asarray(x, np.float32)
+    if parts == 1:
+        return [x.astype(_BF16).astype(np.float32)]
+    out = []
+    rest = x
+    with np.errstate(invalid="ignore", over="ignore"):
+        for _ in range(parts - 1):
+            hi = _truncate_bf16(rest)
+            out.append(hi)
+            rest = (rest - hi).astype(np.float32)
+        out.append(rest.astype(_BF16).astype(np.float32))
+    return out
+
+
+def _pass(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One bf16 pass: exact products, float64 sums, one rounding to f32."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+
+
+def _nan_to_zero(x: np.ndarray) -> np.ndarray:
+    return np.where(np.abs(x) <= np.float32(np.inf), x, np.float32(0))
+
+
+def matmul_f32(lhs: np.ndarray, w: np.ndarray, precision: str) -> np.ndarray:
+    """``lhs @ w`` as the MXU computes it for float operands (see the module docstring)."""
+    passes = PRECISION_PASSES[precision][1]
+    split = passes > 1 and (lhs.dtype == np.float32 or w.dtype == np.float32)
+    if not split:
+        return _pass(split_bf16(lhs, 1)[0], split_bf16(w, 1)[0])
+    n = 2 if passes == 3 else 3
+    a, b = split_bf16(lhs, n), split_bf16(w, n)
+    order = [(1, 0), (0, 1)] if n == 2 else [(1, 1), (0, 2), (2, 0), (0, 1), (1, 0)]
+    with np.errstate(invalid="ignore", over="ignore"):
+        acc = _pass(a[order[0][0]], b[order[0][1]])
+        for i, j in order[1:]:
+            acc = (acc + _pass(a[i], b[j])).astype(np.float32)
+        return (_nan_to_zero(acc) + _pass(a[0], b[0])).astype(np.float32)
+
+
+def _matrix(value: np.ndarray) -> np.ndarray:
+    return value.reshape(value.shape[-2], value.shape[-1])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Specs
+# ---------------------------------------------------------------------------------------------------------
+def _lead_ones(dims: tuple[int, ...]) -> bool:
+    return all(d == 1 for d in dims[:-2])
+
+
+def _vregs(cfg: ChipConfig, a: Access) -> int:
+    return window_vregs(a.shape, a.offsets, a.sizes, cfg.vpu.vreg_bytes)
+
+
+def _weight_parts(ins: MxuLoadWeights) -> int:
+    return PRECISION_PASSES[ins.precision][0] if ins.src.element_type.name == "f32" else 1
+
+
+def _check_load(cfg: ChipConfig, ins: MxuLoadWeights) -> str | None:
+    if ins.mxu >= cfg.mxu.count:
+        return f"MXU {ins.mxu} does not exist (the core has {cfg.mxu.count})"
+    d = ins.src.dims
+    if not _lead_ones(d):
+        return f"weights {d}: all dimensions but the last two must be 1"
+    k, n = (d[-1], d[-2]) if ins.transpose else (d[-2], d[-1])
+    if k > cfg.mxu.rows or n > cfg.mxu.cols:
+        return f"a {k} x {n} weight tile does not fit the {cfg.mxu.rows} x {cfg.mxu.cols} MXU"
+    if ins.src.element_type.name not in _FLOAT_INPUTS + _INT_INPUTS:
+        return f"the MXU takes bf16, f16, f32, s8 or u8 weights, not {ins.src.element_type}"
+    return None
+
+
+def _cost_load(cfg: ChipConfig, ins: MxuLoadWeights, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    v = _vregs(cfg, reads[0])
+    occ = max(_weight_parts(ins) * cfg.mxu.load_cycles, ceil(v / cfg.vmem.load_vregs_per_cycle))
+    return Cost(occ, 0, v * cfg.vpu.vreg_bytes, 0, "mxu")
+
+
+def _exec_load(core: Any, ins: MxuLoadWeights, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    a = reads[0]
+    w = _matrix(read_value(a.store, a.address, a.shape, a.offsets, a.sizes))
+    st: MxuState = core.mxus[ins.mxu]
+    st.weights = w.T.copy() if ins.transpose else w
+    st.weights_parts = _weight_parts(ins)
+
+
+def _check_matmul(cfg: ChipConfig, ins: MxuMatmul) -> str | None:
+    if ins.mxu >= cfg.mxu.count:
+        return f"MXU {ins.mxu} does not exist (the core has {cfg.mxu.count})"
+    d = ins.lhs.dims
+    if not _lead_ones(d):
+        return f"left operand {d}: all dimensions but the last two must be 1"
+    if d[-1] > cfg.mxu.rows:
+        return f"contraction size {d[-1]} exceeds the MXU's {cfg.mxu.rows} rows"
+    if ins.acc + d[-2] > cfg.mxu.result_buffer_rows:
+        return (
+            f"result rows {ins.acc}..{ins.acc + d[-2] - 1} exceed the result buffer ({cfg.mxu.result_buffer_rows} rows)"
+        )
+    if ins.lhs.element_type.name not in _FLOAT_INPUTS + _INT_INPUTS:
+        return f"the MXU takes bf16, f16, f32, s8 or u8 operands, not {ins.lhs.element_type}"
+    return None
+
+
+def _passes(ins: MxuMatmul) -> int:
+    return PRECISION_PASSES[ins.precision][1] if ins.lhs.element_type.name == "f32" else 1
+
+
+def _cost_matmul(cfg: ChipConfig, ins: MxuMatmul, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    m, k = ins.lhs.dims[-2], ins.lhs.dims[-1]
+    speed = cfg.mxu.int8_speedup if ins.lhs.element_type.name in _INT_INPUTS else 1
+    v = _vregs(cfg, reads[0])
+    passes = _passes(ins)
+    occ = max(passes * ceil(m / speed), ceil(v / cfg.vmem.load_vregs_per_cycle))
+    # flops per output column; MxuState.schedule multiplies by the width N of the latched weights.
+    return Cost(occ, cfg.mxu.rows - 1 + cfg.mxu.cols - 1, v * cfg.vpu.vreg_bytes, 2 * m * k, "mxu")
+
+
+def _exec_matmul(core: Any, ins: MxuMatmul, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    st: MxuState = core.mxus[ins.mxu]
+    a = reads[0]
+    lhs = _matrix(read_value(a.store, a.address, a.shape, a.offsets, a.sizes))
+    w = st.weights
+    if w is None:
+        raise core.error(ins, "mxu.matmul before any mxu.load_weights on this MXU (numeric state)")
+    m, n = lhs.shape[0], w.shape[1]
+    rows = st.result[ins.acc : ins.acc + m, :n]
+    is_int = lhs.dtype.kind in "iu"
+    if is_int != (w.dtype.kind in "iu"):
+        raise core.error(ins, f"cannot multiply {lhs.dtype} operands by {w.dtype} weights")
+    if is_int:
+        r = (lhs.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
+        if ins.accumulate:
+            r = (rows.view(np.int32).astype(np.int64) + r).astype(np.int32)
+        rows[...] = r.view(np.uint32)
+        return
+    r = matmul_f32(lhs, w, ins.precision)
+    if ins.accumulate:
+        with np.errstate(invalid="ignore", over="ignore"):
+            r = (rows.view(np.float32) + r).astype(np.float32)
+    rows[...] = r.view(np.uint32)
+
+
+def _check_pop(cfg: ChipConfig, ins: MxuPop) -> str | None:
+    if ins.mxu >= cfg.mxu.count:
+        return f"MXU {ins.mxu} does not exist (the core has {cfg.mxu.count})"
+    d = ins.dst.dims
+    if not _lead_ones(d):
+        return f"result block {d}: all dimensions but the last two must be 1"
+    if d[-1] > cfg.mxu.cols or ins.acc + d[-2] > cfg.mxu.result_buffer_rows:
+        size = f"{cfg.mxu.result_buffer_rows} x {cfg.mxu.cols}"
+        return f"popping {d[-2]} x {d[-1]} at row {ins.acc} leaves the {size} result buffer"
+    if ins.dst.element_type.name not in ("f32", "bf16", "s32"):
+        return f"results pop as f32, bf16 or s32, not {ins.dst.element_type}"
+    return None
+
+
+def _cost_pop(cfg: ChipConfig, ins: MxuPop, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    v = _vregs(cfg, writes[0])
+    occ = max(ceil(ins.dst.dims[-2] / cfg.mxu.pop_rows_per_cycle), ceil(v / cfg.vmem.store_vregs_per_cycle))
+    return Cost(occ, 0, v * cfg.vpu.vreg_bytes, 0, "mxu")
+
+
+def _exec_pop(core: Any, ins: MxuPop, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    st: MxuState = core.mxus[ins.mxu]
+    a = writes[0]
+    rows, n = a.dims[-2], a.dims[-1]
+    block = st.result[ins.acc : ins.acc + rows, :n]
+    et = a.shape.element_type
+    value = block.view(np.int32) if et.name == "s32" else block.view(np.float32).astype(et.dtype)
+    write_value(a.store, a.address, a.shape, a.offsets, a.sizes, np.ascontiguousarray(value).reshape(a.dims))
+
+
+register_compute(MxuLoadWeights, ComputeSpec(lambda i: ((i.src,), ()), _check_load, _cost_load, _exec_load))
+register_compute(MxuMatmul, ComputeSpec(lambda i: ((i.lhs,), ()), _check_matmul, _cost_matmul, _exec_matmul))
+register_compute(MxuPop, ComputeSpec(lambda i: ((), (i.dst,)), _check_pop, _cost_pop, _exec_pop))

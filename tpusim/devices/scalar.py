@@ -1,0 +1,179 @@
+"""The scalar unit: 32-bit integer ALU, scalar loads and stores, branches and jumps.
+
+Scalar instructions execute in the sequencer at issue, always numerically (even in timing-only runs: they
+steer control flow). Timing: one issue cycle each; ``s.load`` stalls the sequencer for
+``smem.latency_cycles`` (``vmem.scalar_latency_cycles`` from VMEM); a taken branch or a jump costs
+``core.branch_cycles`` more. Loops are real loops: the stream is never unrolled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tpusim.devices.memory import read_value, write_value
+from tpusim.devices.units import handles
+from tpusim.isa import Branch, Halt, Jump, Reg, ScalarAlu, ScalarLoad, ScalarStore, Space
+
+__all__ = ["SCALAR_ALU", "wrap32"]
+
+
+def wrap32(x: int) -> int:
+    """``x`` as a 32-bit two's-complement value."""
+    return ((x + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+
+
+def _div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def _rem(a: int, b: int) -> int:
+    return a - _div(a, b) * b
+
+
+SCALAR_ALU: dict[str, Callable[[int, int], int]] = {
+    "mov": lambda a, b: a,
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": _div,
+    "rem": _rem,
+    "min": min,
+    "max": max,
+    "and": lambda a, b: a & b,
+    "or": lambda a, b: a | b,
+    "xor": lambda a, b: a ^ b,
+    "shl": lambda a, b: a << b if 0 <= b < 32 else 0,
+    "shr": lambda a, b: (a & 0xFFFFFFFF) >> b if 0 <= b < 32 else 0,
+    "sra": lambda a, b: a >> min(b, 31) if b >= 0 else (-1 if a < 0 else 0),
+    "eq": lambda a, b: int(a == b),
+    "ne": lambda a, b: int(a != b),
+    "lt": lambda a, b: int(a < b),
+    "le": lambda a, b: int(a <= b),
+    "gt": lambda a, b: int(a > b),
+    "ge": lambda a, b: int(a >= b),
+}
+"""Scalar ALU functions on Python ints; results are wrapped to 32 bits by the handler."""
+
+_COND = {
+    "eq": SCALAR_ALU["eq"],
+    "ne": SCALAR_ALU["ne"],
+    "lt": SCALAR_ALU["lt"],
+    "le": SCALAR_ALU["le"],
+    "gt": SCALAR_ALU["gt"],
+    "ge": SCALAR_ALU["ge"],
+}
+
+
+def _record(core: Any, d: Any, start: int, end: int, unit: str = "scalar") -> None:
+    core.records.append((core.stream_id, d.index, core.unit[unit], core.first_try, start, end, 0, 0))
+
+
+@handles(ScalarAlu)
+def issue_scalar_alu(core: Any, d: Any, t: int) -> int:
+    ins = d.ins
+    regs = core.regs
+    fn = ins.fn
+    if fn == "chip_id":
+        v = core.chip.index
+    elif fn == "core_id":
+        v = core.index
+    elif fn == "num_chips":
+        v = len(core.system.chips)
+    else:
+        a, b = ins.a, ins.b
+        a = regs[a.index] if a.__class__ is Reg else a
+        b = (regs[b.index] if b.__class__ is Reg else b) if b is not None else 0
+        if fn in ("div", "rem") and b == 0:
+            raise core.error(d.index, f"s.{fn} by zero")
+        v = wrap32(SCALAR_ALU[fn](a, b))
+    regs[ins.dst.index] = v
+    _record(core, d, t, t + 1)
+    core.pc = d.index + 1
+    return t + 1
+
+
+def _scalar_access(core: Any, d: Any, ref: Any) -> Any:
+    if ref.is_static:
+        if not d.reads:
+            d.reads = (core.access(ref, d.index),)
+        return d.reads[0]
+    return core.access(ref, d.index)
+
+
+@handles(ScalarLoad)
+def issue_scalar_load(core: Any, d: Any, t: int) -> Any:
+    ins = d.ins
+    a = _scalar_access(core, d, ins.src)
+    need, dma = core.scoreboard.check(t, ((a.key, a.lo, a.hi),), ())
+    if dma is not None:
+        return core.block(d, f"waits for {dma.describe()}, which writes the value it loads", dma.wait_event())
+    start = max(t, need)
+    value = read_value(a.store, a.address, a.shape, a.offsets, a.sizes).reshape(-1)[0]
+    core.regs[ins.dst.index] = wrap32(int(value))
+    cfg = core.cfg
+    latency = cfg.smem.latency_cycles if ins.src.space is Space.SMEM else cfg.vmem.scalar_latency_cycles
+    end = start + max(1, latency)
+    _record(core, d, start, end)
+    core.pc = d.index + 1
+    return end
+
+
+@handles(ScalarStore)
+def issue_scalar_store(core: Any, d: Any, t: int) -> Any:
+    ins = d.ins
+    a = _scalar_access(core, d, ins.dst)
+    rng = ((a.key, a.lo, a.hi),)
+    need, dma = core.scoreboard.check(t, (), rng)
+    if dma is not None:
+        return core.block(d, f"waits for {dma.describe()}, which touches the value it stores", dma.wait_event())
+    start = max(t, need)
+    src = ins.src
+    v = core.regs[src.index] if src.__class__ is Reg else src
+    et = a.shape.element_type
+    value = np.array(v != 0) if et.name == "pred" else np.array(v, dtype=np.int64).astype(et.dtype)
+    write_value(a.store, a.address, a.shape, a.offsets, a.sizes, value.reshape(a.dims))
+    _record(core, d, start, start + 1)
+    core.pc = d.index + 1
+    return start + 1
+
+
+def _jump(core: Any, d: Any, t: int, label: str) -> int:
+    core.jumps += 1
+    if core.jumps > core.system.max_jumps:
+        raise core.error(
+            d.index,
+            f"more than {core.system.max_jumps} jumps taken: an endless loop? "
+            "(raise max_jumps in run() if the program really loops that long)",
+        )
+    core.pc = core.stream.target(label)
+    end = t + 1 + core.cfg.core.branch_cycles
+    _record(core, d, t, end)
+    return end
+
+
+@handles(Branch)
+def issue_branch(core: Any, d: Any, t: int) -> int:
+    ins = d.ins
+    regs = core.regs
+    b = ins.b
+    if _COND[ins.cond.lower()](regs[ins.a.index], regs[b.index] if b.__class__ is Reg else b):
+        return _jump(core, d, t, ins.target)
+    _record(core, d, t, t + 1)
+    core.pc = d.index + 1
+    return t + 1
+
+
+@handles(Jump)
+def issue_jump(core: Any, d: Any, t: int) -> int:
+    return _jump(core, d, t, d.ins.target)
+
+
+@handles(Halt)
+def issue_halt(core: Any, d: Any, t: int) -> int:
+    _record(core, d, t, t + 1)
+    core.pc = len(core.decoded)
+    return t + 1

@@ -1,0 +1,182 @@
+"""The public face of the devices: :class:`System` (N chips on a topology) and :class:`Chip` (one chip).
+
+    >>> from tpusim.devices import Chip
+    >>> from tpusim.isa import Program, ScalarAlu, Reg
+    >>> result = Chip("teaching").run(Program.single([ScalarAlu("mov", Reg(1), 7)]))
+    >>> result.cycles
+    1
+
+``run`` builds a fresh simulation each time: memories start zeroed, ``inputs`` are packed into them at
+their symbols, every stream runs to its end, and the result holds the cycle count, the trace and the
+final memories. Same program, inputs and config give the same cycles and bytes on every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpusim.config import ChipConfig, load_config
+from tpusim.devices.chip import ChipState, Machine
+from tpusim.devices.core import DeadlockError
+from tpusim.devices.engine import events_scheduled
+from tpusim.devices.fallback import FallbackEvaluator, reference_evaluator
+from tpusim.devices.ici import Topology
+from tpusim.devices.memory import ByteStore
+from tpusim.devices.trace import Trace, TraceStream
+from tpusim.errors import ConfigError, TpusimError
+from tpusim.isa import Program, Space, Symbol, format_instruction
+from tpusim.memory import pack, unpack
+
+__all__ = ["Chip", "RunResult", "System"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RunResult:
+    """What a run produced.
+
+    Attributes:
+        cycles: the cycle the last instruction or transfer completed.
+        trace: every executed instruction with its unit, cycles, bytes and flops.
+        config: the chip config.
+        events: SimPy events scheduled (the cost of the simulation, for budgets).
+    """
+
+    cycles: int
+    trace: Trace
+    config: ChipConfig
+    events: int
+    _machine: Machine
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / self.config.clock_hz
+
+    @property
+    def instructions(self) -> int:
+        """Instructions executed (loop iterations count each time)."""
+        return len(self.trace)
+
+    def memory(self, space: Space | str, chip: int = 0, core: int = 0) -> ByteStore:
+        """The bytes of a memory after the run."""
+        return self._machine.chips[chip].store(Space(space), core)
+
+    def read(self, symbol: str, chip: int | None = None) -> np.ndarray:
+        """The array stored at a symbol after the run (on ``chip``; default: the symbol's chip, or 0)."""
+        sym = self._machine.program.symbol(symbol)
+        c = chip if chip is not None else (sym.chip or 0)
+        store = self.memory(sym.ref.space, c, sym.core)
+        return unpack(store.view(sym.ref.address, sym.ref.byte_size), sym.ref.shape)
+
+
+class System:
+    """``n_chips`` chips of one config, connected as the config's ICI topology in ``shape``.
+
+    Args:
+        config: a :class:`ChipConfig`, a preset name (``tpu_v5e``) or a YAML path.
+        n_chips: number of chips.
+        shape: the grid of chips (default: a ring or line of ``n_chips``); at most ``ici.dims`` axes.
+    """
+
+    def __init__(self, config: ChipConfig | str | Path, n_chips: int = 1, shape: tuple[int, ...] | None = None) -> None:
+        cfg = config if isinstance(config, ChipConfig) else load_config(config)
+        shape = tuple(shape) if shape is not None else (n_chips,)
+        if prod(shape) != n_chips and shape != (n_chips,):
+            if n_chips == 1:
+                n_chips = prod(shape)
+            else:
+                raise ConfigError(f"system shape {shape} holds {prod(shape)} chips, not {n_chips}")
+        if len(shape) > cfg.ici.dims and prod(shape) > 1:
+            raise ConfigError(f"{cfg.name} connects chips in {cfg.ici.dims} dimensions; shape {shape} has {len(shape)}")
+        self.config = cfg
+        self.topology = Topology(shape, wrap=cfg.ici.topology == "torus")
+
+    @property
+    def n_chips(self) -> int:
+        return self.topology.chips
+
+    def run(
+        self,
+        program: Program,
+        inputs: Mapping[str, np.ndarray | Sequence[np.ndarray]] | None = None,
+        *,
+        timing_only: bool = False,
+        max_jumps: int = 100_000_000,
+        fallback_evaluator: FallbackEvaluator | None = None,
+    ) -> RunResult:
+        """Simulate ``program``.
+
+        Args:
+            program: the instruction streams.
+            inputs: arrays by symbol name, packed into memory at the symbol before the run. A symbol on every
+                chip (``chip=None``) takes one array for all chips or a sequence of one per chip.
+            timing_only: skip numeric work except scalar instructions and instructions flagged ``control``.
+            max_jumps: taken branches and jumps allowed per core (guards against endless loops).
+            fallback_evaluator: runs fallback kernels; default: the reference interpreter.
+
+        Returns:
+            The cycles, the trace and the final memories.
+
+        Raises:
+            ExecutionError: a bad instruction (naming it), an access outside a memory, a deadlock.
+        """
+        m = Machine(
+            self.config, self.topology, program, not timing_only, max_jumps, fallback_evaluator or reference_evaluator
+        )
+        for name, value in (inputs or {}).items():
+            _place(m, program.symbol(name), value)
+        m.start()
+        try:
+            m.env.run()
+        except TpusimError as e:
+            # SimPy re-raises a failed process's exception as a copy; give the caller the original.
+            original = e.__cause__
+            raise (original if isinstance(original, TpusimError) else e) from None
+        blocked = [c for c in m.cores if not c.finished]
+        if blocked:
+            raise _deadlock(blocked)
+        trace = Trace.build(m.records, m.units, [_trace_stream(c) for c in m.cores])
+        cycles = max([int(trace.end.max()) if len(trace) else 0] + [c.final_cycle for c in m.cores])
+        return RunResult(cycles, trace, self.config, events_scheduled(m.env), m)
+
+
+class Chip(System):
+    """One chip: ``Chip(config).run(program, inputs)``."""
+
+    def __init__(self, config: ChipConfig | str | Path) -> None:
+        super().__init__(config, 1)
+
+
+def _place(m: Machine, sym: Symbol, value: Any) -> None:
+    chips: list[ChipState] = m.chips if sym.chip is None else [m.chips[sym.chip]]
+    per_chip = isinstance(value, (list, tuple))
+    if per_chip and len(value) != len(chips):
+        raise ConfigError(f"input {sym.name!r}: {len(value)} arrays for {len(chips)} chips")
+    for i, chip in enumerate(chips):
+        array = value[i] if per_chip else value
+        store = chip.store(sym.ref.space, sym.core)
+        problem = store.check(sym.ref.address, sym.ref.address + sym.ref.byte_size)
+        if problem:
+            raise ConfigError(f"input {sym.name!r}: {problem}")
+        store.write(sym.ref.address, pack(np.asarray(array), sym.ref.shape))
+
+
+def _trace_stream(core: Any) -> TraceStream:
+    ins = core.stream.instructions
+    return TraceStream(
+        core.chip.index, core.index, tuple(i.hlo or "" for i in ins), tuple(format_instruction(i) for i in ins)
+    )
+
+
+def _deadlock(blocked: list[Any]) -> DeadlockError:
+    lines = []
+    for c in blocked:
+        index, reason = c.blocked if c.blocked is not None else (c.pc, "is stuck")
+        lines.append(str(c.error(index, reason)))
+    head = "deadlock: no event is left to run but " + ("a core has" if len(lines) == 1 else f"{len(lines)} cores have")
+    return DeadlockError(head + " instructions left:\n  " + "\n  ".join(lines))

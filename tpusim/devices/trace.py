@@ -1,0 +1,101 @@
+"""Trace records: one per executed instruction, the raw material for reports.
+
+During a run, units append plain tuples to one list (STYLE 2.1 idiom 9); :meth:`Trace.build` turns them
+into numpy arrays at the end. No plotting here: reports live in ``tpusim/report``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Trace", "TraceStream"]
+
+# Record layout: (stream id, instruction index, unit id, issue cycle, start cycle, end cycle, bytes, flops)
+Record = tuple[int, int, int, int, int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStream:
+    """What a stream id in the trace stands for."""
+
+    chip: int
+    core: int
+    hlo: tuple[str, ...]  # per instruction index: the HLO instruction name, "" when none
+    text: tuple[str, ...]  # per instruction index: the instruction's text form
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Trace:
+    """Executed instructions as parallel arrays (one entry per execution; loops repeat indices).
+
+    Attributes:
+        stream: stream id of each entry (see ``streams``).
+        index: instruction index within its stream.
+        unit: unit id (see ``units``).
+        issue: cycle the sequencer issued it.
+        start: cycle its unit started it.
+        end: cycle its effect was complete.
+        bytes: bytes it moved (DMA payload) or read and wrote (compute, at vreg granularity).
+        flops: arithmetic operations (2 per multiply-add on the MXU, 1 per element and op on the VPU).
+        units: unit names, e.g. ``chip0.core0.mxu1``.
+        streams: per stream id, its chip, core, HLO names and instruction texts.
+    """
+
+    stream: np.ndarray
+    index: np.ndarray
+    unit: np.ndarray
+    issue: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    bytes: np.ndarray
+    flops: np.ndarray
+    units: tuple[str, ...]
+    streams: tuple[TraceStream, ...]
+
+    @staticmethod
+    def build(records: list[Record], units: list[str], streams: list[TraceStream]) -> Trace:
+        """Arrays from records, ordered by (start, end, stream, index) so the order never depends on event
+        scheduling details."""
+        a = np.array(records, dtype=np.int64).reshape(-1, 8)
+        order = np.lexsort((a[:, 1], a[:, 0], a[:, 5], a[:, 4])) if len(a) else np.zeros(0, np.int64)
+        a = a[order]
+        return Trace(*(np.ascontiguousarray(a[:, i]) for i in range(8)), tuple(units), tuple(streams))
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+    @property
+    def hlo(self) -> np.ndarray:
+        """The HLO instruction name of each entry ("" when none)."""
+        return np.array([self.streams[s].hlo[i] for s, i in zip(self.stream, self.index)], dtype=object)
+
+    def text(self, entry: int) -> str:
+        return self.streams[int(self.stream[entry])].text[int(self.index[entry])]
+
+    def unit_id(self, name: str) -> int:
+        return self.units.index(name)
+
+    def busy_cycles(self, unit: str) -> int:
+        """Cycles ``unit`` was occupied (union of its [start, end) intervals)."""
+        sel = self.unit == self.unit_id(unit)
+        spans = sorted(zip(self.start[sel].tolist(), self.end[sel].tolist()))
+        total, cur_lo, cur_hi = 0, None, None
+        for lo, hi in spans:
+            if cur_hi is None or lo > cur_hi:
+                if cur_hi is not None:
+                    total += cur_hi - cur_lo
+                cur_lo, cur_hi = lo, hi
+            else:
+                cur_hi = max(cur_hi, hi)
+        if cur_hi is not None:
+            total += cur_hi - cur_lo
+        return total
+
+    def rows(self) -> list[tuple[int, str, str, int, int, int]]:
+        """``(start, unit, instruction text, end, bytes, flops)`` per entry: an exact timeline for tests."""
+        return [
+            (int(s), self.units[int(u)], self.text(i), int(e), int(b), int(f))
+            for i, (s, u, e, b, f) in enumerate(zip(self.start, self.unit, self.end, self.bytes, self.flops))
+        ]

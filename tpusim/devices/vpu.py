@@ -1,0 +1,270 @@
+"""The VPU and the cross-lane units (XLU): instructions on whole VMEM blocks, costed per vector register.
+
+Cost rule (all numbers from the config; ``V(x)`` = vector registers block ``x`` occupies under its layout,
+padding included, see :func:`tpusim.devices.memory.window_vregs`)::
+
+    occupancy = max(ops / issue_vregs_per_cycle,        # the op class's ALUs
+                    V(sources) / vmem.load_vregs_per_cycle,
+                    V(destination) / vmem.store_vregs_per_cycle)      (each rounded up)
+    end       = start + occupancy + latency_cycles
+
+``ops`` is ``max V`` over the operands for elementwise ops. The lane dimension of a block is its layout's
+most minor dimension, the sublane dimension the next one. Reductions and broadcasts along the lane
+dimension, transposes that move the lane or sublane dimension and copies that change the lane dimension
+cross lanes: they run on an XLU at its per-vreg cost instead. Numerics: see
+:mod:`tpusim.devices.elementwise`.
+"""
+
+from __future__ import annotations
+
+from math import ceil, log2
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tpusim.devices.elementwise import apply, compute_dtype, convert
+from tpusim.devices.memory import read_value, window_vregs, write_value
+from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
+from tpusim.isa import (
+    VPU_FUNCTIONS,
+    Const,
+    MemRef,
+    Reg,
+    VpuBroadcast,
+    VpuCopy,
+    VpuIota,
+    VpuMap,
+    VpuReduce,
+    VpuReshape,
+    XluTranspose,
+)
+from tpusim.memory import Shape
+
+if TYPE_CHECKING:
+    from tpusim.config import ChipConfig
+
+__all__ = ["lane_dim", "sublane_dim"]
+
+
+def lane_dim(shape: Shape) -> int | None:
+    """The logical dimension laid along the lanes (the layout's most minor), None for scalars."""
+    m2m = shape.effective_layout.minor_to_major
+    return m2m[0] if m2m else None
+
+
+def sublane_dim(shape: Shape) -> int | None:
+    """The logical dimension laid along the sublanes (second most minor), None below rank 2."""
+    m2m = shape.effective_layout.minor_to_major
+    return m2m[1] if len(m2m) > 1 else None
+
+
+def _v(cfg: ChipConfig, a: Access) -> int:
+    return window_vregs(a.shape, a.offsets, a.sizes, cfg.vpu.vreg_bytes)
+
+
+def _vpu_cost(cfg: ChipConfig, ops: int, cls: str, v_in: int, v_out: int, flops: int) -> Cost:
+    c = cfg.vpu.op_class(cls)
+    occ = max(
+        ceil(ops / c.issue_vregs_per_cycle),
+        ceil(v_in / cfg.vmem.load_vregs_per_cycle),
+        ceil(v_out / cfg.vmem.store_vregs_per_cycle),
+        1,
+    )
+    return Cost(occ, c.latency_cycles, (v_in + v_out) * cfg.vpu.vreg_bytes, flops, "vpu")
+
+
+def _xlu_cost(cfg: ChipConfig, per_vreg: int, v_work: int, v_in: int, v_out: int, flops: int) -> Cost:
+    occ = max(
+        per_vreg * v_work, ceil(v_in / cfg.vmem.load_vregs_per_cycle), ceil(v_out / cfg.vmem.store_vregs_per_cycle), 1
+    )
+    return Cost(occ, cfg.xlu.latency_cycles, (v_in + v_out) * cfg.vpu.vreg_bytes, flops, "xlu")
+
+
+def _read(a: Access) -> np.ndarray:
+    return read_value(a.store, a.address, a.shape, a.offsets, a.sizes)
+
+
+def _write(a: Access, value: np.ndarray) -> None:
+    et = a.shape.element_type
+    assert et.dtype is not None
+    write_value(a.store, a.address, a.shape, a.offsets, a.sizes, np.ascontiguousarray(value, et.dtype).reshape(a.dims))
+
+
+def _no_check(cfg: ChipConfig, ins: Any) -> str | None:
+    return None
+
+
+def _memrefs(ops: tuple[Any, ...]) -> tuple[MemRef, ...]:
+    return tuple(o for o in ops if isinstance(o, MemRef))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Elementwise
+# ---------------------------------------------------------------------------------------------------------
+def _cost_map(cfg: ChipConfig, ins: VpuMap, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    v_out = _v(cfg, writes[0])
+    v_srcs = [_v(cfg, a) for a in reads]
+    ops = max([v_out, *v_srcs])
+    return _vpu_cost(cfg, ops, VPU_FUNCTIONS[ins.fn].cost_class, sum(v_srcs), v_out, ins.dst.element_count)
+
+
+def _scalar_value(core: Any, op: Const | Reg) -> np.ndarray:
+    if isinstance(op, Const):
+        assert op.etype.dtype is not None
+        return (
+            np.asarray(op.value, dtype=op.etype.dtype)
+            if op.etype.is_float
+            else np.asarray(op.value).astype(op.etype.dtype)
+        )
+    return np.asarray(core.regs[op.index], np.int32)
+
+
+def _exec_map(core: Any, ins: VpuMap, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    it = iter(reads)
+    args = [_read(next(it)) if isinstance(s, MemRef) else _scalar_value(core, s) for s in ins.srcs]
+    _write(writes[0], apply(ins.fn, args, ins.dst.element_type, ins.direction))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reduce, broadcast, iota
+# ---------------------------------------------------------------------------------------------------------
+_UFUNCS = {
+    "add": np.add,
+    "multiply": np.multiply,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+}
+
+
+def _cost_reduce(cfg: ChipConfig, ins: VpuReduce, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    v_in, v_out = _v(cfg, reads[0]), _v(cfg, writes[0])
+    if ins.accumulate:
+        v_in += v_out
+    flops = ins.src.element_count
+    if lane_dim(ins.src.shape) in ins.dims:
+        return _xlu_cost(cfg, cfg.xlu.lane_reduce_cycles_per_vreg, _v(cfg, reads[0]), v_in, v_out, flops)
+    ops = _v(cfg, reads[0]) + (v_out if ins.accumulate else 0)
+    if sublane_dim(ins.src.shape) in ins.dims:
+        ops += v_out * max(1, round(log2(cfg.vpu.sublanes)))
+    return _vpu_cost(cfg, ops, "alu", v_in, v_out, flops)
+
+
+def _exec_reduce(core: Any, ins: VpuReduce, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    x = _read(reads[0])
+    ct = compute_dtype([x.dtype])
+    x = x.astype(ct, copy=False)
+    uf = _UFUNCS[ins.fn]
+    if x.dtype == np.bool_ and ins.fn in ("and", "or", "xor"):
+        uf = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[ins.fn]
+    with np.errstate(all="ignore"):
+        r = uf.reduce(x, axis=ins.dims) if ins.dims else x.copy()
+        if ins.accumulate:
+            r = uf(_read(writes[0]).astype(ct), r)
+    _write(writes[0], convert(np.asarray(r), ins.dst.element_type.dtype))
+
+
+def _check_broadcast(cfg: ChipConfig, ins: VpuBroadcast) -> str | None:
+    if isinstance(ins.src, MemRef) and ins.src.element_type != ins.dst.element_type:
+        return f"broadcast keeps the element type ({ins.src.element_type} to {ins.dst.element_type})"
+    return None
+
+
+def _cost_broadcast(cfg: ChipConfig, ins: VpuBroadcast, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    v_out = _v(cfg, writes[0])
+    v_in = _v(cfg, reads[0]) if reads else 0
+    src_dims = ins.src.dims if isinstance(ins.src, MemRef) else ()
+    expanded = {d for d in range(len(ins.dst.dims)) if d not in ins.dims}
+    expanded |= {d for i, d in enumerate(ins.dims) if src_dims[i] != ins.dst.dims[d]}
+    n = ins.dst.element_count
+    if lane_dim(ins.dst.shape) in expanded and isinstance(ins.src, MemRef):
+        return _xlu_cost(cfg, cfg.xlu.lane_broadcast_cycles_per_vreg, v_out, v_in, v_out, n)
+    ops = v_out if (sublane_dim(ins.dst.shape) in expanded or not isinstance(ins.src, MemRef)) else 0
+    return _vpu_cost(cfg, ops, "alu", v_in, v_out, n)
+
+
+def _exec_broadcast(core: Any, ins: VpuBroadcast, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    out = ins.dst.dims
+    if reads:
+        x = _read(reads[0])
+        shape = [1] * len(out)
+        for i, d in enumerate(ins.dims):
+            shape[d] = x.shape[i]
+        x = x.reshape(shape)
+    else:
+        x = convert(_scalar_value(core, ins.src), ins.dst.element_type.dtype)  # type: ignore[arg-type]
+    _write(writes[0], np.broadcast_to(x, out))
+
+
+def _cost_iota(cfg: ChipConfig, ins: VpuIota, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    v = _v(cfg, writes[0])
+    return _vpu_cost(cfg, v, "alu", 0, v, ins.dst.element_count)
+
+
+def _exec_iota(core: Any, ins: VpuIota, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    dims = ins.dst.dims
+    idx = np.arange(dims[ins.dimension], dtype=np.int64).reshape(
+        [-1 if i == ins.dimension else 1 for i in range(len(dims))]
+    )
+    _write(writes[0], convert(np.broadcast_to(idx, dims), ins.dst.element_type.dtype))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data movement inside VMEM: copy (relayout), reshape, transpose
+# ---------------------------------------------------------------------------------------------------------
+def _move_cost(cfg: ChipConfig, crosses: bool, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    v_in, v_out = _v(cfg, reads[0]), _v(cfg, writes[0])
+    n = 0
+    if crosses:
+        return _xlu_cost(cfg, cfg.xlu.transpose_cycles_per_vreg, v_in, v_in, v_out, n)
+    return _vpu_cost(cfg, 0, "alu", v_in, v_out, n)
+
+
+def _cost_copy(cfg: ChipConfig, ins: VpuCopy, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    return _move_cost(cfg, lane_dim(ins.src.shape) != lane_dim(ins.dst.shape), reads, writes)
+
+
+def _cost_reshape(cfg: ChipConfig, ins: VpuReshape, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    s, d = ins.src, ins.dst
+    keeps = lane_dim(s.shape) == len(s.dims) - 1 and lane_dim(d.shape) == len(d.dims) - 1 and s.dims[-1:] == d.dims[-1:]
+    return _move_cost(cfg, not keeps, reads, writes)
+
+
+def _cost_transpose(cfg: ChipConfig, ins: XluTranspose, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    s, d = ins.src.shape, ins.dst.shape
+    moved = any(
+        (dd is not None and ins.permutation[dd] != sd)
+        for dd, sd in ((lane_dim(d), lane_dim(s)), (sublane_dim(d), sublane_dim(s)))
+    )
+    return _move_cost(cfg, moved, reads, writes)
+
+
+def _exec_copy(core: Any, ins: VpuCopy, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    _write(writes[0], _read(reads[0]))
+
+
+def _exec_reshape(core: Any, ins: VpuReshape, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    _write(writes[0], _read(reads[0]).reshape(ins.dst.dims))
+
+
+def _exec_transpose(core: Any, ins: XluTranspose, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    _write(writes[0], _read(reads[0]).transpose(ins.permutation))
+
+
+register_compute(VpuMap, ComputeSpec(lambda i: (_memrefs(i.srcs), (i.dst,)), _no_check, _cost_map, _exec_map))
+register_compute(
+    VpuReduce,
+    ComputeSpec(
+        lambda i: ((i.src,) + ((i.dst,) if i.accumulate else ()), (i.dst,)), _no_check, _cost_reduce, _exec_reduce
+    ),
+)
+register_compute(
+    VpuBroadcast,
+    ComputeSpec(lambda i: (_memrefs((i.src,)), (i.dst,)), _check_broadcast, _cost_broadcast, _exec_broadcast),
+)
+register_compute(VpuIota, ComputeSpec(lambda i: ((), (i.dst,)), _no_check, _cost_iota, _exec_iota))
+register_compute(VpuCopy, ComputeSpec(lambda i: ((i.src,), (i.dst,)), _no_check, _cost_copy, _exec_copy))
+register_compute(VpuReshape, ComputeSpec(lambda i: ((i.src,), (i.dst,)), _no_check, _cost_reshape, _exec_reshape))
+register_compute(XluTranspose, ComputeSpec(lambda i: ((i.src,), (i.dst,)), _no_check, _cost_transpose, _exec_transpose))
