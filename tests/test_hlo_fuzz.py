@@ -25,6 +25,7 @@ SOURCES = [
         "tpu_scheduled.hlo",
         "constants.hlo",
         "legacy_forms.hlo",
+        "xla_forms.hlo",
     )
 ]
 TOKEN = re.compile(r"%?[A-Za-z_][A-Za-z0-9_.\-]*|-?\d+(?:\.\d+)?|\s+|\"(?:[^\"\\]|\\.)*\"|.", re.S)

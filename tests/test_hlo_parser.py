@@ -56,6 +56,30 @@ def test_samples_parse(tmp_path):
         assert module.computations, path
 
 
+def test_forms_from_xla_tests():
+    module = load_module(SAMPLES / "xla_forms.hlo")
+    e = module.entry_computation
+    assert e.root == "out" and e.instructions[-1].name == "send-done"
+    assert e["cc"].attr("literal").value.tolist() == [1, 2] and e["cc"].attr("custom_call_target") == 'with"quote'
+    assert e["cc"].attr("backend_config") == Raw('{key: "value"}')
+    assert e["cc1"].attr("literal").value == np.float32(0.5) and e["cc1"].attr("schedule") == "SCHEDULE_EARLIEST"
+    tup = e["cc2"].attr("literal")
+    assert [t.value.tolist() for t in tup.tuple_elements] == [[4, 5, 6], [True, False]]
+    assert e["cc3"].attr("operand_layout_constraints") == (parse_shape("f32[4]{0}"),)
+    assert e["k"].attr("literal").value.reshape(-1).tolist() == [1, 2, 3, 4]
+    assert e["flag"].loc.op_name == '"it\'s" fine\n' and e["flag"].loc.source_line == 7
+    assert e["mm"].attr("dim_labels") == ConvDims(0, 1, (), 0, 1, (), 0, 1, ())
+    assert [d.reversal for d in e["back"].attr("window").dims] == [True, True]
+    assert e["send"].attr("control-predecessors") == ("recv",)
+    assert e["cond"].attr("true_computation") == "neg" and e["cond"].attr("false_computation") == "ident"
+    assert module["max"].instructions[0].attr("origin") == Raw("{[synthetic_call]}")
+    assert isinstance(module.attributes["origin_recovery_table"], Raw)
+    assert e["v0"].attr("statistics") == Raw("{visualizing_index=1,stat-1=0.5,stat-2=4}")
+    # A literal's shape written without a layout (our reading: the braces after a space are the value).
+    text = (SAMPLES / "xla_forms.hlo").read_text().replace("s32[3]{0} {4, 5, 6}", "s32[3] {4, 5, 6}")
+    assert parse_module(text).entry_computation["cc2"].attr("literal").tuple_elements[0].value.tolist() == [4, 5, 6]
+
+
 def test_sharded_tpu_lowering_keeps_sharding_verbatim():
     module = parse_module(hc.sharded_tpu_text())
     a = module.entry_computation.parameters[0]

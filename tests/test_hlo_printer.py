@@ -71,13 +71,18 @@ def test_xla_reads_what_we_print(key, text):
     options = xla_client.hlo.HloPrintOptions()
     options.print_large_constants = True
     theirs = parse_module(hc.xla_parse(print_module(ours)).to_string(options))
+    wrapped = {i.attr("calls") for c in ours.computations for i in c.instructions if i.opcode == "async-start"}
     for comp in ours.computations:
+        if comp.name not in theirs and comp.name in wrapped:
+            continue  # XLA prints an async op that wraps one instruction in its short form, without the computation
         other = theirs[comp.name]
         assert {i.name for i in comp.instructions} == {i.name for i in other.instructions}
         assert other.root == comp.root
         for ins in comp.instructions:
             twin = other[ins.name]
             assert (twin.opcode, twin.shape, twin.operands) == (ins.opcode, ins.shape, ins.operands)
+            if ins.opcode.startswith("async-"):
+                continue  # the long and the short async form carry different attributes
             mine = {k: v for k, v in ins.attributes.items() if k not in ("metadata", "literal")}
             assert {k: v for k, v in twin.attributes.items() if k not in ("metadata", "literal")} == mine
             if ins.opcode == "constant":

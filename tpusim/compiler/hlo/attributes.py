@@ -12,11 +12,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tpusim.compiler.hlo.ir import ConvDims, PadDim, ProgramShape, Raw, SliceDim, Window, WindowDim
+from tpusim.compiler.hlo.ir import ConvDims, Literal, PadDim, ProgramShape, Raw, SliceDim, Window, WindowDim
 from tpusim.compiler.hlo.lexer import FLOAT, STRING, SourceText
 from tpusim.compiler.hlo.replica_groups import read_replica_groups
 from tpusim.errors import LayoutError
-from tpusim.memory import AnyShape, ShapeReader
+from tpusim.memory import AnyShape, ShapeReader, TupleShape
 
 __all__ = [
     "ALIASES",
@@ -460,10 +460,26 @@ def _read_program_shape(src: SourceText, pos: int) -> tuple[ProgramShape, int]:
 
 @reader("typed_literal")
 def _read_typed_literal(src: SourceText, pos: int) -> tuple[Any, int]:
-    from tpusim.compiler.hlo.literals import parse_literal
+    """``literal=s32[2]{0} {1, 2}``, ``literal=f32[] 0.1`` or a tuple ``( s32[2] {1, 2}, pred[] 1 )``."""
+    from tpusim.compiler.hlo.literals import parse_literal, written_shape
 
-    shape, pos = read_shape(src, pos)
-    return parse_literal(src, pos, shape)
+    pos = src.skip_ws(pos)
+    if src.text.startswith("(", pos):
+        elements = []
+        pos = src.skip_ws(pos + 1)
+        while not src.text.startswith(")", pos):
+            element, pos = _read_typed_literal(src, pos)
+            elements.append(element)
+            pos = src.skip_ws(pos)
+            if src.text.startswith(",", pos):
+                pos = src.skip_ws(pos + 1)
+            elif not src.text.startswith(")", pos):
+                raise src.error(pos, f"expected ',' or ')' in a tuple literal, found {src.found(pos)}")
+        return Literal(TupleShape(tuple(e.shape for e in elements)), None, tuple(elements)), pos + 1
+    written = written_shape(src, pos)
+    if written is None:
+        raise src.error(pos, f"expected a shape and a value like s32[2] {{1, 2}}, found {src.found(pos)}")
+    return parse_literal(src, pos, written[0])
 
 
 @reader("raw")

@@ -22,7 +22,7 @@ from tpusim.compiler.hlo.lexer import SourceText
 from tpusim.errors import LayoutError
 from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type, parse_shape
 
-__all__ = ["ELIDED_HINT", "format_literal", "parse_literal"]
+__all__ = ["ELIDED_HINT", "format_literal", "parse_literal", "written_shape"]
 
 ELIDED_HINT = (
     "XLA printed this constant elided as {...}, so its value is not in the text; print the module with "
@@ -51,7 +51,7 @@ def parse_literal(src: SourceText, pos: int, shape: AnyShape) -> tuple[Literal, 
     """Read the literal of a constant of ``shape`` starting at ``pos``; returns (literal, end offset)."""
     pos = src.skip_ws(pos)
     text = src.text
-    written = _written_shape(src, pos)
+    written = written_shape(src, pos)
     if written is not None:  # older XLA printed the shape inside the literal: constant(f32[2] {1, 2})
         if not _compatible(written[0], shape):
             raise src.error(pos, f"the constant's value is written as {written[0]} but its shape is {shape}")
@@ -101,7 +101,7 @@ def parse_literal(src: SourceText, pos: int, shape: AnyShape) -> tuple[Literal, 
     return Literal(shape, value.reshape(shape.dimensions)), end
 
 
-def _written_shape(src: SourceText, pos: int) -> tuple[AnyShape, int] | None:
+def written_shape(src: SourceText, pos: int) -> tuple[AnyShape, int] | None:
     """The shape an old-style typed literal starts with, and the offset after it (None if untyped)."""
     from tpusim.compiler.hlo.attributes import read_shape
 

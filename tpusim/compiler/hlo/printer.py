@@ -161,6 +161,8 @@ def _program_shape(value: ProgramShape) -> str:
 
 @formatter("typed_literal")
 def _typed_literal(value: Literal) -> str:
+    if value.value is None:
+        return "(" + ", ".join(_typed_literal(e) for e in value.tuple_elements) + ")"
     return f"{value.shape} {format_literal(value)}"
 
 
