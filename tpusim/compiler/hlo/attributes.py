@@ -359,15 +359,17 @@ def _read_window(src: SourceText, pos: int) -> tuple[Window, int]:
 
 
 @reader("dim_labels")
-def _read_dim_labels(src: SourceText, pos: int) -> tuple[ConvDims, int]:
+def _read_dim_labels(src: SourceText, pos: int) -> tuple[ConvDims | Raw, int]:
     pos = _ws(src, pos)
     m = _DIM_LABELS.match(src.text, pos)
     if not m:
         raise src.error(pos, f"expected convolution dimension labels like b01f_01io->b01f, found {src.found(pos)}")
+    if "?" in m.group(0):
+        # XLA prints '?' for dimensions a custom-call does not use (dim_labels=?b01f_0?1io->b01?f); ConvDims
+        # cannot say where they are, so such labels are kept verbatim.
+        return Raw(src.original[m.start() : m.end()]), m.end()
     parts = []
     for label, (a, b), what in zip(m.groups(), (("b", "f"), ("i", "o"), ("b", "f")), ("input", "kernel", "output")):
-        if "?" in label:
-            raise src.error(pos, f"'?' (an unused dimension) in the {what} labels {label!r} is not supported")
         if len(set(label)) != len(label):
             raise src.error(pos, f"the {what} labels {label!r} repeat a dimension")
         spatial = sorted((c, i) for i, c in enumerate(label) if c.isdigit())

@@ -124,7 +124,9 @@ def _labels(a: str, a_at: int, b: str, b_at: int, spatial: tuple[int, ...]) -> s
 
 
 @formatter("dim_labels")
-def _dim_labels(d: ConvDims) -> str:
+def _dim_labels(d: ConvDims | Raw) -> str:
+    if isinstance(d, Raw):
+        return d.text
     return (
         _labels("b", d.input_batch, "f", d.input_feature, d.input_spatial)
         + "_"
