@@ -19,6 +19,7 @@ import numpy as np
 
 from tpusim.compiler.hlo.ir import Literal
 from tpusim.compiler.hlo.lexer import SourceText
+from tpusim.compiler.hlo.shape_rules import compatible
 from tpusim.errors import LayoutError
 from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type, parse_shape
 
@@ -53,7 +54,7 @@ def parse_literal(src: SourceText, pos: int, shape: AnyShape) -> tuple[Literal, 
     text = src.text
     written = written_shape(src, pos)
     if written is not None:  # older XLA printed the shape inside the literal: constant(f32[2] {1, 2})
-        if not _compatible(written[0], shape):
+        if not compatible(written[0], shape):
             raise src.error(pos, f"the constant's value is written as {written[0]} but its shape is {shape}")
         pos = src.skip_ws(written[1])
     if isinstance(shape, TupleShape):
@@ -114,17 +115,6 @@ def written_shape(src: SourceText, pos: int) -> tuple[AnyShape, int] | None:
     if _TYPED_TUPLE.match(src.text, pos):
         return read_shape(src, pos)
     return None
-
-
-def _compatible(a: AnyShape, b: AnyShape) -> bool:
-    if isinstance(a, TupleShape) or isinstance(b, TupleShape):
-        return (
-            isinstance(a, TupleShape)
-            and isinstance(b, TupleShape)
-            and len(a.elements) == len(b.elements)
-            and all(_compatible(x, y) for x, y in zip(a.elements, b.elements))
-        )
-    return a.element_type == b.element_type and a.dimensions == b.dimensions
 
 
 def _match_braces(src: SourceText, pos: int) -> int:

@@ -28,8 +28,9 @@ from tpusim.compiler.hlo.ir import _CALL_ATTRIBUTES, Attributes, Computation, In
 from tpusim.compiler.hlo.lexer import NAME, SourceText, unescape
 from tpusim.compiler.hlo.literals import parse_literal
 from tpusim.compiler.hlo.opcodes import COMMON_ATTRIBUTES, OPCODE_ALIASES, OPCODES, OpcodeInfo, lookup_async
+from tpusim.compiler.hlo.shape_rules import compatible
 from tpusim.errors import LayoutError
-from tpusim.memory import AnyShape, Shape, ShapeReader, TupleShape
+from tpusim.memory import AnyShape, ShapeReader
 
 __all__ = ["load_module", "parse_module"]
 
@@ -111,18 +112,6 @@ def load_module(path: str | Path, *, verify: bool = True) -> Module:
     return parse_module(path.read_text(), str(path), verify=verify)
 
 
-def _compatible(a: AnyShape, b: AnyShape) -> bool:
-    """Same element types and dimensions, layouts ignored (XLA's ShapeUtil::Compatible)."""
-    if isinstance(a, TupleShape) or isinstance(b, TupleShape):
-        return (
-            isinstance(a, TupleShape)
-            and isinstance(b, TupleShape)
-            and len(a.elements) == len(b.elements)
-            and all(_compatible(x, y) for x, y in zip(a.elements, b.elements))
-        )
-    return a.element_type == b.element_type and a.dimensions == b.dimensions
-
-
 class _Parser:
     def __init__(self, text: str, source: str | None) -> None:
         self.src = SourceText(text, source)
@@ -149,7 +138,6 @@ class _Parser:
             raise src.error(0, "expected 'HloModule name' or a computation, found an empty text")
         sections, pos = self._sections(pos)
         entry: str | None = None
-        entry_at = 0
         while True:
             pos = src.skip_ws(pos)
             if pos >= len(text):
@@ -159,14 +147,13 @@ class _Parser:
                 raise src.error(pos, f"a second ENTRY computation (the first is {entry})")
             computation, pos = self._computation(m.end() if m else pos, is_entry=bool(m))
             if m:
-                entry, entry_at = computation.name, pos
+                entry = computation.name
         if not self.computations:
             raise src.error(pos, "expected at least one computation, found end of text")
         if entry is None:  # XLA: without ENTRY, the last computation is the entry.
             last = replace(self.computations[-1], is_entry=True)
             self.computations[-1] = last
             entry = last.name
-        del entry_at
         return Module(name or f"module_{entry}", tuple(self.computations), entry, Attributes(header), sections)
 
     def _attributes(self, pos: int, out: list[tuple[str, Any]], kinds: dict[str, str], where: str) -> int:
@@ -249,7 +236,7 @@ class _Parser:
         instructions, root, pos = self._body(pos + 1, name)
         attrs: list[tuple[str, Any]] = []
         pos = self._attributes(pos, attrs, {"execution_thread": "string"}, f"computation {name}")
-        if signature is not None and not _compatible(signature, instructions[root].shape):
+        if signature is not None and not compatible(signature, instructions[root].shape):
             raise src.error(
                 sig_at,
                 f"computation {name} declares result {signature} but its root %{root} has shape "
@@ -458,7 +445,7 @@ class _Parser:
                 )
             if operand not in defined:
                 raise src.error(at, _undefined(operand, defined, computation))
-            if declared is not None and not _compatible(declared, defined[operand].shape):
+            if declared is not None and not compatible(declared, defined[operand].shape):
                 raise src.error(
                     at, f"operand %{operand} is written with shape {declared} but has shape {defined[operand].shape}"
                 )
@@ -550,7 +537,3 @@ def _undefined(operand: str, defined: dict[str, Instruction], computation: str) 
     close = difflib.get_close_matches(operand, list(defined), n=1)
     hint = f"; did you mean %{close[0]}?" if close else ""
     return f"operand %{operand} is not defined before this point in computation {computation}{hint}"
-
-
-def _entry_shape(module: Module) -> Shape | TupleShape:  # pragma: no cover - helper for callers
-    return module.entry_computation.root_instruction.shape
