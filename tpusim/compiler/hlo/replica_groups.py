@@ -58,9 +58,9 @@ def _mesh_groups(src: SourceText, start: int, m: re.Match[str]) -> tuple[Replica
     """``mesh[x=2,y=4] {y}`` (XLA's MeshAxesReplicaGroupList::ToString): one group per combination of the
     other axes, devices ordered by the listed axes; ``a:(p)s`` is the size-s sub-axis after p devices."""
     names, sizes = [], []
-    for axis in _MESH_AXIS.finditer(m.group(1)):
-        names.append(next(g for g in axis.groups()[:3] if g is not None))
-        sizes.append(int(axis.group(4)))
+    for item in _MESH_AXIS.finditer(m.group(1)):
+        names.append(next(g for g in item.groups()[:3] if g is not None))
+        sizes.append(int(item.group(4)))
     total = int(np.prod(sizes))
     devices = np.arange(total)
     pos = m.end()
@@ -83,7 +83,7 @@ def _mesh_groups(src: SourceText, start: int, m: re.Match[str]) -> tuple[Replica
     while True:
         a = _AXIS_REF.match(src.text, pos)
         name = next((g for g in a.groups()[:3] if g is not None), None) if a else None
-        if a is None or name not in names:
+        if a is None or name is None or name not in names:
             raise src.error(pos, f"expected a mesh axis ({', '.join(names)}), found {src.found(pos)}")
         axis = names.index(name)
         pre = int(a.group(4)) if a.group(4) else None
