@@ -692,6 +692,12 @@ def test_other_attribute_errors():
             parse_module(head + body + "\n}")
 
 
+def test_several_modules_in_one_text():
+    text = hc.hlo_text("mlp", "short")
+    with pytest.raises(HloParseError, match=r"a second HloModule header: the text holds several modules"):
+        parse_module(text + "\n\n" + text)
+
+
 def test_empty_text_and_empty_computation():
     with pytest.raises(HloParseError, match=r"empty text"):
         parse_module("  \n ")

@@ -222,6 +222,8 @@ class _Parser:
         src, text = self.src, self.text
         name_at = src.skip_ws(pos)
         name, pos = src.name(name_at, "a computation name (or ENTRY)")
+        if name == "HloModule" and not is_entry:
+            raise src.error(name_at, "a second HloModule header: the text holds several modules, parse them one by one")
         if name in self.computation_at:
             line = self.src.original.count("\n", 0, self.computation_at[name]) + 1
             raise src.error(name_at, f"computation {name} is defined twice (first at line {line})")
