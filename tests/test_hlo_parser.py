@@ -692,6 +692,14 @@ def test_other_attribute_errors():
             parse_module(head + body + "\n}")
 
 
+def test_line_endings_tabs_and_byte_order_mark():
+    text = (SAMPLES / "jax_attention_debug.hlo").read_text()
+    module = parse_module(text)
+    assert parse_module(text.replace("\n", "\r\n")) == module
+    assert parse_module(text.replace("  ", "\t")) == module
+    assert parse_module("\ufeff" + text) == module
+
+
 def test_several_modules_in_one_text():
     text = hc.hlo_text("mlp", "short")
     with pytest.raises(HloParseError, match=r"a second HloModule header: the text holds several modules"):

@@ -65,6 +65,8 @@ class SourceText:
         self.original = text
         self.source = source
         self.text = _COMMENT_OR_STRING.sub(_blank, text) if ("/*" in text or "//" in text) else text
+        if self.text.startswith("\ufeff"):  # a byte-order mark left by some editors: a blank
+            self.text = " " + self.text[1:]
 
     def error(self, pos: int, message: str) -> HloParseError:
         """An :class:`HloParseError` at offset ``pos``."""
