@@ -316,6 +316,14 @@ def test_module_level_rules():
         verify_module(cyclic)
 
 
+def test_mixed_floating_point_precision_is_accepted():
+    """XLA's backends verify with allow_mixed_precision: float types may differ, integer types may not."""
+    text = "ENTRY e {\n a = bf16[4] parameter(0)\n b = f32[4] parameter(1)\n ROOT r = f32[4] add(a, b)\n}"
+    parse_module(text)
+    with pytest.raises(HloVerifyError, match=r"add needs operands of one shape, found s32\[4\] and f32\[4\]"):
+        parse_module(text.replace("bf16[4]", "s32[4]"))
+
+
 def test_entry_computation_layout_must_match_the_entry():
     text = "HloModule m, entry_computation_layout={(f32[2]{0})->f32[2]{0}}\nENTRY e {\n p = f32[2] parameter(0)\n"
     parse_module(text + " ROOT n = f32[2]{0} negate(p)\n}")

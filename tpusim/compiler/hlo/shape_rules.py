@@ -42,16 +42,28 @@ def rule(*opcodes: str) -> Callable[[Rule], Rule]:
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-def compatible(a: AnyShape, b: AnyShape) -> bool:
-    """Same element types and dimensions, layouts ignored (XLA's ShapeUtil::Compatible)."""
+def compatible(a: AnyShape, b: AnyShape, ignore_fp_precision: bool = False) -> bool:
+    """Same element types and dimensions, layouts ignored (XLA's ShapeUtil::Compatible); with
+    ``ignore_fp_precision`` any two floating-point types match (ShapeUtil::CompatibleIgnoringFpPrecision)."""
     if isinstance(a, TupleShape) or isinstance(b, TupleShape):
         return (
             isinstance(a, TupleShape)
             and isinstance(b, TupleShape)
             and len(a.elements) == len(b.elements)
-            and all(compatible(x, y) for x, y in zip(a.elements, b.elements))
+            and all(compatible(x, y, ignore_fp_precision) for x, y in zip(a.elements, b.elements))
         )
-    return a.element_type == b.element_type and a.dimensions == b.dimensions
+    if a.dimensions != b.dimensions:
+        return False
+    return a.element_type == b.element_type or (
+        ignore_fp_precision and a.element_type.is_float and b.element_type.is_float
+    )
+
+
+def _loose(a: AnyShape, b: AnyShape) -> bool:
+    # NOTE: XLA's backends verify with allow_mixed_precision (floating-point types may differ between the
+    # operands, results and called computations of an instruction); so do the rules, to accept every
+    # module XLA accepts. Integer, pred and complex types must still match exactly.
+    return compatible(a, b, ignore_fp_precision=True)
 
 
 def _array(shape: AnyShape, what: str) -> Shape:
@@ -86,7 +98,7 @@ def _result_dims(ins: Instruction, dims: Sequence[int], because: Because) -> Non
 
 
 def _same(ins: Instruction, expected: AnyShape, because: Because) -> None:
-    if not compatible(ins.shape, expected):
+    if not _loose(ins.shape, expected):
         raise RuleError(f"result {ins.shape} should be {expected} ({_why(because)})")
 
 
@@ -124,7 +136,7 @@ def _signature(
         if len(got) != len(params):
             raise RuleError(f"{role} computation {name} should take {len(params)} parameters, it takes {len(got)}")
         for i, (g, want) in enumerate(zip(got, params)):
-            if not compatible(g, want):
+            if not _loose(g, want):
                 raise RuleError(f"parameter {i} of {role} computation {name} is {g}, expected {want}")
     root = comp.root_instruction.shape if comp.root in comp else None
     if root is None or result is None:
@@ -133,7 +145,7 @@ def _signature(
         leaves = root.leaves() if isinstance(root, TupleShape) else [root]
         if any(leaf.rank for leaf in leaves):
             raise RuleError(f"{role} computation {name} should return scalars, it returns {root}")
-    elif not isinstance(result, str) and not compatible(root, result):
+    elif not isinstance(result, str) and not _loose(root, result):
         raise RuleError(f"{role} computation {name} returns {root}, expected {result}")
 
 
@@ -184,7 +196,7 @@ def _unary(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
 @rule(*(BINARY_ELEMENTWISE - {"complex"}))
 def _binary(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     a, b = _array(ops[0], "the lhs"), _array(ops[1], "the rhs")
-    if not compatible(a, b):
+    if not _loose(a, b):
         raise RuleError(f"{ins.opcode} needs operands of one shape, found {a} and {b}")
     _same(ins, a, lambda: f"{ins.opcode} of {a} and {b}")
 
@@ -208,7 +220,7 @@ def _stochastic_convert(ins: Instruction, ops: Sequence[AnyShape], module: Modul
 @rule("compare")
 def _compare(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     a, b = _array(ops[0], "the lhs"), _array(ops[1], "the rhs")
-    if not compatible(a, b):
+    if not _loose(a, b):
         raise RuleError(f"compare needs operands of one shape, found {a} and {b}")
     _same(ins, make_shape(element_type("pred"), a.dimensions), lambda: f"compare of {a} and {b} gives pred")
 
@@ -219,7 +231,7 @@ def _select(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     p = _array(pred, "the predicate")
     if p.element_type.name != "pred":
         raise RuleError(f"the predicate of select must be pred, not {p}")
-    if not compatible(on_true, on_false):
+    if not _loose(on_true, on_false):
         raise RuleError(f"select needs both branches of one shape, found {on_true} and {on_false}")
     if isinstance(on_true, Shape) and p.rank and p.dimensions != on_true.dimensions:
         raise RuleError(f"predicate {p} and branches {on_true} have different dimensions")
@@ -230,7 +242,8 @@ def _select(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
 def _clamp(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     low, x, high = (_array(s, w) for s, w in zip(ops, ("min", "operand", "max")))
     for bound, what in ((low, "min"), (high, "max")):
-        if bound.element_type != x.element_type or (bound.rank and bound.dimensions != x.dimensions):
+        same_type = bound.element_type == x.element_type or (bound.element_type.is_float and x.element_type.is_float)
+        if not same_type or (bound.rank and bound.dimensions != x.dimensions):
             raise RuleError(f"clamp's {what} {bound} must be a scalar or match the operand {x}")
     _same(ins, x, lambda: f"clamp of {x}")
 
