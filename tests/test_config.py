@@ -184,6 +184,19 @@ def test_python_overrides_are_validated():
         with_overrides(cfg, {"mxu.colz": 1})
 
 
+def test_command_line_options():
+    import argparse
+
+    from tpusim.config import add_config_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args = parser.parse_args(["--config", "teaching", "--set", "mxu.rows=16", "--set", "mxu.cols=32"])
+    cfg = config_from_args(args)
+    assert (cfg.mxu.rows, cfg.mxu.cols, cfg.overrides) == (16, 32, ("mxu.rows=16", "mxu.cols=32"))
+    assert config_from_args(parser.parse_args([])).name == "tpu_v5e"
+
+
 def test_configs_are_frozen_values():
     cfg = load_config("tpu_v5e")
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -44,6 +44,8 @@ __all__ = [
     "VpuConfig",
     "VpuOpClass",
     "XluConfig",
+    "add_config_arguments",
+    "config_from_args",
     "load_config",
     "parse_override",
     "with_overrides",
@@ -602,3 +604,21 @@ def _replace_path(obj: Any, parts: list[str], value: Any) -> Any:
         value = _check_python_type(get_type_hints(type(obj))[parts[0]], value, parts[0])
         return dataclasses.replace(obj, **{parts[0]: value})
     return dataclasses.replace(obj, **{parts[0]: _replace_path(getattr(obj, parts[0]), parts[1:], value)})
+
+
+def add_config_arguments(parser: Any) -> None:
+    """Add ``--config NAME|PATH`` and repeatable ``--set key=value`` to an ``argparse`` parser."""
+    parser.add_argument("--config", default="tpu_v5e", help=f"chip config: a YAML path or one of {', '.join(PRESETS)}")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set mxu.rows=256 (repeatable; values are typed as YAML scalars)",
+    )
+
+
+def config_from_args(args: Any) -> ChipConfig:
+    """The config named by :func:`add_config_arguments`' options."""
+    return load_config(args.config, list(args.overrides))

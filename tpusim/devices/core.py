@@ -33,7 +33,7 @@ from tpusim.devices import vpu as _vpu  # noqa: F401  (registers the VPU and XLU
 from tpusim.devices.dma import DmaEngines, issue_dma
 from tpusim.devices.fallback import fallback_cost
 from tpusim.devices.hazards import Scoreboard
-from tpusim.devices.memory import window_extent
+from tpusim.devices.memory import affine, window_extent
 from tpusim.devices.mxu import MxuState
 from tpusim.devices.units import COMPUTE, HANDLERS, Access, Cost, ExecutionError, Handler, handles
 from tpusim.isa import DmaStart, Fallback, MemRef, Reg, Space, format_instruction
@@ -59,12 +59,17 @@ class Decoded:
         "handler",
         "index",
         "ins",
+        "plans_r",
+        "plans_w",
+        "queue",
         "read_refs",
         "reads",
         "rr",
         "rw",
+        "sched",
         "spec",
         "static",
+        "unit_id",
         "write_refs",
         "writes",
     )
@@ -81,9 +86,14 @@ class Decoded:
         self.rw: tuple[Any, ...] = ()
         self.read_refs: tuple[MemRef, ...] = ()
         self.write_refs: tuple[MemRef, ...] = ()
+        self.plans_r: tuple[_OperandPlan, ...] = ()
+        self.plans_w: tuple[_OperandPlan, ...] = ()
         self.cost: Cost | None = None
         self.cost_fn: Any = None
         self.extra: Any = None  # a handler's per-instruction cache
+        self.sched: Any = None  # MXU instructions: the bound timing method of their MXU
+        self.queue: Any = None  # MXU instructions: their MXU's FIFO of start cycles
+        self.unit_id = -1
 
 
 class Core:
@@ -95,6 +105,49 @@ class Core:
         stream: its instruction stream.
         stream_id: its number in the trace.
     """
+
+    __slots__ = (
+        "_operands",
+        "barrier_event",
+        "blocked",
+        "cfg",
+        "chip",
+        "decoded",
+        "dma",
+        "env",
+        "fallback_free",
+        "final_cycle",
+        "finished",
+        "first_try",
+        "index",
+        "jumps",
+        "max_end",
+        "mxu_queues",
+        "mxu_units",
+        "mxus",
+        "network",
+        "numeric",
+        "pc",
+        "queues",
+        "records",
+        "regs",
+        "scalar_unit",
+        "scoreboard",
+        "sems",
+        "smem",
+        "stores",
+        "stream",
+        "stream_id",
+        "system",
+        "texts",
+        "unit",
+        "vmem",
+        "vpu_free",
+        "vpu_queue",
+        "vpu_unit",
+        "xlu_free",
+        "xlu_units",
+    )
 
     def __init__(self, chip: ChipState, index: int, stream: Stream, stream_id: int) -> None:
         system = chip.system
@@ -127,6 +180,7 @@ class Core:
         name = f"chip{chip.index}.core{index}"
         self.unit = {u: system.unit_id(f"{name}.{u}") for u in ("scalar", "sync", "dma", "vpu", "fallback")}
         self.vpu_unit = self.unit["vpu"]
+        self.scalar_unit = self.unit["scalar"]
         self.xlu_units = [system.unit_id(f"{name}.xlu{i}") for i in range(cfg.xlu.count)]
         self.mxu_units = [system.unit_id(f"{name}.mxu{i}") for i in range(cfg.mxu.count)]
         self.dma = DmaEngines(self)
@@ -161,43 +215,83 @@ class Core:
         return cls(f"{self.name}, instruction {index} `{self.text(index)}`{origin}: {message}")
 
     # ------------------------------------------------------------------ operands
-    def access(self, ref: MemRef, index: int, store: Any = None) -> Access:
-        """Resolve a memory operand: registers read, window clamped or checked, bounds checked."""
+    def plan(self, ref: MemRef) -> _OperandPlan:
         p = self._operands.get(id(ref))
         if p is None:
             p = self._operands[id(ref)] = _OperandPlan(ref)
+        return p
+
+    def resolve(self, p: _OperandPlan, index: int, store: Any = None) -> tuple[Any, int, Any, int, int, Any, int]:
+        """Read the registers of an operand, clamp or check its window, check its bounds.
+
+        Returns:
+            ``(store, address, offsets, lo, hi, normalized offsets, byte shift)``: the window's offsets reduced
+            by the layout's periods and the shift that undoes it (:class:`~tpusim.devices.memory.Affine`;
+            the offsets themselves and 0 when the layout has no such structure).
+        """
         regs = self.regs
         if store is None:
             store = self.stores[p.space]
         address = p.address if p.base < 0 else p.address + regs[p.base]
         if p.sizes is None:
-            offsets = None
+            offsets = norm = None
             lo, hi = 0, p.nbytes
+            shift = 0
         elif p.offsets is not None:
-            offsets = p.offsets
+            offsets = norm = p.offsets
             lo, hi = p.extent
+            shift = 0
         else:
             offs = []
-            for i, (o, s, d) in enumerate(zip(p.dynamic, p.sizes, p.dims)):
+            parts = []
+            steps = 0
+            for o, top, period, stride in p.wspec:
                 v = regs[o] if o >= 0 else -o - 1
-                if p.clamp:
-                    v = min(max(v, 0), d - s)
-                elif v < 0 or v + s > d:
-                    raise self.error(
-                        index,
-                        f"window start {v} (from {ref.window.offsets[i]}) puts dimension {i} "  # type: ignore[union-attr]
-                        f"at [{v}, {v + s}), outside 0..{d} of {ref.shape}",
-                    )
+                if v < 0 or v > top:
+                    if not p.clamp:
+                        raise self._window_error(p, index, len(offs), v)
+                    v = 0 if v < 0 else top
                 offs.append(v)
+                if period == 1:
+                    parts.append(0)
+                    steps += v * stride
+                else:
+                    q, r = divmod(v, period)
+                    parts.append(r)
+                    steps += q * stride
             offsets = tuple(offs)
-            ext = p.extents.get(offsets)
+            if p.affine is None:
+                norm, shift = offsets, 0
+            else:
+                norm, shift = tuple(parts), steps * p.affine.element_bytes
+            ext = p.extents.get(norm)
             if ext is None:
-                ext = p.extents[offsets] = window_extent(ref.shape, offsets, p.sizes)
-            lo, hi = ext
+                ext = p.extents[norm] = window_extent(p.shape, norm, p.sizes)
+            lo, hi = ext[0] + shift, ext[1] + shift
         if address < 0 or address + p.nbytes > store.capacity:
             problem = store.check(address, address + p.nbytes)
-            raise self.error(index, f"operand {ref} at {address:#x}: {problem}")
-        return Access(store, p.space, address, ref.shape, offsets, p.sizes, address + lo, address + hi)
+            raise self.error(index, f"operand {p.ref} at {address:#x}: {problem}")
+        return store, address, offsets, address + lo, address + hi, norm, shift
+
+    def _window_error(self, p: _OperandPlan, index: int, dim: int, v: int) -> ExecutionError:
+        s = p.sizes[dim]  # type: ignore[index]
+        src = p.ref.window.offsets[dim]  # type: ignore[union-attr]
+        return self.error(
+            index,
+            f"window start {v} (from {src}) puts dimension {dim} at [{v}, {v + s}), outside 0..{p.dims[dim]} "
+            f"of {p.ref.shape}",
+        )
+
+    def resolve_all(self, d: Decoded) -> None:
+        """Resolve every operand of ``d`` (raises the first addressing error)."""
+        for p in d.plans_r + d.plans_w:
+            self.resolve(p, d.index)
+
+    def access(self, ref: MemRef, index: int, store: Any = None) -> Access:
+        """Resolve a memory operand into an :class:`Access` (see :meth:`resolve`)."""
+        p = self.plan(ref)
+        store, address, offsets, lo, hi, _, _ = self.resolve(p, index, store)
+        return Access(store, p.space, address, p.shape, offsets, p.sizes, lo, hi)
 
     def decode(self, ins: Instruction, index: int) -> Decoded:
         """Check ``ins`` against the config and precompute what does not depend on registers."""
@@ -216,6 +310,8 @@ class Core:
         if problem:
             raise self.error(index, problem)
         d.read_refs, d.write_refs = spec.refs(ins)
+        d.plans_r = tuple(self.plan(r) for r in d.read_refs)
+        d.plans_w = tuple(self.plan(r) for r in d.write_refs)
         d.cost_fn = spec.cost
         if isinstance(ins, Fallback):
             kernel = self.system.program.fallback(ins.kernel)
@@ -229,6 +325,28 @@ class Core:
             d.cost = d.cost_fn(cfg, ins, d.reads, d.writes)
             if d.cost.unit == "vpu":
                 d.handler = issue_vpu_static
+        elif all(p.dynamic == () for p in d.plans_r + d.plans_w):
+            # only base registers vary: the cost (a function of layouts and windows) is the same every time
+            d.cost = d.cost_fn(cfg, ins, tuple(_template(p) for p in d.plans_r), tuple(_template(p) for p in d.plans_w))
+            d.extra = tuple(
+                (
+                    self.stores[p.space],
+                    p.address,
+                    p.base,
+                    p.extent[0],
+                    p.extent[1],
+                    self.stores[p.space].capacity - p.nbytes,
+                    w,
+                )
+                for w, plans in ((False, d.plans_r), (True, d.plans_w))
+                for p in plans
+            )
+        fast = not (self.numeric or ins.control)
+        if fast and d.cost is not None and d.cost.unit == "mxu" and (d.static or len(d.extra or ()) == 1):
+            d.handler = issue_mxu_fast
+            d.sched = self.mxus[ins.mxu].scheduler(ins)  # type: ignore[union-attr]
+            d.queue = self.mxu_queues[ins.mxu]  # type: ignore[union-attr]
+            d.unit_id = self.mxu_units[ins.mxu]  # type: ignore[union-attr]
         return d
 
     # ------------------------------------------------------------------ the sequencer process
@@ -262,11 +380,18 @@ class Core:
         return event
 
 
+def _template(p: _OperandPlan) -> Access:
+    """An Access with the operand's static facts (for costs that do not depend on the address)."""
+    lo, hi = p.extent
+    return Access(None, p.space, p.address, p.shape, p.offsets, p.sizes, p.address + lo, p.address + hi)  # type: ignore[arg-type]
+
+
 class _OperandPlan:
     """What access() needs of one MemRef, computed once per program."""
 
     __slots__ = (
         "address",
+        "affine",
         "base",
         "clamp",
         "dims",
@@ -275,11 +400,16 @@ class _OperandPlan:
         "extents",
         "nbytes",
         "offsets",
+        "ref",
+        "shape",
         "sizes",
         "space",
+        "wspec",
     )
 
     def __init__(self, ref: MemRef) -> None:
+        self.ref = ref
+        self.shape = ref.shape
         self.space = ref.space
         self.address = ref.address
         self.base = ref.base.index if ref.base is not None else -1
@@ -290,7 +420,8 @@ class _OperandPlan:
         self.clamp = w.clamp if w is not None else False
         self.offsets: tuple[int, ...] | None = None
         self.dynamic: tuple[int, ...] = ()
-        self.extents: dict[tuple[int, ...], tuple[int, int]] = {}
+        self.extents: dict[tuple[int, ...], tuple[int, int]] = {}  # by offsets modulo the layout's periods
+        self.affine = affine(ref.shape) if w is not None and not w.is_static else None
         self.extent = (0, self.nbytes)
         if w is not None:
             if w.is_static:
@@ -299,6 +430,13 @@ class _OperandPlan:
             else:
                 # register index, or -(immediate + 1) for an immediate offset
                 self.dynamic = tuple(o.index if isinstance(o, Reg) else -o - 1 for o in w.offsets)
+                aff = self.affine
+                periods = aff.periods if aff is not None else (1,) * len(w.sizes)
+                strides = aff.strides if aff is not None else (0,) * len(w.sizes)
+                # per dimension: offset source, largest valid start, period and slot stride (see resolve)
+                self.wspec = tuple(
+                    (o, d - s, per, g) for o, d, s, per, g in zip(self.dynamic, self.dims, w.sizes, periods, strides)
+                )
 
 
 def _registers(ins: Any) -> list[Reg]:
@@ -320,13 +458,34 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
     ins = d.ins
     if d.static:
         reads, writes, rr, rw, cost = d.reads, d.writes, d.rr, d.rw, d.cost
+    elif d.extra is not None and not (core.numeric or ins.control):
+        # NOTE: speed. Operands that differ only by base registers, no numbers needed: ranges in place.
+        regs = core.regs
+        rl, wl = [], []
+        for store, address, base, lo, hi, top, is_write in d.extra:
+            a = address if base < 0 else address + regs[base]
+            if a < 0 or a > top:
+                core.resolve_all(d)  # raises the addressing error
+            (wl if is_write else rl).append((store, a + lo, a + hi))
+        rr, rw, reads, writes, cost = tuple(rl), tuple(wl), (), (), d.cost
     else:
         i = d.index
-        reads = tuple(core.access(r, i) for r in d.read_refs)
-        writes = tuple(core.access(r, i) for r in d.write_refs)
-        rr = tuple((a.key, a.lo, a.hi) for a in reads)
-        rw = tuple((a.key, a.lo, a.hi) for a in writes)
-        cost = d.cost_fn(core.cfg, ins, reads, writes)
+        cost = d.cost
+        need_access = cost is None or core.numeric or ins.control
+        rl, wl, ra, wa = [], [], [], []
+        for p in d.plans_r:
+            store, address, offsets, lo, hi, _, _ = core.resolve(p, i)
+            rl.append((store, lo, hi))
+            if need_access:
+                ra.append(Access(store, p.space, address, p.shape, offsets, p.sizes, lo, hi))
+        for p in d.plans_w:
+            store, address, offsets, lo, hi, _, _ = core.resolve(p, i)
+            wl.append((store, lo, hi))
+            if need_access:
+                wa.append(Access(store, p.space, address, p.shape, offsets, p.sizes, lo, hi))
+        rr, rw, reads, writes = tuple(rl), tuple(wl), tuple(ra), tuple(wa)
+        if cost is None:
+            cost = d.cost_fn(core.cfg, ins, reads, writes)
     need, dma = core.scoreboard.check(t, rr, rw)
     if dma is not None:
         return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
@@ -365,6 +524,43 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
     core.records.append((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))
     if core.numeric or ins.control:
         d.spec.execute(core, ins, reads, writes)
+    core.pc = d.index + 1
+    return t + 1
+
+
+def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Any:
+    """``issue_compute`` for an MXU instruction in a timing-only run whose operand needs at most a base register
+    (chosen at decode; instructions flagged ``control`` keep the generic handler).
+
+    NOTE: speed. MXU instructions dominate matmul loops; same rules as issue_compute, fewer branches.
+    """
+    ins = d.ins
+    if d.static:
+        rr, rw = d.rr, d.rw
+    else:
+        store, address, base, lo, hi, top, is_write = d.extra[0]
+        a = address if base < 0 else address + core.regs[base]
+        if a < 0 or a > top:
+            core.resolve_all(d)  # raises the addressing error
+        rng = ((store, a + lo, a + hi),)
+        rr, rw = ((), rng) if is_write else (rng, ())
+    sb = core.scoreboard
+    if sb.horizon <= t and not sb.dmas:
+        need = t
+    else:
+        need, dma = sb.check(t, rr, rw)
+        if dma is not None:
+            return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
+    q = d.queue
+    if len(q) == q.maxlen and q[0] > t:
+        t = q[0]
+    cost = d.cost
+    start, end, flops = d.sched(ins, t, need, cost, core, d.index)
+    q.append(start)
+    if end > core.max_end:
+        core.max_end = end
+    sb.add(rr, rw, end)
+    core.records.append((core.stream_id, d.index, d.unit_id, core.first_try, start, end, cost.nbytes, flops))  # type: ignore[union-attr]
     core.pc = d.index + 1
     return t + 1
 

@@ -23,17 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from tpusim.devices.flows import Flow
 from tpusim.devices.memory import read_value, window_slots, write_value
+from tpusim.devices.units import Access
 from tpusim.isa import Reg, Space
 from tpusim.memory import Shape, geometry
-
-if TYPE_CHECKING:
-    from tpusim.devices.units import Access
 
 __all__ = ["DmaEngines", "Transfer", "TransferPlan", "burst_bytes", "flow_uses", "issue_dma", "transfer_plan"]
 
@@ -115,6 +113,7 @@ class Transfer(Flow):
         "latency",
         "plan",
         "sems",
+        "shifts",
         "src",
         "start",
         "stream",
@@ -125,8 +124,9 @@ class Transfer(Flow):
         core: Any,
         index: int,
         issue: int,
-        src: Access,
-        dst: Access,
+        src: Access | None,
+        dst: Access | None,
+        shifts: tuple[int, int],
         plan: TransferPlan,
         sems: list[tuple[Any, int]],
         latency: int,
@@ -134,21 +134,23 @@ class Transfer(Flow):
         uses: list[Any],
         cap: float,
         shape: tuple[float, tuple[int, ...]],
+        stream: int,
     ) -> None:
         # NOTE: speed. Flow's fields are set here directly (no super().__init__ call on this hot path).
         self.remaining = float(plan.payload)
         self.uses = uses
         self.cap = cap
-        self.on_done = self.data_done
+        self.on_done = None  # (finish() is overridden: no bound method is stored, so no reference cycle)
         self.rate = 0.0
         self.seq = 0
         self.solo, self.sig = shape
         self.core = core
-        self.stream = core.stream_id
+        self.stream = stream
         self.index = index
         self.issue = issue
-        self.src = src
+        self.src = src  # None when the bytes need not move (timing-only)
         self.dst = dst
+        self.shifts = shifts  # slot shifts of the actual windows from the plan's normalized ones
         self.plan = plan
         self.sems = sems  # (semaphore bank, number) pairs incremented at completion
         self.latency = latency
@@ -163,7 +165,7 @@ class Transfer(Flow):
             self.event = self.core.env.event()
         return self.event
 
-    def data_done(self, now: int) -> None:
+    def finish(self, now: int) -> None:
         """The flow moved its last byte at ``now``: free the engine; complete after the latency."""
         self.core.dma.release(now)
         if self.latency:
@@ -180,6 +182,7 @@ class Transfer(Flow):
     def copy(self) -> None:
         """Move the bytes (at completion)."""
         s, d, p = self.src, self.dst, self.plan
+        assert s is not None and d is not None
         if p.src_slots is None:
             d.store.write(d.address, s.store.read(s.address, p.payload))
             return
@@ -188,10 +191,11 @@ class Transfer(Flow):
         gs, gd = geometry(s.shape), geometry(d.shape)
         width = 8 * et.raw_dtype.itemsize
         if gs.element_bits == width == gd.element_bits and et.bits >= 8:
+            ss, ds = self.shifts
             src_raw = s.store.view(s.address + gs.prefix_bytes, gs.element_slots * et.raw_dtype.itemsize)
-            values = src_raw.view(et.raw_dtype)[p.src_slots]
+            values = src_raw.view(et.raw_dtype)[p.src_slots + ss if ss else p.src_slots]
             dst_raw = d.store.view(d.address + gd.prefix_bytes, gd.element_slots * et.raw_dtype.itemsize)
-            dst_raw.view(et.raw_dtype)[p.dst_slots] = values
+            dst_raw.view(et.raw_dtype)[p.dst_slots + ds if ds else p.dst_slots] = values
             return
         sizes = s.sizes if s.sizes is not None else s.shape.dimensions
         value = read_value(s.store, s.address, s.shape, s.offsets or (0,) * len(sizes), sizes)
@@ -205,16 +209,14 @@ class DmaEngines:
         core: the owning core (for the config, the flow network and completion bookkeeping).
     """
 
-    __slots__ = ("core", "free", "queue", "space_event")
+    __slots__ = ("core", "depth", "free", "queue", "space_event")
 
     def __init__(self, core: Any) -> None:
         self.core = core
+        self.depth = core.cfg.dma.queue_depth
         self.free = core.cfg.dma.engines
         self.queue: list[tuple[Transfer, int]] = []
         self.space_event: Any = None
-
-    def full(self) -> bool:
-        return len(self.queue) >= self.core.cfg.dma.queue_depth
 
     def submit(self, tr: Transfer, ready: int) -> None:
         """Start ``tr`` on a free engine at ``ready`` (its issue cycle or later), or queue it."""
@@ -242,23 +244,27 @@ def flow_uses(
     cfg: Any,
     net: Any,
     plan: TransferPlan,
-    src: Access,
-    dst: Access,
+    src_space: Space,
+    src_address: int,
+    dst_space: Space,
+    dst_address: int,
     src_port: tuple[int, int],
     dst_port: tuple[int, int],
     hops: list[Any],
 ) -> tuple[list[Any], float]:
     """The resources a transfer crosses with their weights, and its own rate cap (payload bytes/cycle).
 
-    ``src_port`` / ``dst_port`` are (chip, core) of each side's memory.
+    The addresses are where the plan's (normalized) windows start; ``src_port`` / ``dst_port`` are the
+    (chip, core) of each side's memory.
     """
     payload = max(plan.payload, 1)
     uses: list[Any] = []
     cap = cfg.dma.runs_per_cycle * payload / max(plan.runs, 1)
     hbm_bytes: dict[int, int] = {}
-    for acc, runs, (chip, core) in ((src, plan.src_runs, src_port), (dst, plan.dst_runs, dst_port)):
-        if acc.space is Space.HBM:
-            hbm_bytes[chip] = hbm_bytes.get(chip, 0) + burst_bytes(runs, acc.address, cfg.dma.burst_bytes)
+    sides = ((src_space, src_address, plan.src_runs, src_port), (dst_space, dst_address, plan.dst_runs, dst_port))
+    for space, address, runs, (chip, core) in sides:
+        if space is Space.HBM:
+            hbm_bytes[chip] = hbm_bytes.get(chip, 0) + burst_bytes(runs, address, cfg.dma.burst_bytes)
         else:
             r = net.resource(("local", chip, core), f"chip{chip}.core{core}.dma_port", cfg.dma.local_bytes_per_cycle)
             uses.append((r, 1.0))
@@ -279,62 +285,84 @@ def issue_dma(core: Any, d: Any, t: int) -> Any:
     ins = d.ins
     system = core.system
     i = d.index
-    dst_chip = core.chip
-    if ins.chip is not None:
+    cache = d.extra
+    if cache is None:
+        cache = d.extra = {}
+        d.plans_r = (core.plan(ins.src),)
+        d.plans_w = (core.plan(ins.dst),)
+        if ins.chip is None:  # the destination never changes: resolve it once
+            dst_core = core.index if ins.dst_core is None else ins.dst_core
+            if dst_core >= core.cfg.core.count:
+                raise core.error(i, f"destination core {dst_core} does not exist (the chip has {core.cfg.core.count})")
+            cache[None] = (core.chip, dst_core, core.chip.store(ins.dst.space, dst_core))
+    sp, dp = d.plans_r[0], d.plans_w[0]
+    local = cache.get(None)
+    if local is not None:
+        dst_chip, dst_core, dst_store = local
+    else:
         c = core.regs[ins.chip.index] if isinstance(ins.chip, Reg) else ins.chip
         if not 0 <= c < len(system.chips):
             raise core.error(i, f"destination chip {c} does not exist (the system has {len(system.chips)})")
         dst_chip = system.chips[c]
-    dst_core = core.index if ins.dst_core is None else ins.dst_core
-    if dst_core >= core.cfg.core.count:
-        raise core.error(i, f"destination core {dst_core} does not exist (the chip has {core.cfg.core.count})")
+        dst_core = core.index if ins.dst_core is None else ins.dst_core
+        if dst_core >= core.cfg.core.count:
+            raise core.error(i, f"destination core {dst_core} does not exist (the chip has {core.cfg.core.count})")
+        dst_store = dst_chip.store(dp.space, dst_core)
+    s_store, s_addr, s_off, s_lo, s_hi, s_key, s_shift = core.resolve(sp, i)
+    d_store, d_addr, d_off, d_lo, d_hi, d_key, d_shift = core.resolve(dp, i, dst_store)
     cfg = core.cfg
-    key = (dst_chip.index, dst_core)
-    cache = d.extra
-    if cache is None:
-        cache = d.extra = {}
-    static = ins.src.is_static and ins.dst.is_static
-    hit = cache.get(key) if static else None
-    if hit is not None:
-        src, dst, plan, rr, rw, uses, cap, latency, sems, shape = hit
-    else:
-        src = core.access(ins.src, i)
-        dst = core.access(ins.dst, i, dst_chip.store(ins.dst.space, dst_core))
-        rr = ((src.key, src.lo, src.hi),)
-        rw = ((dst.key, dst.lo, dst.hi),)
-        pkey = (src.offsets, dst.offsets)
-        plan = cache.get(pkey)
-        if plan is None:
-            sizes = src.sizes if src.sizes is not None else src.shape.dimensions
-            plan = cache[pkey] = transfer_plan(src.shape, src.offsets, dst.shape, dst.offsets, sizes)
-        burst = cfg.dma.burst_bytes
-        fkey = (key, src.offsets, dst.offsets, src.address % burst, dst.address % burst)
-        flow_hit = cache.get(fkey)
-        if flow_hit is None:
-            hops = system.topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
-            latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (src.space, dst.space) else 0
-            latency += len(hops) * cfg.cycles(cfg.ici.hop_latency_ns)
-            uses, cap = flow_uses(cfg, core.network, plan, src, dst, (core.chip.index, core.index), key, hops)
-            shape = Flow.shape_of(uses, cap)
-            sems = []
-            if ins.sem is not None:
-                sems.append((core.sems, ins.sem))
-            if ins.dst_sem is not None:
-                sems.append((dst_chip.sems[dst_core], ins.dst_sem))
-            flow_hit = cache[fkey] = (uses, cap, latency, sems, shape)
-        uses, cap, latency, sems, shape = flow_hit
-        if static:
-            cache[key] = (src, dst, plan, rr, rw, uses, cap, latency, sems, shape)
+    burst = cfg.dma.burst_bytes
+    key = (dst_chip.index, dst_core, s_key, d_key, (s_addr + s_shift) % burst, (d_addr + d_shift) % burst)
+    hit = cache.get(key)
+    if hit is None:
+        sizes = sp.sizes if sp.sizes is not None else sp.dims
+        plan = transfer_plan(sp.shape, s_key, dp.shape, d_key, sizes)
+        hops = system.topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
+        latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (sp.space, dp.space) else 0
+        latency += len(hops) * cfg.cycles(cfg.ici.hop_latency_ns)
+        uses, cap = flow_uses(
+            cfg,
+            core.network,
+            plan,
+            sp.space,
+            s_addr + s_shift,
+            dp.space,
+            d_addr + d_shift,
+            (core.chip.index, core.index),
+            (dst_chip.index, dst_core),
+            hops,
+        )
+        sems = []
+        if ins.sem is not None:
+            sems.append((core.sems, ins.sem))
+        if ins.dst_sem is not None:
+            sems.append((dst_chip.sems[dst_core], ins.dst_sem))
+        hit = cache[key] = (plan, uses, cap, latency, sems, Flow.shape_of(uses, cap))
+    plan, uses, cap, latency, sems, shape = hit
+    rr = ((s_store, s_lo, s_hi),)
+    rw = ((d_store, d_lo, d_hi),)
     need, busy = core.scoreboard.check(t, rr, rw)
     if busy is not None:
         return core.block(d, f"waits for {busy.describe()}, which touches the same memory", busy.wait_event())
     engines = core.dma
-    if engines.full():
+    if len(engines.queue) >= engines.depth:
         if engines.space_event is None:
             engines.space_event = core.env.event()
         return core.block(d, "waits for room in the DMA queue", engines.space_event)
-    tr = Transfer(core, i, core.first_try, src, dst, plan, sems, latency, core.numeric or ins.control, uses, cap, shape)
-    core.scoreboard.add_dma(tr, rr, rw)
+    copy = core.numeric or ins.control
+    if copy:
+        src = Access(s_store, sp.space, s_addr, sp.shape, s_off, sp.sizes, s_lo, s_hi)
+        dst = Access(d_store, dp.space, d_addr, dp.shape, d_off, dp.sizes, d_lo, d_hi)
+        eb_s = max(1, geometry(sp.shape).element_bits // 8)
+        eb_d = max(1, geometry(dp.shape).element_bits // 8)
+        shifts = (s_shift // eb_s, d_shift // eb_d)
+    else:
+        src = dst = None
+        shifts = (0, 0)
+    tr = Transfer(
+        core, i, core.first_try, src, dst, shifts, plan, sems, latency, copy, uses, cap, shape, core.stream_id
+    )
+    core.scoreboard.add_dma(tr, rr[0], rw[0])
     engines.submit(tr, max(t, need))
     core.pc = i + 1
     return t + 1

@@ -9,8 +9,10 @@ flow's completion is rounded up to a whole cycle, where the rates are recomputed
 Events (DESIGN principle 1: a few per transfer, never one per burst or cycle): one timer at a time. When
 every flow in the network crosses the same set of resources, a new flow can only slow the others down, so
 a start needs no event of its own: the timer is set at the earliest possible completion (each flow at the
-rate it would have alone from its start) and the starts in between are applied in order when it fires.
-Otherwise every start is an event, as the plain model has it. Both give the same cycles.
+rate it would have alone from its start) and the starts in between are applied in order when it fires; a
+timer that turns out early just sets the next one. Otherwise every start is an event, as the plain model
+has it. Both give the same cycles. (Playing the known starts forward to the exact next completion saves
+about 6% of the events but costs more Python time than it saves; measured.)
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ class Flow:
         # (rate alone, which resources it crosses); callers that start many equal flows pass it precomputed
         self.solo, self.sig = shape if shape is not None else Flow.shape_of(uses, cap)
 
+    def finish(self, now: int) -> None:
+        """Called by the network with the cycle the last byte moved (subclasses override it)."""
+        self.on_done(now)
+
     @staticmethod
     def shape_of(uses: list[tuple[Resource, float]], cap: float) -> tuple[float, tuple[int, ...]]:
         return min([cap] + [r.capacity / w for r, w in uses]), tuple(id(r) for r, _ in uses)
@@ -98,24 +104,25 @@ class FlowNetwork:
         """Start ``flow`` at cycle ``start`` (not before the current cycle)."""
         self.seq += 1
         flow.seq = self.seq
-        self.sigs[flow.sig] = self.sigs.get(flow.sig, 0) + 1
+        sigs = self.sigs
+        sigs[flow.sig] = sigs.get(flow.sig, 0) + 1
         heapq.heappush(self.pending, (start, self.seq, flow))
         if self.busy:
             return
         now = self.env.now
-        if self.pending[0][0] <= now:
+        if start <= now:
             self._process(now)
-        else:
-            self._schedule(now)
+            return
+        timer = self.timer_at
+        if timer is not None and len(sigs) <= 1:
+            # NOTE: speed. One resource set (see the module docstring): the new flow cannot end before it would
+            # alone, so if that is not before the pending timer, the timer stands.
+            last = self.last
+            if (start if start > last else last) + flow.remaining / flow.solo >= timer:
+                return
+        self._schedule(now)
 
     # ------------------------------------------------------------------ internals
-    def _advance(self, to: int) -> None:
-        dt = to - self.last
-        if dt > 0:
-            for f in self.active:
-                f.remaining -= f.rate * dt
-            self.last = to
-
     def _process(self, now: int) -> None:
         """Apply the starts up to ``now`` in order, then finish the flows that are done at ``now``."""
         self.busy = True
@@ -124,21 +131,24 @@ class FlowNetwork:
             while True:
                 while pending and pending[0][0] <= now:
                     at = pending[0][0]
-                    self._advance(at)
+                    dt = at - self.last
+                    if dt > 0:
+                        for f in self.active:
+                            f.remaining -= f.rate * dt
+                        self.last = at
                     while pending and pending[0][0] == at:
                         self.active.append(heapq.heappop(pending)[2])
                     self._rates()
-                self._advance(now)
-                done = None
-                for f in self.active:
-                    if f.remaining <= _EPS:
-                        if done is None:
-                            done = [f]
-                        else:
-                            done.append(f)
-                if done is None:
+                active = self.active
+                dt = now - self.last
+                if dt > 0:
+                    for f in active:
+                        f.remaining -= f.rate * dt
+                    self.last = now
+                done = [f for f in active if f.remaining <= _EPS]
+                if not done:
                     break
-                self.active = [f for f in self.active if f.remaining > _EPS]
+                self.active = [f for f in active if f.remaining > _EPS]
                 sigs = self.sigs
                 for f in done:
                     n = sigs[f.sig] - 1
@@ -148,7 +158,7 @@ class FlowNetwork:
                         del sigs[f.sig]
                 self._rates()
                 for f in done:
-                    f.on_done(now)
+                    f.finish(now)
         finally:
             self.busy = False
         self._schedule(now)

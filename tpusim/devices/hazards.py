@@ -32,7 +32,7 @@ class Scoreboard:
         # Compute entries: (space, lo, hi) -> latest end cycle. Programs reuse buffers, so these stay small.
         self.writers: dict[Range, int] = {}
         self.readers: dict[Range, int] = {}
-        self.dmas: list[tuple[Any, tuple[Range, ...], tuple[Range, ...]]] = []  # (transfer, reads, writes)
+        self.dmas: list[tuple[Any, Any, int, int, Any, int, int]] = []  # see check
 
     def check(self, t: int, reads: tuple[Range, ...], writes: tuple[Range, ...]) -> tuple[int, Any]:
         """The earliest start allowed by compute hazards, and an in-flight DMA to wait for (or None).
@@ -48,48 +48,41 @@ class Scoreboard:
             if self.writers:
                 self.writers = {}
                 self.readers = {}
-            return self._check_dmas(t, reads, writes)
-        w = self.writers
-        if len(w) > _PRUNE_AT:
-            w = self.writers = {k: e for k, e in w.items() if e > t}
-        for (sp, lo, hi), end in w.items():
-            if end <= need:
-                continue
-            for s2, l2, h2 in reads:
-                if s2 is sp and l2 < hi and lo < h2:
-                    need = end
-                    break
-            else:
-                for s2, l2, h2 in writes:
-                    if s2 is sp and l2 < hi and lo < h2:
-                        need = end
-                        break
-        if writes:
-            r = self.readers
-            if len(r) > _PRUNE_AT:
-                r = self.readers = {k: e for k, e in r.items() if e > t}
-            for (sp, lo, hi), end in r.items():
+        else:
+            w = self.writers
+            if len(w) > _PRUNE_AT:
+                w = self.writers = {k: e for k, e in w.items() if e > t}
+            for (sp, lo, hi), end in w.items():
                 if end <= need:
                     continue
-                for s2, l2, h2 in writes:
+                for s2, l2, h2 in reads:
                     if s2 is sp and l2 < hi and lo < h2:
                         need = end
                         break
-        return self._check_dmas(need, reads, writes)
-
-    def _check_dmas(self, need: int, reads: tuple[Range, ...], writes: tuple[Range, ...]) -> tuple[int, Any]:
-        if self.dmas:
-            both = reads + writes
-            for tr, d_reads, d_writes in self.dmas:
-                for sp, lo, hi in d_writes:
-                    for s2, l2, h2 in both:
+                else:
+                    for s2, l2, h2 in writes:
                         if s2 is sp and l2 < hi and lo < h2:
-                            return need, tr
-                if writes:
-                    for sp, lo, hi in d_reads:
-                        for s2, l2, h2 in writes:
-                            if s2 is sp and l2 < hi and lo < h2:
-                                return need, tr
+                            need = end
+                            break
+            if writes:
+                r = self.readers
+                if len(r) > _PRUNE_AT:
+                    r = self.readers = {k: e for k, e in r.items() if e > t}
+                for (sp, lo, hi), end in r.items():
+                    if end <= need:
+                        continue
+                    for s2, l2, h2 in writes:
+                        if s2 is sp and l2 < hi and lo < h2:
+                            need = end
+                            break
+        # A DMA reads one range and writes one: (transfer, read space, lo, hi, write space, lo, hi).
+        for tr, rs, rl, rh, ws, wl, wh in self.dmas:
+            for s2, l2, h2 in reads:
+                if s2 is ws and l2 < wh and wl < h2:
+                    return need, tr
+            for s2, l2, h2 in writes:
+                if (s2 is ws and l2 < wh and wl < h2) or (s2 is rs and l2 < rh and rl < h2):
+                    return need, tr
         return need, None
 
     def add(self, reads: tuple[Range, ...], writes: tuple[Range, ...], end: int) -> None:
@@ -105,9 +98,9 @@ class Scoreboard:
             if r.get(k, -1) < end:
                 r[k] = end
 
-    def add_dma(self, transfer: Any, reads: tuple[Range, ...], writes: tuple[Range, ...]) -> None:
-        """Record an issued DMA's ranges until :meth:`dma_done`."""
-        self.dmas.append((transfer, reads, writes))
+    def add_dma(self, transfer: Any, read: Range, write: Range) -> None:
+        """Record an issued DMA's source and destination ranges until :meth:`dma_done`."""
+        self.dmas.append((transfer, *read, *write))
 
     def dma_done(self, transfer: Any) -> None:
         for i, e in enumerate(self.dmas):

@@ -19,8 +19,10 @@ from tpusim.errors import TpusimError
 from tpusim.memory import Shape, geometry, pack, unpack
 
 __all__ = [
+    "Affine",
     "ByteStore",
     "MemoryAccessError",
+    "affine",
     "read_value",
     "window_extent",
     "window_slots",
@@ -111,6 +113,70 @@ def window_vregs(shape: Shape, offsets: tuple[int, ...] | None, sizes: tuple[int
     slots = window_slots(shape, offsets, sizes)
     pieces = (geo.prefix_bytes + slots * geo.element_bits // 8) // vreg_bytes
     return int(np.unique(pieces).size)
+
+
+class Affine:
+    """Translation structure of a layout: moving a window by whole first-level tiles moves every element's
+    slot by the same amount, so window facts computed at ``offsets % periods`` hold everywhere after a
+    shift of ``sum((offsets // periods) * strides)`` slots.
+
+    Attributes:
+        periods: per logical dimension, the first-level tile size along it (1 for untiled dimensions).
+        strides: per logical dimension, the slot shift of moving one period along it.
+        element_bytes: bytes per slot.
+    """
+
+    __slots__ = ("element_bytes", "periods", "strides")
+
+    def __init__(self, periods: tuple[int, ...], strides: tuple[int, ...], element_bytes: int) -> None:
+        self.periods = periods
+        self.strides = strides
+        self.element_bytes = element_bytes
+
+    def normalize(self, offsets: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+        """``(offsets modulo the periods, byte shift)``."""
+        norm = []
+        shift = 0
+        for o, p, g in zip(offsets, self.periods, self.strides):
+            q, r = divmod(o, p)
+            norm.append(r)
+            shift += q * g
+        return tuple(norm), shift * self.element_bytes
+
+
+@lru_cache(maxsize=1024)
+def affine(shape: Shape) -> Affine | None:
+    """The :class:`Affine` structure of ``shape``'s layout, or None when it has none tpusim can prove (merged
+    ``*`` dimensions, sub-byte slots, tiles reaching across tiles); it is checked on sample points."""
+    geo = geometry(shape)
+    rank = shape.rank
+    if rank == 0 or geo.element_bits % 8 or any(lvl.merges for lvl in geo.levels):
+        return None
+    periods = [1] * rank
+    if geo.levels:
+        first = geo.levels[0]
+        k = len(first.tile)
+        for j, t in enumerate(first.tile):
+            phys = rank - k + j
+            if phys >= 0:
+                periods[geo.physical_permutation[phys]] = t
+    dims = shape.dimensions
+    origin = np.zeros((1, rank), np.int64)
+    strides = []
+    rng = np.random.default_rng(0)
+    for d in range(rank):
+        if dims[d] <= periods[d]:
+            strides.append(0)
+            continue
+        step = np.zeros(rank, np.int64)
+        step[d] = periods[d]
+        g = int(geo.linear_index(origin + step)[0] - geo.linear_index(origin)[0])
+        # check the shift on random points whose shifted copy stays inside the array
+        pts = rng.integers(0, np.maximum(1, np.array(dims) - step), (16, rank))
+        if not np.all(geo.linear_index(pts + step) - geo.linear_index(pts) == g):
+            return None
+        strides.append(g)
+    return Affine(tuple(periods), tuple(strides), geo.element_bits // 8)
 
 
 def _fast_path(shape: Shape) -> bool:

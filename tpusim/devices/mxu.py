@@ -50,6 +50,7 @@ class MxuState:
     __slots__ = (
         "active_ready",
         "cfg",
+        "double_buffered",
         "last_end",
         "load_free",
         "pending",
@@ -66,6 +67,7 @@ class MxuState:
 
     def __init__(self, cfg: ChipConfig) -> None:
         self.cfg = cfg
+        self.double_buffered = cfg.mxu.double_buffered
         self.load_free = self.staging_free = self.staged_ready = self.stream_free = 0
         self.active_ready = self.last_end = self.pop_free = 0
         self.pending = False
@@ -89,47 +91,65 @@ class MxuState:
         Returns:
             (start, end, flops); a matmul's flops use the width of the weights latched at that point.
         """
-        m = self.cfg.mxu
-        occ = cost.occupancy
+        return self.scheduler(ins)(ins, t, need, cost, core, index)
+
+    def scheduler(self, ins: Any) -> Any:
+        """The bound timing method for ``ins``'s class (the core binds it once per instruction)."""
         if isinstance(ins, MxuMatmul):
-            if self.weights_dims is None:
-                raise core.error(index, "mxu.matmul before any mxu.load_weights on this MXU")
-            k, n = self.weights_dims
-            if ins.lhs.dims[-1] != k:
-                raise core.error(
-                    index, f"left operand has {ins.lhs.dims[-1]} columns but the latched weights have {k} rows"
-                )
-            start = max(t, need, self.stream_free)
-            if m.double_buffered:
-                if self.pending:
-                    start = max(start, self.staged_ready)
-                    self.staging_free = start
-                    self.pending = False
-            else:
-                start = max(start, self.active_ready)
+            return self.schedule_matmul
+        return self.schedule_load if isinstance(ins, MxuLoadWeights) else self.schedule_pop
+
+    def schedule_matmul(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
+        dims = self.weights_dims
+        if dims is None:
+            raise core.error(index, "mxu.matmul before any mxu.load_weights on this MXU")
+        k, n = dims
+        if ins.lhs.dims[-1] != k:
+            raise core.error(
+                index, f"left operand has {ins.lhs.dims[-1]} columns but the latched weights have {k} rows"
+            )
+        start = self.stream_free
+        if start < t:
+            start = t
+        if start < need:
+            start = need
+        if self.double_buffered:
+            if self.pending:
+                if start < self.staged_ready:
+                    start = self.staged_ready
+                self.staging_free = start
+                self.pending = False
+        elif start < self.active_ready:
+            start = self.active_ready
+        if self.pop_free > start:  # a pop may still be reading rows this matmul overwrites
             lo, hi = ins.acc, ins.acc + ins.lhs.dims[-2]
             for p_lo, p_hi, p_end in self.pops:
                 if p_lo < hi and lo < p_hi and p_end > start:
                     start = p_end
-            self.stream_free = start + occ
-            end = start + occ + cost.latency
-            self.last_end = max(self.last_end, end)
-            return start, end, cost.flops * n
-        if isinstance(ins, MxuLoadWeights):
-            d = ins.src.dims
-            self.weights_dims = (d[-1], d[-2]) if ins.transpose else (d[-2], d[-1])
-            if m.double_buffered:
-                start = max(t, need, self.load_free, self.staging_free)
-                self.staged_ready = start + occ
-                self.pending = True
-            else:
-                start = max(t, need, self.load_free, self.last_end)
-                self.active_ready = start + occ
-            self.load_free = start + occ
-            return start, start + occ, 0
-        # MxuPop
+        occ = cost.occupancy
+        self.stream_free = start + occ
+        end = start + occ + cost.latency
+        if end > self.last_end:
+            self.last_end = end
+        return start, end, cost.flops * n
+
+    def schedule_load(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
+        d = ins.src.dims
+        self.weights_dims = (d[-1], d[-2]) if ins.transpose else (d[-2], d[-1])
+        occ = cost.occupancy
+        if self.double_buffered:
+            start = max(t, need, self.load_free, self.staging_free)
+            self.staged_ready = start + occ
+            self.pending = True
+        else:
+            start = max(t, need, self.load_free, self.last_end)
+            self.active_ready = start + occ
+        self.load_free = start + occ
+        return start, start + occ, 0
+
+    def schedule_pop(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
         start = max(t, need, self.pop_free, self.last_end)
-        end = start + occ
+        end = start + cost.occupancy
         self.pop_free = end
         rows = ins.dst.dims[-2]
         self.pops = [*[p for p in self.pops if p[2] > t][-7:], (ins.acc, ins.acc + rows, end)]

@@ -72,26 +72,31 @@ def _record(core: Any, d: Any, start: int, end: int, unit: str = "scalar") -> No
     core.records.append((core.stream_id, d.index, core.unit[unit], core.first_try, start, end, 0, 0))
 
 
+def _prepare_alu(core: Any, ins: ScalarAlu) -> tuple[Any, int, int, int, int, int, bool]:
+    """(function, dst, a register or -1, a immediate, b register or -1, b immediate, checks for zero)."""
+    fn = ins.fn
+    if fn in ("chip_id", "core_id", "num_chips"):
+        value = {"chip_id": core.chip.index, "core_id": core.index, "num_chips": len(core.system.chips)}[fn]
+        return (lambda a, b: value), ins.dst.index, -1, 0, -1, 0, False
+    a, b = ins.a, ins.b
+    ar, av = (a.index, 0) if isinstance(a, Reg) else (-1, a or 0)
+    br, bv = (b.index, 0) if isinstance(b, Reg) else (-1, b or 0)
+    return SCALAR_ALU[fn], ins.dst.index, ar, av, br, bv, fn in ("div", "rem")
+
+
 @handles(ScalarAlu)
 def issue_scalar_alu(core: Any, d: Any, t: int) -> int:
-    ins = d.ins
+    prep = d.extra
+    if prep is None:
+        prep = d.extra = _prepare_alu(core, d.ins)
+    fn, dst, ar, av, br, bv, zero_check = prep
     regs = core.regs
-    fn = ins.fn
-    if fn == "chip_id":
-        v = core.chip.index
-    elif fn == "core_id":
-        v = core.index
-    elif fn == "num_chips":
-        v = len(core.system.chips)
-    else:
-        a, b = ins.a, ins.b
-        a = regs[a.index] if a.__class__ is Reg else a
-        b = (regs[b.index] if b.__class__ is Reg else b) if b is not None else 0
-        if fn in ("div", "rem") and b == 0:
-            raise core.error(d.index, f"s.{fn} by zero")
-        v = wrap32(SCALAR_ALU[fn](a, b))
-    regs[ins.dst.index] = v
-    _record(core, d, t, t + 1)
+    a = regs[ar] if ar >= 0 else av
+    b = regs[br] if br >= 0 else bv
+    if zero_check and b == 0:
+        raise core.error(d.index, f"s.{d.ins.fn} by zero")
+    regs[dst] = ((fn(a, b) + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+    core.records.append((core.stream_id, d.index, core.scalar_unit, core.first_try, t, t + 1, 0, 0))
     core.pc = d.index + 1
     return t + 1
 
@@ -157,12 +162,17 @@ def _jump(core: Any, d: Any, t: int, label: str) -> int:
 
 @handles(Branch)
 def issue_branch(core: Any, d: Any, t: int) -> int:
-    ins = d.ins
+    prep = d.extra
+    if prep is None:
+        ins = d.ins
+        b = ins.b
+        br, bv = (b.index, 0) if isinstance(b, Reg) else (-1, b)
+        prep = d.extra = (_COND[ins.cond.lower()], ins.a.index, br, bv)
+    cond, ar, br, bv = prep
     regs = core.regs
-    b = ins.b
-    if _COND[ins.cond.lower()](regs[ins.a.index], regs[b.index] if b.__class__ is Reg else b):
-        return _jump(core, d, t, ins.target)
-    _record(core, d, t, t + 1)
+    if cond(regs[ar], regs[br] if br >= 0 else bv):
+        return _jump(core, d, t, d.ins.target)
+    core.records.append((core.stream_id, d.index, core.scalar_unit, core.first_try, t, t + 1, 0, 0))
     core.pc = d.index + 1
     return t + 1
 

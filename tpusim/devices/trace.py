@@ -6,6 +6,7 @@ into numpy arrays at the end. No plotting here: reports live in ``tpusim/report`
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,7 +59,8 @@ class Trace:
     def build(records: list[Record], units: list[str], streams: list[TraceStream]) -> Trace:
         """Arrays from records, ordered by (start, end, stream, index) so the order never depends on event
         scheduling details."""
-        a = np.array(records, dtype=np.int64).reshape(-1, 8)
+        flat = itertools.chain.from_iterable(records)
+        a = np.fromiter(flat, dtype=np.int64, count=8 * len(records)).reshape(-1, 8)
         order = np.lexsort((a[:, 1], a[:, 0], a[:, 5], a[:, 4])) if len(a) else np.zeros(0, np.int64)
         a = a[order]
         return Trace(*(np.ascontiguousarray(a[:, i]) for i in range(8)), tuple(units), tuple(streams))
