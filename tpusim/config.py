@@ -83,13 +83,10 @@ def _non_negative(obj: Any, *keys: str) -> None:
         _need(getattr(obj, k) >= 0, k, f"must not be negative, not {getattr(obj, k)}")
 
 
-_FROZEN = {"frozen": True, "kw_only": True, "slots": True}
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Sections
 # ---------------------------------------------------------------------------------------------------------
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CoreConfig:
     """The TensorCores of a chip and their scalar unit / sequencer."""
 
@@ -104,7 +101,7 @@ class CoreConfig:
         _non_negative(self, "branch_cycles")
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class MxuConfig:
     """The matrix units of one TensorCore (weight-stationary systolic arrays)."""
 
@@ -126,7 +123,7 @@ class MxuConfig:
         return self.rows if self.weight_load_cycles is None else self.weight_load_cycles
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class VpuOpClass:
     """Throughput and latency of one class of vector operations."""
 
@@ -138,7 +135,7 @@ class VpuOpClass:
         _non_negative(self, "latency_cycles")
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class VpuConfig:
     """The vector unit of one TensorCore: registers of sublanes x lanes 32-bit words."""
 
@@ -158,7 +155,7 @@ class VpuConfig:
         return self.alu if name == "alu" else self.transcendental
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class XluConfig:
     """The cross-lane units of one TensorCore (transposes, lane reductions and broadcasts)."""
 
@@ -175,7 +172,7 @@ class XluConfig:
         _non_negative(self, "latency_cycles")
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class VmemConfig:
     """Vector memory of one TensorCore."""
 
@@ -189,7 +186,7 @@ class VmemConfig:
         _non_negative(self, "scalar_latency_cycles")
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SmemConfig:
     """Scalar memory of one TensorCore."""
 
@@ -201,7 +198,7 @@ class SmemConfig:
         _non_negative(self, "latency_cycles")
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HbmConfig:
     """High-bandwidth memory of one chip, shared by its cores."""
 
@@ -216,7 +213,7 @@ class HbmConfig:
         _non_negative(self, "latency_ns")
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DmaConfig:
     """The DMA engines of one TensorCore."""
 
@@ -232,7 +229,7 @@ class DmaConfig:
         _non_negative(self, "setup_cycles")
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class IciConfig:
     """Inter-chip interconnect."""
 
@@ -255,7 +252,7 @@ class IciConfig:
         )
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PublishedFigures:
     """Published figures a config is checked against (sources in the YAML comments)."""
 
@@ -269,7 +266,7 @@ class PublishedFigures:
         _non_negative(self, "tolerance")
 
 
-@dataclass(**_FROZEN)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ChipConfig:
     """One chip: clock, cores, units, memories, interconnect.
 

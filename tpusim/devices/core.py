@@ -75,7 +75,7 @@ class Decoded:
     )
 
     def __init__(self, ins: Instruction, index: int) -> None:
-        self.ins = ins
+        self.ins: Any = ins  # (Any: each handler knows its instruction class)
         self.index = index
         self.handler: Handler = HANDLERS[type(ins)]
         self.spec = COMPUTE.get(type(ins))
@@ -170,9 +170,9 @@ class Core:
         self.scoreboard = Scoreboard()
         self.mxus = [MxuState(cfg) for _ in range(cfg.mxu.count)]
         depth = cfg.core.instruction_queue_depth
-        self.queues = {k: deque(maxlen=depth) for k in ("vpu", "xlu", "fallback", "dma")}
+        self.queues: dict[str, deque[int]] = {k: deque(maxlen=depth) for k in ("vpu", "xlu", "fallback", "dma")}
         self.vpu_queue = self.queues["vpu"]
-        self.mxu_queues = [deque(maxlen=depth) for _ in range(cfg.mxu.count)]
+        self.mxu_queues: list[deque[int]] = [deque(maxlen=depth) for _ in range(cfg.mxu.count)]
         self.vpu_free = 0
         self.xlu_free = [0] * cfg.xlu.count
         self.fallback_free = 0
@@ -242,8 +242,8 @@ class Core:
             lo, hi = p.extent
             shift = 0
         else:
-            offs = []
-            parts = []
+            offs: list[int] = []
+            parts: list[int] = []
             steps = 0
             for o, top, period, stride in p.wspec:
                 v = regs[o] if o >= 0 else -o - 1
@@ -355,7 +355,7 @@ class Core:
         env = self.env
         decoded = self.decoded
         n = len(decoded)
-        t = env.now
+        t = int(env.now)
         retry = False
         while self.pc < n:
             d = decoded[self.pc]
@@ -370,7 +370,7 @@ class Core:
             self.blocked = None
             retry = True
             if env.now > t:
-                t = env.now
+                t = int(env.now)
         self.finished = True
         self.final_cycle = max(t, self.max_end)
 
@@ -461,7 +461,8 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
     elif d.extra is not None and not (core.numeric or ins.control):
         # NOTE: speed. Operands that differ only by base registers, no numbers needed: ranges in place.
         regs = core.regs
-        rl, wl = [], []
+        rl: list[Any] = []
+        wl: list[Any] = []
         for store, address, base, lo, hi, top, is_write in d.extra:
             a = address if base < 0 else address + regs[base]
             if a < 0 or a > top:
@@ -472,7 +473,7 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
         i = d.index
         cost = d.cost
         need_access = cost is None or core.numeric or ins.control
-        rl, wl, ra, wa = [], [], [], []
+        rl, wl, ra, wa = [], [], [], []  # type: ignore[var-annotated]
         for p in d.plans_r:
             store, address, offsets, lo, hi, _, _ = core.resolve(p, i)
             rl.append((store, lo, hi))
@@ -523,7 +524,7 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
     core.scoreboard.add(rr, rw, end)
     core.records.append((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))
     if core.numeric or ins.control:
-        d.spec.execute(core, ins, reads, writes)
+        d.spec.execute(core, ins, reads, writes)  # type: ignore[union-attr]
     core.pc = d.index + 1
     return t + 1
 
@@ -602,9 +603,9 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Any:
             start,
             end,
             cost.nbytes,  # type: ignore[union-attr]
-            cost.flops,
+            cost.flops,  # type: ignore[union-attr]
         )
-    )  # type: ignore[union-attr]
+    )
     if core.numeric or d.ins.control:
         d.spec.execute(core, d.ins, d.reads, d.writes)  # type: ignore[union-attr]
     core.pc = d.index + 1

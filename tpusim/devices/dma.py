@@ -193,9 +193,11 @@ class Transfer(Flow):
         if gs.element_bits == width == gd.element_bits and et.bits >= 8:
             ss, ds = self.shifts
             src_raw = s.store.view(s.address + gs.prefix_bytes, gs.element_slots * et.raw_dtype.itemsize)
-            values = src_raw.view(et.raw_dtype)[p.src_slots + ss if ss else p.src_slots]
+            src_slots, dst_slots = p.src_slots, p.dst_slots
+            assert dst_slots is not None
+            values = src_raw.view(et.raw_dtype)[src_slots + ss if ss else src_slots]
             dst_raw = d.store.view(d.address + gd.prefix_bytes, gd.element_slots * et.raw_dtype.itemsize)
-            dst_raw.view(et.raw_dtype)[p.dst_slots + ds if ds else p.dst_slots] = values
+            dst_raw.view(et.raw_dtype)[dst_slots + ds if ds else dst_slots] = values
             return
         sizes = s.sizes if s.sizes is not None else s.shape.dimensions
         value = read_value(s.store, s.address, s.shape, s.offsets or (0,) * len(sizes), sizes)
@@ -357,7 +359,7 @@ def issue_dma(core: Any, d: Any, t: int) -> Any:
         eb_d = max(1, geometry(dp.shape).element_bits // 8)
         shifts = (s_shift // eb_s, d_shift // eb_d)
     else:
-        src = dst = None
+        src = dst = None  # type: ignore[assignment]
         shifts = (0, 0)
     tr = Transfer(
         core, i, core.first_try, src, dst, shifts, plan, sems, latency, copy, uses, cap, shape, core.stream_id

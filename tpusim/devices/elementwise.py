@@ -302,4 +302,4 @@ _ERF = np.frompyfunc(math.erf, 1, 1)
 
 @kernel("erf")
 def _erf(x: np.ndarray) -> np.ndarray:
-    return _ERF(x.astype(np.float64)).astype(x.dtype)
+    return np.asarray(_ERF(x.astype(np.float64))).astype(x.dtype)

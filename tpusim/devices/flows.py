@@ -58,7 +58,7 @@ class Flow:
         payload: float,
         uses: list[tuple[Resource, float]],
         cap: float,
-        on_done: Callable[[int], None],
+        on_done: Callable[[int], None] | None,
         shape: tuple[float, tuple[int, ...]] | None = None,
     ) -> None:
         self.remaining = float(payload)
@@ -72,7 +72,8 @@ class Flow:
 
     def finish(self, now: int) -> None:
         """Called by the network with the cycle the last byte moved (subclasses override it)."""
-        self.on_done(now)
+        if self.on_done is not None:
+            self.on_done(now)
 
     @staticmethod
     def shape_of(uses: list[tuple[Resource, float]], cap: float) -> tuple[float, tuple[int, ...]]:

@@ -63,7 +63,19 @@ class Trace:
         a = np.fromiter(flat, dtype=np.int64, count=8 * len(records)).reshape(-1, 8)
         order = np.lexsort((a[:, 1], a[:, 0], a[:, 5], a[:, 4])) if len(a) else np.zeros(0, np.int64)
         a = a[order]
-        return Trace(*(np.ascontiguousarray(a[:, i]) for i in range(8)), tuple(units), tuple(streams))
+        col = [np.ascontiguousarray(a[:, i]) for i in range(8)]
+        return Trace(
+            stream=col[0],
+            index=col[1],
+            unit=col[2],
+            issue=col[3],
+            start=col[4],
+            end=col[5],
+            bytes=col[6],
+            flops=col[7],
+            units=tuple(units),
+            streams=tuple(streams),
+        )
 
     def __len__(self) -> int:
         return int(self.index.size)

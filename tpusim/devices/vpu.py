@@ -90,6 +90,12 @@ def _write(a: Access, value: np.ndarray) -> None:
     write_value(a.store, a.address, a.shape, a.offsets, a.sizes, np.ascontiguousarray(value, et.dtype).reshape(a.dims))
 
 
+def _dtype(ref: MemRef) -> np.dtype:
+    dt = ref.element_type.dtype
+    assert dt is not None  # MemRef rejects element types without bytes
+    return dt
+
+
 def _no_check(cfg: ChipConfig, ins: Any) -> str | None:
     return None
 
@@ -163,7 +169,7 @@ def _exec_reduce(core: Any, ins: VpuReduce, reads: tuple[Access, ...], writes: t
         r = uf.reduce(x, axis=ins.dims) if ins.dims else x.copy()
         if ins.accumulate:
             r = uf(_read(writes[0]).astype(ct), r)
-    _write(writes[0], convert(np.asarray(r), ins.dst.element_type.dtype))
+    _write(writes[0], convert(np.asarray(r), _dtype(ins.dst)))
 
 
 def _check_broadcast(cfg: ChipConfig, ins: VpuBroadcast) -> str | None:
@@ -194,7 +200,7 @@ def _exec_broadcast(core: Any, ins: VpuBroadcast, reads: tuple[Access, ...], wri
             shape[d] = x.shape[i]
         x = x.reshape(shape)
     else:
-        x = convert(_scalar_value(core, ins.src), ins.dst.element_type.dtype)  # type: ignore[arg-type]
+        x = convert(_scalar_value(core, ins.src), _dtype(ins.dst))  # type: ignore[arg-type]
     _write(writes[0], np.broadcast_to(x, out))
 
 
@@ -208,7 +214,7 @@ def _exec_iota(core: Any, ins: VpuIota, reads: tuple[Access, ...], writes: tuple
     idx = np.arange(dims[ins.dimension], dtype=np.int64).reshape(
         [-1 if i == ins.dimension else 1 for i in range(len(dims))]
     )
-    _write(writes[0], convert(np.broadcast_to(idx, dims), ins.dst.element_type.dtype))
+    _write(writes[0], convert(np.broadcast_to(idx, dims), _dtype(ins.dst)))
 
 
 # ---------------------------------------------------------------------------------------------------------
