@@ -347,3 +347,29 @@ def test_structural_ops_move_real_bytes():
     np.testing.assert_array_equal(res.read("bc"), np.broadcast_to(x.max(axis=2)[0], (16, 16)))
     np.testing.assert_array_equal(res.read("iota"), np.broadcast_to(np.arange(16, dtype=np.int32), (16, 16)))
     assert res.read("flat").shape == (1024,)
+
+
+def test_numerics_are_the_oracles():
+    # denormals flush as on TPUs, -0 orders below +0 in maximum, pred arithmetic is logic: the device runs
+    # the reference interpreter's elementwise functions, so it agrees with the oracle on such corners
+    tiny = np.full((8, 16), 1e-40, np.float32)
+    assert not vpu_eval("add", [tiny, np.zeros_like(tiny)], "f32").any()
+    neg_zero = np.full((8, 16), -0.0, np.float32)
+    assert not np.signbit(vpu_eval("maximum", [neg_zero, np.zeros_like(neg_zero)], "f32")).any()
+    p = RNG.integers(0, 2, (8, 16)).astype(bool)
+    q = RNG.integers(0, 2, (8, 16)).astype(bool)
+    np.testing.assert_array_equal(vpu_eval("subtract", [p, q], "pred"), p ^ q)
+
+
+def test_operand_types_are_checked_at_load():
+    from tpusim.devices import ExecutionError
+
+    f = vm(0x0, shape("f32", (8, 16)))
+    bad = [
+        (VpuMap("add", f, (f, Const(1, "s32"))), r"vpu.add operands must share one element type, not f32, s32"),
+        (VpuMap("add", vm(0x800, shape("bf16", (8, 16))), (f, f)), r"vpu.add of f32 operands gives f32, not bf16"),
+        (VpuMap("compare", f, (f, f), direction="LT"), r"vpu.compare gives pred, not f32"),
+    ]
+    for ins, message in bad:
+        with pytest.raises(ExecutionError, match=r"instruction 0 `vpu\..*: " + message):
+            Chip(TEACH).run(Program.single([ins]), timing_only=True)

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tpusim.devices.elementwise import apply, compute_dtype, convert
+from tpusim.devices.elementwise import apply, convert, result_types
 from tpusim.devices.memory import read_value, window_vregs, write_value
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
+from tpusim.errors import TpusimError
 from tpusim.isa import (
     VPU_FUNCTIONS,
     Const,
@@ -38,7 +39,7 @@ from tpusim.isa import (
     VpuReshape,
     XluTranspose,
 )
-from tpusim.memory import Shape
+from tpusim.memory import ElementType, Shape, element_type
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
@@ -125,10 +126,24 @@ def _scalar_value(core: Any, op: Const | Reg) -> np.ndarray:
     return np.asarray(core.regs[op.index], np.int32)
 
 
+def _operand_type(op: Any) -> ElementType:
+    if isinstance(op, MemRef):
+        return op.element_type
+    return op.etype if isinstance(op, Const) else element_type("s32")
+
+
+def _check_map(cfg: ChipConfig, ins: VpuMap) -> str | None:
+    return result_types(ins.fn, [_operand_type(s) for s in ins.srcs], ins.dst.element_type)
+
+
 def _exec_map(core: Any, ins: VpuMap, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     it = iter(reads)
     args = [_read(next(it)) if isinstance(s, MemRef) else _scalar_value(core, s) for s in ins.srcs]
-    _write(writes[0], apply(ins.fn, args, ins.dst.element_type, ins.direction))
+    try:
+        value = apply(ins.fn, args, ins.dst.element_type, ins.direction)
+    except TpusimError as e:
+        raise core.error(ins, f"vpu.{ins.fn}: {getattr(e, 'message', e)}") from None
+    _write(writes[0], value)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -158,9 +173,16 @@ def _cost_reduce(cfg: ChipConfig, ins: VpuReduce, reads: tuple[Access, ...], wri
     return _vpu_cost(cfg, ops, "alu", v_in, v_out, flops)
 
 
+def _reduce_dtype(dt: np.dtype) -> np.dtype:
+    """f32 for floats narrower than f32, the type itself otherwise."""
+    if dt.kind in "iub" or dt.itemsize >= 4:
+        return dt
+    return np.dtype(np.float32)
+
+
 def _exec_reduce(core: Any, ins: VpuReduce, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     x = _read(reads[0])
-    ct = compute_dtype([x.dtype])
+    ct = _reduce_dtype(x.dtype)
     x = x.astype(ct, copy=False)
     uf = _UFUNCS[ins.fn]
     if x.dtype == np.bool_ and ins.fn in ("and", "or", "xor"):
@@ -169,7 +191,7 @@ def _exec_reduce(core: Any, ins: VpuReduce, reads: tuple[Access, ...], writes: t
         r = uf.reduce(x, axis=ins.dims) if ins.dims else x.copy()
         if ins.accumulate:
             r = uf(_read(writes[0]).astype(ct), r)
-    _write(writes[0], convert(np.asarray(r), _dtype(ins.dst)))
+    _write(writes[0], convert(np.asarray(r, dtype=ct), ins.dst.element_type))
 
 
 def _check_broadcast(cfg: ChipConfig, ins: VpuBroadcast) -> str | None:
@@ -200,7 +222,7 @@ def _exec_broadcast(core: Any, ins: VpuBroadcast, reads: tuple[Access, ...], wri
             shape[d] = x.shape[i]
         x = x.reshape(shape)
     else:
-        x = convert(_scalar_value(core, ins.src), _dtype(ins.dst))  # type: ignore[arg-type]
+        x = convert(_scalar_value(core, ins.src), ins.dst.element_type)  # type: ignore[arg-type]
     _write(writes[0], np.broadcast_to(x, out))
 
 
@@ -214,7 +236,7 @@ def _exec_iota(core: Any, ins: VpuIota, reads: tuple[Access, ...], writes: tuple
     idx = np.arange(dims[ins.dimension], dtype=np.int64).reshape(
         [-1 if i == ins.dimension else 1 for i in range(len(dims))]
     )
-    _write(writes[0], convert(np.broadcast_to(idx, dims), _dtype(ins.dst)))
+    _write(writes[0], convert(np.ascontiguousarray(np.broadcast_to(idx, dims)), ins.dst.element_type))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -259,7 +281,7 @@ def _exec_transpose(core: Any, ins: XluTranspose, reads: tuple[Access, ...], wri
     _write(writes[0], _read(reads[0]).transpose(ins.permutation))
 
 
-register_compute(VpuMap, ComputeSpec(lambda i: (_memrefs(i.srcs), (i.dst,)), _no_check, _cost_map, _exec_map))
+register_compute(VpuMap, ComputeSpec(lambda i: (_memrefs(i.srcs), (i.dst,)), _check_map, _cost_map, _exec_map))
 register_compute(
     VpuReduce,
     ComputeSpec(

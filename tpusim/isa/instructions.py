@@ -280,10 +280,11 @@ def _vector_src(op: Operand, what: str) -> None:
 class VpuMap:
     """Elementwise ``dst = fn(srcs...)`` with the HLO semantics of opcode ``fn``.
 
-    Effect: sources are VMEM blocks with ``dst``'s dimensions, or constants / scalar registers splatted
-    over them. Floating-point inputs are widened to f32 (f64 stays f64), the function is evaluated, and the
-    result is rounded to ``dst``'s element type (``convert`` follows XLA: saturating float to integer, NaN
-    to 0). Integer arithmetic wraps. ``compare`` takes ``direction``.
+    Effect: sources are VMEM blocks with ``dst``'s dimensions, or constants / scalar registers (s32)
+    splatted over them, typed as HLO requires. The numbers are those of the reference interpreter for the
+    opcode: floats narrower than f32 computed in f32 and rounded once, denormals flushed, integer
+    arithmetic wrapping, ``convert`` saturating float to integer with NaN to 0. ``compare`` takes
+    ``direction``.
 
     Timing: occupancy ``max(V / issue, V_in / vmem.load_vregs_per_cycle, V(dst) /
     vmem.store_vregs_per_cycle)`` where ``V`` is the largest block, ``V_in`` the sum over source blocks,
