@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tpusim.memory import ElementType, Shape
+from tpusim.memory import ElementType, Shape, element_type
 
 __all__ = ["apply", "convert", "result_types"]
 
@@ -28,7 +28,7 @@ def _instruction(fn: str, out: str, direction: str | None) -> Any:
     from tpusim.compiler.hlo.ir import Attributes, Instruction
 
     attrs = Attributes({"direction": direction}) if direction is not None else Attributes()
-    return Instruction(name=f"vpu.{fn}", opcode=fn, shape=Shape(out, ()), attributes=attrs)
+    return Instruction(name=f"vpu.{fn}", opcode=fn, shape=Shape(element_type(out), ()), attributes=attrs)
 
 
 def _reference() -> Any:

@@ -1,0 +1,177 @@
+"""Issue handlers of the compute instructions (MXU, VPU, XLU, fallback).
+
+``issue_compute`` is the general rule: resolve the operands, ask the scoreboard, wait for the unit's
+FIFO, place the instruction on the unit's timeline from its closed-form cost, record it, and apply its
+numeric effect. ``issue_mxu_fast`` and ``issue_vpu_static`` are the same rule for the common cases the
+core picks at decode (operands fixed, or moved only by base registers, in a timing-only run); they exist
+for speed (see ``benchmarks/bench_devices.py``) and give the same cycles.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tpusim.devices.units import Access
+
+if TYPE_CHECKING:
+    from tpusim.devices.core import Core, Decoded
+
+__all__ = ["issue_compute", "issue_mxu_fast", "issue_vpu_static"]
+
+
+def issue_compute(core: Core, d: Decoded, t: int) -> Any:
+    ins = d.ins
+    if d.static:
+        reads, writes, rr, rw, cost = d.reads, d.writes, d.rr, d.rw, d.cost
+    elif d.extra is not None and not (core.numeric or ins.control):
+        # NOTE: speed. Operands that differ only by base registers, no numbers needed: ranges in place.
+        regs = core.regs
+        rl: list[Any] = []
+        wl: list[Any] = []
+        for store, address, base, lo, hi, top, is_write in d.extra:
+            a = address if base < 0 else address + regs[base]
+            if a < 0 or a > top:
+                core.resolve_all(d)  # raises the addressing error
+            (wl if is_write else rl).append((store, a + lo, a + hi))
+        rr, rw, reads, writes, cost = tuple(rl), tuple(wl), (), (), d.cost
+    else:
+        i = d.index
+        cost = d.cost
+        need_access = cost is None or core.numeric or ins.control
+        rl, wl, ra, wa = [], [], [], []  # type: ignore[var-annotated]
+        for p in d.plans_r:
+            store, address, offsets, lo, hi, _, _ = core.resolve(p, i)
+            rl.append((store, lo, hi))
+            if need_access:
+                ra.append(Access(store, p.space, address, p.shape, offsets, p.sizes, lo, hi))
+        for p in d.plans_w:
+            store, address, offsets, lo, hi, _, _ = core.resolve(p, i)
+            wl.append((store, lo, hi))
+            if need_access:
+                wa.append(Access(store, p.space, address, p.shape, offsets, p.sizes, lo, hi))
+        rr, rw, reads, writes = tuple(rl), tuple(wl), tuple(ra), tuple(wa)
+        if cost is None:
+            cost = d.cost_fn(core.cfg, ins, reads, writes)
+    need, dma = core.scoreboard.check(t, rr, rw)
+    if dma is not None:
+        return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
+    assert cost is not None
+    kind = cost.unit
+    flops = cost.flops
+    if kind == "mxu":
+        q = core.mxu_queues[ins.mxu]
+        if len(q) == q.maxlen and q[0] > t:
+            t = q[0]
+        start, end, flops = core.mxus[ins.mxu].schedule(ins, t, need, cost, core, d.index)
+        unit = core.mxu_units[ins.mxu]
+    else:
+        q = core.queues[kind]
+        if len(q) == q.maxlen and q[0] > t:
+            t = q[0]
+        if kind == "vpu":
+            start = max(t, need, core.vpu_free)
+            core.vpu_free = start + cost.occupancy
+            unit = core.unit["vpu"]
+        elif kind == "xlu":
+            free = core.xlu_free
+            k = free.index(min(free))
+            start = max(t, need, free[k])
+            free[k] = start + cost.occupancy
+            unit = core.xlu_units[k]
+        else:
+            start = max(t, need, core.fallback_free)
+            core.fallback_free = start + cost.occupancy
+            unit = core.unit["fallback"]
+        end = start + cost.occupancy + cost.latency
+    q.append(start)
+    if end > core.max_end:
+        core.max_end = end
+    core.scoreboard.add(rr, rw, end)
+    core.records.append((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))
+    if core.numeric or ins.control:
+        d.spec.execute(core, ins, reads, writes)  # type: ignore[union-attr]
+    core.pc = d.index + 1
+    return t + 1
+
+
+def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Any:
+    """``issue_compute`` for an MXU instruction in a timing-only run whose operand needs at most a base register
+    (chosen at decode; instructions flagged ``control`` keep the generic handler).
+
+    NOTE: speed. MXU instructions dominate matmul loops; same rules as issue_compute, fewer branches.
+    """
+    ins = d.ins
+    if d.static:
+        rr, rw = d.rr, d.rw
+    else:
+        store, address, base, lo, hi, top, is_write = d.extra[0]
+        a = address if base < 0 else address + core.regs[base]
+        if a < 0 or a > top:
+            core.resolve_all(d)  # raises the addressing error
+        rng = ((store, a + lo, a + hi),)
+        rr, rw = ((), rng) if is_write else (rng, ())
+    sb = core.scoreboard
+    if sb.horizon <= t and not sb.dmas:
+        need = t
+    else:
+        need, dma = sb.check(t, rr, rw)
+        if dma is not None:
+            return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
+    q = d.queue
+    if len(q) == q.maxlen and q[0] > t:
+        t = q[0]
+    cost = d.cost
+    start, end, flops = d.sched(ins, t, need, cost, core, d.index)
+    q.append(start)
+    if end > core.max_end:
+        core.max_end = end
+    sb.add(rr, rw, end)
+    core.records.append((core.stream_id, d.index, d.unit_id, core.first_try, start, end, cost.nbytes, flops))  # type: ignore[union-attr]
+    core.pc = d.index + 1
+    return t + 1
+
+
+def issue_vpu_static(core: Core, d: Decoded, t: int) -> Any:
+    """``issue_compute`` for a VPU instruction whose operands need no registers (the common case).
+
+    NOTE: speed. Same rules as issue_compute, with the decode-time facts used directly.
+    """
+    sb = core.scoreboard
+    rr, rw = d.rr, d.rw
+    if sb.horizon <= t and not sb.dmas:
+        need = t
+    else:
+        need, dma = sb.check(t, rr, rw)
+        if dma is not None:
+            return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
+    q = core.vpu_queue
+    if len(q) == q.maxlen and q[0] > t:
+        t = q[0]
+    cost = d.cost
+    start = core.vpu_free
+    if start < t:
+        start = t
+    if start < need:
+        start = need
+    free = core.vpu_free = start + cost.occupancy  # type: ignore[union-attr]
+    end = free + cost.latency  # type: ignore[union-attr]
+    q.append(start)
+    if end > core.max_end:
+        core.max_end = end
+    sb.add(rr, rw, end)
+    core.records.append(
+        (
+            core.stream_id,
+            d.index,
+            core.vpu_unit,
+            core.first_try,
+            start,
+            end,
+            cost.nbytes,  # type: ignore[union-attr]
+            cost.flops,  # type: ignore[union-attr]
+        )
+    )
+    if core.numeric or d.ins.control:
+        d.spec.execute(core, d.ins, d.reads, d.writes)  # type: ignore[union-attr]
+    core.pc = d.index + 1
+    return t + 1
