@@ -204,3 +204,15 @@ def test_out_of_range_and_oversized_operands_are_named():
         Chip(TEACH).run(prog)
     with pytest.raises(ExecutionError, match=r"destination chip 3 does not exist \(the system has 1\)"):
         Chip(TEACH).run(Program.single([DmaStart(ref("hbm", 0, "f32[4]"), ref("hbm", 64, "f32[4]"), chip=3)]))
+
+
+def test_memories_cost_only_what_is_touched():
+    cfg = load_config("tpu_v5p")  # 95 GiB of HBM
+    top = cfg.hbm.bytes - (1 << 20)
+    shape = "f32[256,256]{1,0}"
+    data = np.arange(65536, dtype=np.float32).reshape(256, 256)
+    syms = [Symbol("lo", ref("hbm", 0, shape)), Symbol("hi", ref("hbm", top, shape))]
+    prog = Program.single([DmaStart(syms[0].ref, syms[1].ref, sem=0), SemWait(0)], symbols=syms)
+    res = Chip(cfg).run(prog, {"lo": data})
+    np.testing.assert_array_equal(res.read("hi"), data)
+    assert res.memory("hbm").touched < (4 << 20)

@@ -10,6 +10,7 @@ goes through the element slots of its window (``Geometry.linear_index``, cached 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from functools import lru_cache
 from math import ceil, prod
 
@@ -36,19 +37,31 @@ class MemoryAccessError(TpusimError):
 
 
 class ByteStore:
-    """One memory's bytes.
+    """One memory's bytes, held in segments that exist only where the program touched the memory.
+
+    A segment is a contiguous numpy array; touching bytes next to or across segments merges them (growing
+    by doubling, so a buffer filled piece by piece costs amortized linear copying). Untouched memory reads
+    as zeros. A program that places buffers far apart (a 95 GiB HBM with a buffer near its top) costs only
+    the buffers.
 
     Args:
         name: for messages (``hbm of chip 0``, ``vmem of chip 0 core 1``).
         capacity: bytes.
     """
 
-    __slots__ = ("capacity", "data", "name")
+    __slots__ = ("_last", "bases", "capacity", "name", "segments")
 
     def __init__(self, name: str, capacity: int) -> None:
         self.name = name
         self.capacity = capacity
-        self.data = np.zeros(0, np.uint8)
+        self.bases: list[int] = []  # sorted segment start addresses
+        self.segments: list[np.ndarray] = []  # segments[i] holds bytes bases[i] ..
+        self._last: tuple[int, np.ndarray] | None = None
+
+    @property
+    def touched(self) -> int:
+        """Bytes held (the sum of the segments' sizes)."""
+        return sum(seg.size for seg in self.segments)
 
     def check(self, lo: int, hi: int) -> str | None:
         """None when ``[lo, hi)`` lies inside the memory, else a description of the problem."""
@@ -57,16 +70,48 @@ class ByteStore:
         return None
 
     def view(self, address: int, nbytes: int) -> np.ndarray:
-        """A writable view of ``nbytes`` at ``address`` (untouched memory reads as zeros)."""
+        """A writable view of ``nbytes`` at ``address`` (untouched memory reads as zeros).
+
+        The view is valid until the next call (a later access may merge segments).
+        """
         end = address + nbytes
-        if end > self.data.size:
-            if end > self.capacity or address < 0:
-                raise MemoryAccessError(self.check(address, end) or "")
-            size = min(self.capacity, max(end, 2 * self.data.size, 4096))
-            grown = np.zeros(size, np.uint8)
-            grown[: self.data.size] = self.data
-            self.data = grown
-        return self.data[address:end]
+        last = self._last
+        if last is not None and last[0] <= address and end <= last[0] + last[1].size:
+            return last[1][address - last[0] : end - last[0]]
+        if address < 0 or end > self.capacity:
+            raise MemoryAccessError(self.check(address, end) or "")
+        k = bisect_right(self.bases, address) - 1
+        if k >= 0 and end <= self.bases[k] + self.segments[k].size:
+            base, seg = self.bases[k], self.segments[k]
+        else:
+            base, seg = self._merge(address, end)
+        self._last = (base, seg)
+        return seg[address - base : end - base]
+
+    def _merge(self, address: int, end: int) -> tuple[int, np.ndarray]:
+        """A segment covering ``[address, end)``, absorbing every segment it overlaps or touches."""
+        grain = 1 << 16
+        lo = address // grain * grain
+        hi = min(self.capacity, -(-end // grain) * grain)
+        first = bisect_right(self.bases, lo) - 1
+        if first < 0 or self.bases[first] + self.segments[first].size < lo:
+            first += 1
+        last = first
+        while last < len(self.bases) and self.bases[last] <= hi:
+            last += 1
+        old = list(zip(self.bases[first:last], self.segments[first:last]))
+        if old:
+            lo = min(lo, old[0][0])
+            hi = max(hi, old[-1][0] + old[-1][1].size)
+            # grow by doubling so filling a buffer piece by piece stays linear, without reaching the next one
+            limit = self.bases[last] if last < len(self.bases) else self.capacity
+            hi = min(max(hi, lo + 2 * sum(seg.size for _, seg in old)), limit)
+        merged = np.zeros(hi - lo, np.uint8)
+        for base, seg in old:
+            merged[base - lo : base - lo + seg.size] = seg
+        self.bases[first:last] = [lo]
+        self.segments[first:last] = [merged]
+        return lo, merged
 
     def write(self, address: int, data: np.ndarray) -> None:
         self.view(address, data.size)[...] = data

@@ -27,7 +27,8 @@ from tpusim.devices.core import DeadlockError
 from tpusim.devices.engine import events_scheduled
 from tpusim.devices.fallback import FallbackEvaluator, reference_evaluator
 from tpusim.devices.ici import Topology
-from tpusim.devices.memory import ByteStore
+from tpusim.devices.memory import ByteStore, MemoryAccessError
+from tpusim.devices.units import ExecutionError
 from tpusim.devices.trace import Trace, TraceStream
 from tpusim.errors import ConfigError, TpusimError
 from tpusim.isa import Program, Space, Symbol, format_instruction
@@ -156,13 +157,13 @@ def _place(m: Machine, sym: Symbol, value: Any) -> None:
     chips: list[ChipState] = m.chips if sym.chip is None else [m.chips[sym.chip]]
     per_chip = isinstance(value, (list, tuple))
     if per_chip and len(value) != len(chips):
-        raise ConfigError(f"input {sym.name!r}: {len(value)} arrays for {len(chips)} chips")
+        raise ExecutionError(f"input {sym.name!r}: {len(value)} arrays for {len(chips)} chips")
     for i, chip in enumerate(chips):
         array = value[i] if per_chip else value
         store = chip.store(sym.ref.space, sym.core)
         problem = store.check(sym.ref.address, sym.ref.address + sym.ref.byte_size)
         if problem:
-            raise ConfigError(f"input {sym.name!r}: {problem}")
+            raise MemoryAccessError(f"input {sym.name!r}: {problem}")
         store.write(sym.ref.address, pack(np.asarray(array), sym.ref.shape))
 
 
