@@ -28,8 +28,8 @@ from tpusim.devices.engine import events_scheduled
 from tpusim.devices.fallback import FallbackEvaluator, reference_evaluator
 from tpusim.devices.ici import Topology
 from tpusim.devices.memory import ByteStore, MemoryAccessError
-from tpusim.devices.units import ExecutionError
 from tpusim.devices.trace import Trace, TraceStream
+from tpusim.devices.units import ExecutionError
 from tpusim.errors import ConfigError, TpusimError
 from tpusim.isa import Program, Space, Symbol, format_instruction
 from tpusim.memory import pack, unpack
