@@ -204,3 +204,15 @@ def test_configs_are_frozen_values():
     assert load_config("tpu_v5e") == cfg
     with pytest.raises(ConfigValueError, match="count: must be positive"):
         dataclasses.replace(cfg.core, count=0)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import tpusim.config
+    import tpusim.devices.system
+    import tpusim.isa.program
+
+    for module in (tpusim.config, tpusim.isa.program, tpusim.devices.system):
+        failed, tried = doctest.testmod(module)
+        assert tried > 0 and failed == 0, module.__name__
