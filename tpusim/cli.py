@@ -71,6 +71,105 @@ def _run_layout(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------- run / compile
+def _add_chip_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", type=Path, help="an HLO text file (as JAX or XLA print it)")
+    p.add_argument("--config", default="tpu_v5e", help="chip config: a preset name or a YAML path (default tpu_v5e)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set mxu.rows=256 (repeatable)")  # fmt: skip
+    p.add_argument("--tiling", default="tpu_default", help="tiling rule set (configs/tiling/NAME.yaml or a path)")
+    p.add_argument("--matmul-precision", default="default", choices=("default", "high", "highest"),
+                   help="what DEFAULT precision means for f32 dots: 1, 3 or 6 bf16 passes")  # fmt: skip
+    p.add_argument("--no-fuse", action="store_true", help="do not fuse elementwise operations")
+
+
+def _configure_run(p: argparse.ArgumentParser) -> None:
+    from tpusim.compiler.hlo.reference.io import DEFAULT_SEED
+
+    _add_chip_options(p)
+    p.add_argument("--inputs", type=Path, help="inputs as .npz keyed arg0..argN-1 (default: seeded random inputs)")
+    p.add_argument("--out", type=Path, help="write the outputs as .npz keyed out0..outM-1")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs")
+    p.add_argument("--timing-only", action="store_true", help="skip numeric work where timing does not need it")
+    p.add_argument("--check", action="store_true", help="compare the outputs with the reference interpreter")
+    p.add_argument("--reference", action="store_true", help="run only the reference interpreter (the numpy oracle)")
+    p.add_argument("--replicas", type=int, default=None, help="with --reference: devices to run (replicas/partitions)")
+
+
+def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from tpusim.compiler.lowering.context import CompileOptions
+
+    return CompileOptions(tiling=args.tiling, matmul_precision=args.matmul_precision, fuse=not args.no_fuse)
+
+
+@command("run", "compile an HLO program, simulate it and summarise the timing", _configure_run)
+def _run_run(args: argparse.Namespace) -> int:
+    from tpusim.compiler.hlo.reference.io import run_reference_command
+
+    if args.reference:
+        return run_reference_command(args)
+    import time
+
+    import numpy as np
+
+    from tpusim.api import load_program, simulate
+    from tpusim.compiler.hlo.reference import evaluate
+    from tpusim.compiler.hlo.reference.io import load_inputs, random_inputs, save_outputs
+    from tpusim.config import load_config
+    from tpusim.report.summary import format_summary, program_precision
+
+    module = load_program(args.program)
+    config = load_config(args.config, overrides=args.overrides)
+    inputs = load_inputs(args.inputs, module)[0] if args.inputs else random_inputs(module, args.seed)[0]
+    began = time.perf_counter()
+    result = simulate(module, inputs, config=config, options=_options(args), timing_only=args.timing_only)
+    wall = time.perf_counter() - began
+    checks = None
+    if args.check and not args.timing_only:
+        from tpusim.check import compare_outputs, emulate_one_pass
+
+        precision = program_precision(result.compiled)
+        oracle = emulate_one_pass(module) if precision == "bf16" else module
+        reference = evaluate(oracle, list(inputs))
+        checks = compare_outputs(result.outputs, reference, precision)
+    print(format_summary(result, wall, checks))
+    if args.out is not None and result.outputs:
+        save_outputs(args.out, [np.asarray(o) for o in result.outputs])
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 1 if checks is not None and not all(c.ok for c in checks) else 0
+
+
+def _configure_compile(p: argparse.ArgumentParser) -> None:
+    _add_chip_options(p)
+    stages = "the module after layout assignment, the buffer assignment, or the instructions (default)"
+    p.add_argument("--emit", choices=("layouts", "buffers", "asm"), default="asm", help=f"print {stages}")
+
+
+@command("compile", "compile an HLO program and print a stage of the result", _configure_compile)
+def _run_compile(args: argparse.Namespace) -> int:
+    from tpusim.api import load_program
+    from tpusim.compiler.hlo.printer import print_module
+    from tpusim.compiler.pipeline import compile_module
+    from tpusim.config import load_config
+    from tpusim.isa.text import print_program
+
+    compiled = compile_module(
+        load_program(args.program), load_config(args.config, overrides=args.overrides), _options(args)
+    )
+    if args.emit == "layouts":
+        print(print_module(compiled.module))
+        for r in compiled.relayouts:
+            print(f"// relayout {r.computation}/{r.name}: {r.from_shape} -> {r.to_shape} ({r.reason})")
+    elif args.emit == "buffers":
+        print(f"// HBM: {compiled.hbm_bytes} bytes used of {compiled.config.hbm.bytes}")
+        print(f"{'offset':>12} {'bytes':>10}  {'kind':11} value : shape")
+        for b in sorted(compiled.buffers.buffers, key=lambda b: b.offset):
+            print(f"{b.offset:#12x} {b.size:10d}  {b.kind:11} {b.label} : {b.shape}")
+    else:
+        print(print_program(compiled.program))
+    return 0
+
+
 # --------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -21,9 +21,9 @@ from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.passes import prepare_module
 from tpusim.compiler.tiling_rules import load_tiling_rules
 from tpusim.config import ChipConfig
-from tpusim.isa import MemRef, Program, Space
+from tpusim.isa import MemRef, Program, Space, Symbol
 from tpusim.isa.text import print_program
-from tpusim.memory import Shape, pack
+from tpusim.memory import Shape
 
 __all__ = ["CompileOptions", "CompiledProgram", "compile_module"]
 
@@ -33,12 +33,14 @@ class CompiledProgram:
     """A program ready to load: code, where inputs go, where outputs come from, and constant data.
 
     Attributes:
-        program: the instruction streams and fallback kernels.
+        program: the instruction streams, fallback kernels, and symbols ``arg<i>[.<j>...]`` (entry parameter
+            leaves), ``out<j>`` (entry result leaves) and ``const<k>`` (constants to place before the run).
+        source: the module as given (its parameters and results define the program's inputs and outputs).
         module: the module as lowered (after fusion and layout assignment).
         buffers: its HBM buffer assignment.
         inputs: per entry parameter, the HBM arrays of its array leaves.
         outputs: the HBM arrays of the entry result's leaves, flattened in order.
-        constants: ``(HBM array, bytes)`` to write before the program starts.
+        constants: ``(HBM array, value)`` to write before the program starts (symbols ``const<k>``).
         relayouts: layout-changing copies inserted by layout assignment.
         fallbacks: ``(computation, instruction, opcode, reason)`` of instructions run as fallbacks.
         hbm_bytes: the highest HBM byte the program touches.
@@ -47,11 +49,12 @@ class CompiledProgram:
     """
 
     program: Program
+    source: Module
     module: Module
     buffers: BufferAssignment
     inputs: tuple[tuple[MemRef, ...], ...]
     outputs: tuple[MemRef, ...]
-    constants: tuple[tuple[MemRef, bytes], ...]
+    constants: tuple[tuple[MemRef, np.ndarray], ...]
     relayouts: tuple[Relayout, ...]
     fallbacks: tuple[tuple[str, str, str, str], ...]
     hbm_bytes: int
@@ -71,6 +74,7 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
         CompileError / OutOfMemoryError: naming the instruction, buffer and sizes involved.
     """
     options = options or CompileOptions()
+    source = module
     rules = load_tiling_rules(options.tiling, sublanes=config.vpu.sublanes, lanes=config.vpu.lanes)
     module = prepare_module(module, options)  # fuse elementwise chains; unfuse what fusions cannot hold
     _debug("prepare", lambda: print_module(module))
@@ -82,23 +86,27 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     _debug("lowering", lambda: print_program(lowered.program))
     entry = module.entry_computation
     inputs = tuple(
-        tuple(
-            MemRef(Space.HBM, buffers.buffer(entry.name, p.name, path).offset, shape)
-            for path, shape in leaf_paths(p.shape)
-        )
+        tuple(_ref(buffers, entry.name, p.name, path, shape) for path, shape in leaf_paths(p.shape))
         for p in entry.parameters
     )
-    outputs = tuple(
-        MemRef(Space.HBM, buffers.buffer(entry.name, entry.root, path).offset, shape)
-        for path, shape in leaf_paths(entry.root_instruction.shape)
-    )
+    root_leaves = leaf_paths(entry.root_instruction.shape)
+    outputs = tuple(_ref(buffers, entry.name, entry.root, path, shape) for path, shape in root_leaves)
+    constants = _constants(module, buffers) + lowered.constants
+    symbols = [
+        Symbol(f"arg{i}" + "".join(f".{j}" for j in path), ref)
+        for i, p in enumerate(entry.parameters)
+        for (path, _), ref in zip(leaf_paths(p.shape), inputs[i])
+    ]
+    symbols += [Symbol(f"out{j}", ref) for j, ref in enumerate(outputs)]
+    symbols += [Symbol(f"const{k}", ref) for k, (ref, _) in enumerate(constants)]
     return CompiledProgram(
-        program=lowered.program,
+        program=replace(lowered.program, symbols=tuple(symbols)),
+        source=source,
         module=module,
         buffers=buffers,
         inputs=inputs,
         outputs=outputs,
-        constants=_constants(module, buffers) + lowered.constants,
+        constants=constants,
         relayouts=laid_out.relayouts,
         fallbacks=lowered.fallbacks,
         hbm_bytes=lowered.hbm_bytes,
@@ -107,8 +115,13 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     )
 
 
-def _constants(module: Module, buffers: BufferAssignment) -> tuple[tuple[MemRef, bytes], ...]:
-    out: list[tuple[MemRef, bytes]] = []
+def _ref(buffers: BufferAssignment, comp: str, value: str, path: tuple[int, ...], shape: Shape) -> MemRef:
+    return MemRef(Space.HBM, buffers.buffer(comp, value, path).offset, shape)
+
+
+def _constants(module: Module, buffers: BufferAssignment) -> tuple[tuple[MemRef, np.ndarray], ...]:
+    out: list[tuple[MemRef, np.ndarray]] = []
+    seen: set[int] = set()
     for (comp, name, path), buffer_id in buffers.leaves.items():
         instr = module[comp][name]
         if instr.opcode != "constant":
@@ -120,7 +133,9 @@ def _constants(module: Module, buffers: BufferAssignment) -> tuple[tuple[MemRef,
         for i in path:
             leaf = leaf.elements[i]  # type: ignore[union-attr]
         assert isinstance(leaf, Shape)
+        if buffer_id in seen:
+            continue
+        seen.add(buffer_id)
         value = np.asarray(literal.value, dtype=leaf.element_type.dtype).reshape(leaf.dimensions)
-        ref = MemRef(Space.HBM, buffers.buffers[buffer_id].offset, leaf)
-        out.append((ref, pack(value, leaf).tobytes()))
+        out.append((MemRef(Space.HBM, buffers.buffers[buffer_id].offset, leaf), value))
     return tuple(out)

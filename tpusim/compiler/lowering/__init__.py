@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tpusim.compiler.buffer_assignment import BufferAssignment
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.lowering import control, dot, elementwise  # noqa: F401  (register their rules)
@@ -26,7 +28,7 @@ class Lowered:
     program: Program
     fallbacks: tuple[tuple[str, str, str, str], ...]
     hbm_bytes: int
-    constants: tuple[tuple[MemRef, bytes], ...]
+    constants: tuple[tuple[MemRef, np.ndarray], ...]
 
 
 def lower_module(

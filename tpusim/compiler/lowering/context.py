@@ -21,7 +21,7 @@ from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.isa import FallbackKernel, MemRef, Reg, Space, StreamBuilder
-from tpusim.memory import Shape, pack
+from tpusim.memory import Shape
 
 __all__ = ["CompileOptions", "Lowering", "OpScope", "control_slice"]
 
@@ -89,7 +89,7 @@ class Lowering:
         self.stream = StreamBuilder(core=0)
         self.kernels: list[FallbackKernel] = []
         self.fallen_back: list[tuple[str, str, str, str]] = []
-        self.constants: list[tuple[MemRef, bytes]] = []  # arrays of fused constants, placed above the buffers
+        self.constants: list[tuple[MemRef, np.ndarray]] = []  # arrays of fused constants, above the buffers
         self._constant_refs: dict[tuple[str, str], MemRef] = {}
         self.scratch_base = self._place_fused_constants(buffers.hbm_bytes)
         self.hbm_peak = self.scratch_base
@@ -206,7 +206,7 @@ class Lowering:
                     continue
                 ref = MemRef(Space.HBM, at, instr.shape)
                 value = np.asarray(instr.attr("literal").value, dtype=instr.shape.element_type.dtype)
-                self.constants.append((ref, pack(value.reshape(instr.shape.dimensions), instr.shape).tobytes()))
+                self.constants.append((ref, value.reshape(instr.shape.dimensions)))
                 self._constant_refs[key] = ref
                 at = -(-(at + instr.shape.byte_size) // ALIGNMENT) * ALIGNMENT
         if at > self.config.hbm.bytes:

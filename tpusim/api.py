@@ -1,0 +1,180 @@
+"""The main job in Python: compile an HLO program for a chip, run it on the device model, read the outputs.
+
+>>> import numpy as np, tpusim
+>>> hlo = '''HloModule add
+... ENTRY main {
+...   x = f32[8,128] parameter(0)
+...   ROOT y = f32[8,128] add(x, x)
+... }'''
+>>> result = tpusim.simulate(hlo, [np.ones((8, 128), np.float32)], config="teaching")
+>>> float(result.outputs[0][0, 0]), result.cycles > 0
+(2.0, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpusim.compiler.buffer_assignment import leaf_paths
+from tpusim.compiler.hlo import load_module, parse_module
+from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.hlo.reference.core import TOKEN
+from tpusim.compiler.hlo.reference.io import DEFAULT_SEED, random_inputs
+from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.pipeline import CompiledProgram, compile_module
+from tpusim.config import ChipConfig, load_config
+from tpusim.devices import Chip, RunResult, Trace
+from tpusim.errors import TpusimError
+
+__all__ = ["InputError", "SimulationResult", "load_program", "simulate", "simulate_jax"]
+
+
+class InputError(TpusimError):
+    """Inputs that do not match the program's parameters."""
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What a simulation produced.
+
+    Attributes:
+        outputs: the program's outputs (the entry root flattened), or empty for a timing-only run.
+        cycles: simulated cycles until the last instruction or transfer completed.
+        compiled: the compiled program (module as lowered, buffers, fallbacks, relayouts).
+        run: the device model's result (trace, memories, events).
+        tree: for :func:`simulate_jax`, the outputs in the function's own structure.
+    """
+
+    outputs: tuple[np.ndarray, ...]
+    cycles: int
+    compiled: CompiledProgram
+    run: RunResult
+    tree: Any = field(default=None, compare=False)
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / self.compiled.config.clock_hz
+
+    @property
+    def trace(self) -> Trace:
+        return self.run.trace
+
+    @property
+    def instructions(self) -> int:
+        """Instructions executed (each loop iteration counts)."""
+        return self.run.instructions
+
+    @property
+    def fallbacks(self) -> tuple[tuple[str, str, str, str], ...]:
+        return self.compiled.fallbacks
+
+
+def load_program(program: str | Path | Module) -> Module:
+    """An HLO module from a Module, HLO text, or the path of a file holding HLO text."""
+    if isinstance(program, Module):
+        return program
+    if isinstance(program, Path) or "HloModule" not in str(program):
+        return load_module(Path(program))
+    return parse_module(str(program))
+
+
+def _config(config: ChipConfig | str | Path, overrides: Sequence[str]) -> ChipConfig:
+    if isinstance(config, ChipConfig):
+        if overrides:
+            from tpusim.config import with_overrides
+
+            return with_overrides(config, list(overrides))
+        return config
+    return load_config(config, overrides=list(overrides))
+
+
+def _flatten_inputs(module: Module, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
+    """Check inputs against the entry parameters and key them by the program's symbols."""
+    params = module.entry_computation.parameters
+    if len(inputs) != len(params):
+        raise InputError(f"the program takes {len(params)} inputs, {len(inputs)} were given")
+    out: dict[str, np.ndarray] = {}
+    for i, (p, value) in enumerate(zip(params, inputs)):
+        for path, shape in leaf_paths(p.shape):
+            leaf = value
+            for j in path:
+                if not isinstance(leaf, (tuple, list)):
+                    raise InputError(f"input {i} ({p.name}) must be a tuple matching {p.shape}")
+                leaf = leaf[j]
+            if leaf is TOKEN:
+                continue
+            array = np.asarray(leaf)
+            where = f"input {i} ({p.name}{''.join(f'[{j}]' for j in path)})"
+            if array.dtype != shape.element_type.dtype:
+                raise InputError(
+                    f"{where} has dtype {array.dtype} but the program wants {shape.element_type} "
+                    f"({shape.element_type.dtype}); convert it first (tpusim never converts silently)"
+                )
+            if array.shape != shape.dimensions:
+                raise InputError(f"{where} has shape {array.shape} but the program wants {list(shape.dimensions)}")
+            out[_symbol("arg", i, path)] = array
+    return out
+
+
+def _symbol(prefix: str, i: int, path: tuple[int, ...]) -> str:
+    return f"{prefix}{i}" + "".join(f".{j}" for j in path)
+
+
+def simulate(
+    program: str | Path | Module | CompiledProgram,
+    inputs: Sequence[Any] | None = None,
+    *,
+    config: ChipConfig | str | Path = "tpu_v5e",
+    overrides: Sequence[str] = (),
+    options: CompileOptions | None = None,
+    timing_only: bool = False,
+    seed: int = DEFAULT_SEED,
+) -> SimulationResult:
+    """Compile ``program`` for ``config`` and simulate it.
+
+    Args:
+        program: HLO text, a path to an HLO file, a parsed Module, or an already compiled program.
+        inputs: one value per entry parameter (numpy arrays of exactly the parameter's dtype and shape;
+            tuples for tuple parameters). None: seeded random inputs (see ``tpusim.compiler.hlo.reference.io``).
+        config: a chip config, a preset name (``tpu_v5e``, ``teaching`` ...) or a YAML path.
+        overrides: config overrides such as ``"mxu.rows=256"``.
+        options: compile options (tiling rule set, matmul precision, fusion).
+        timing_only: skip numeric work where timing does not depend on data; outputs are then empty.
+        seed: seed of the random inputs.
+
+    Returns:
+        Outputs, cycles, the compiled program and the device run (trace, memories).
+    """
+    if isinstance(program, CompiledProgram):
+        compiled = program
+    else:
+        compiled = compile_module(load_program(program), _config(config, overrides), options)
+    module = compiled.source
+    if inputs is None:
+        inputs = random_inputs(module, seed)[0]
+    placed = _flatten_inputs(module, inputs)
+    placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
+    run = Chip(compiled.config).run(compiled.program, placed, timing_only=timing_only)
+    outputs = () if timing_only else tuple(run.read(f"out{j}") for j in range(len(compiled.outputs)))
+    return SimulationResult(outputs, run.cycles, compiled, run)
+
+
+def simulate_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SimulationResult:
+    """Lower ``fn(*args)`` with JAX for TPU and simulate it (keyword arguments as for :func:`simulate`).
+
+    The HLO is JAX's TPU lowering (``jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))``), so the
+    program is the one a TPU would compile; ``result.tree`` holds the outputs in ``fn``'s structure.
+    """
+    import jax
+
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
+    module = parse_module(lowered.as_text(dialect="hlo"))
+    leaves = [np.asarray(a) for a in jax.tree.leaves(args)]
+    result = simulate(module, leaves, **kwargs)
+    tree = jax.tree.unflatten(lowered.out_tree, list(result.outputs)) if result.outputs else None
+    return SimulationResult(result.outputs, result.cycles, result.compiled, result.run, tree)
