@@ -12,7 +12,8 @@ import numpy as np
 
 from tpusim.compiler.buffer_assignment import BufferAssignment
 from tpusim.compiler.hlo.ir import Module
-from tpusim.compiler.lowering import control, dot, elementwise  # noqa: F401  (register their rules)
+import importlib
+import pkgutil
 from tpusim.compiler.lowering.context import CompileOptions, Lowering
 from tpusim.compiler.lowering.registry import LOWERINGS, NotLowerable, lowering
 from tpusim.compiler.lowering.sequential import lower_computation
@@ -21,6 +22,11 @@ from tpusim.config import ChipConfig
 from tpusim.isa import Halt, MemRef, Program
 
 __all__ = ["LOWERINGS", "Lowered", "NotLowerable", "lower_module", "lowering"]
+
+# Every module of this package registers its rules when imported: import them all, so a new lowering is
+# one new module.
+for _info in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_info.name}")
 
 
 @dataclass(frozen=True)
