@@ -12,6 +12,7 @@ from tpusim.config import load_config
 from tpusim.devices import Chip
 from tpusim.isa import (
     Const,
+    FusedOp,
     MemRef,
     Program,
     Reg,
@@ -20,6 +21,7 @@ from tpusim.isa import (
     Symbol,
     VpuBroadcast,
     VpuCopy,
+    VpuFused,
     VpuIota,
     VpuMap,
     VpuReduce,
@@ -108,6 +110,27 @@ def test_padding_costs_registers():
     a = vm(0x0, shape("f32", (5, 3)))
     res = Chip(TEACH).run(Program.single([VpuMap("add", a, (a, a))]), timing_only=True)
     assert rows(res) == [(0, "vpu", 1 + 2)]
+
+
+def test_fused_chain_pays_vmem_once():
+    x = vm(0x0, shape("f32", (64, 8)))  # 8 registers
+    y = vm(0x1000, shape("f32", (64, 8)))
+    two, one = Const(2.0, "f32"), Const(1.0, "f32")
+    chain = [VpuMap("multiply", y, (x, two)), VpuMap("add", y, (y, one)), VpuMap("tanh", y, (y,))]
+    steps = (FusedOp("multiply", "f32", (0, 1)), FusedOp("add", "f32", (3, 2)), FusedOp("tanh", "f32", (4,)))
+    fused = VpuFused(y, (x, two, one), steps)
+    xs = np.linspace(-2, 2, 512, dtype=np.float32).reshape(64, 8)
+    syms = [Symbol("x", x), Symbol("y", y)]
+    res_chain = Chip(TEACH).run(Program.single(chain, symbols=syms), {"x": xs})
+    res_fused = Chip(TEACH).run(Program.single([fused], symbols=syms), {"x": xs})
+    np.testing.assert_array_equal(res_fused.read("y"), res_chain.read("y"))
+    # chained: each op stores its 8 registers (8 cycles at one store per cycle) and waits for the previous
+    # result; tanh runs at half a register per cycle. 0..8+2, 10..18+2, 20..36+6.
+    assert rows(res_chain) == [(0, "vpu", 10), (10, "vpu", 20), (20, "vpu", 42)]
+    # fused: 16 ALU register ops at 1 per cycle, 8 transcendental at 0.5 per cycle (in parallel slots),
+    # one load and one store pass; then the latencies along the chain: 2 + 2 + 6.
+    assert rows(res_fused) == [(0, "vpu", 16 + 10)]
+    assert res_fused.trace.flops[0] == 3 * 512
 
 
 def test_reductions_cost_by_dimension():

@@ -33,6 +33,7 @@ from tpusim.isa import (
     Reg,
     VpuBroadcast,
     VpuCopy,
+    VpuFused,
     VpuIota,
     VpuMap,
     VpuReduce,
@@ -144,6 +145,49 @@ def _exec_map(core: Any, ins: VpuMap, reads: tuple[Access, ...], writes: tuple[A
     except TpusimError as e:
         raise core.error(ins, f"vpu.{ins.fn}: {getattr(e, 'message', e)}") from None
     _write(writes[0], value)
+
+
+def _check_fused(cfg: ChipConfig, ins: VpuFused) -> str | None:
+    types = [_operand_type(s) for s in ins.srcs]
+    for k, step in enumerate(ins.ops):
+        problem = result_types(step.fn, [types[a] for a in step.args], step.etype)
+        if problem:
+            return f"step {k} ({step}): {problem}"
+        types.append(step.etype)
+    return None
+
+
+def _cost_fused(cfg: ChipConfig, ins: VpuFused, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
+    v_out = _v(cfg, writes[0])
+    v_in = sum(_v(cfg, a) for a in reads)
+    n = ins.dst.element_count
+    work = {"alu": 0, "transcendental": 0}
+    depth: list[int] = [0] * len(ins.srcs)
+    for step in ins.ops:
+        cls = VPU_FUNCTIONS[step.fn].cost_class
+        # registers the step's result needs for the block: 32-bit words hold 4 // bytes values
+        work[cls] += max(1, ceil(n * max(step.etype.bits, 8) / 8 / cfg.vpu.vreg_bytes))
+        depth.append(max(depth[a] for a in step.args) + cfg.vpu.op_class(cls).latency_cycles)
+    alu, eup = cfg.vpu.alu, cfg.vpu.transcendental
+    occ = max(
+        ceil(work["alu"] / alu.issue_vregs_per_cycle),
+        ceil(work["transcendental"] / eup.issue_vregs_per_cycle),
+        ceil(v_in / cfg.vmem.load_vregs_per_cycle),
+        ceil(v_out / cfg.vmem.store_vregs_per_cycle),
+        1,
+    )
+    return Cost(occ, depth[-1], (v_in + v_out) * cfg.vpu.vreg_bytes, n * len(ins.ops), "vpu")
+
+
+def _exec_fused(core: Any, ins: VpuFused, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+    it = iter(reads)
+    values = [_read(next(it)) if isinstance(s, MemRef) else _scalar_value(core, s) for s in ins.srcs]
+    for k, step in enumerate(ins.ops):
+        try:
+            values.append(apply(step.fn, [values[a] for a in step.args], step.etype, step.direction))
+        except TpusimError as e:
+            raise core.error(ins, f"vpu.fused step {k} ({step}): {getattr(e, 'message', e)}") from None
+    _write(writes[0], np.broadcast_to(values[-1], ins.dst.dims))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -296,3 +340,4 @@ register_compute(VpuIota, ComputeSpec(lambda i: ((), (i.dst,)), _no_check, _cost
 register_compute(VpuCopy, ComputeSpec(lambda i: ((i.src,), (i.dst,)), _no_check, _cost_copy, _exec_copy))
 register_compute(VpuReshape, ComputeSpec(lambda i: ((i.src,), (i.dst,)), _no_check, _cost_reshape, _exec_reshape))
 register_compute(XluTranspose, ComputeSpec(lambda i: ((i.src,), (i.dst,)), _no_check, _cost_transpose, _exec_transpose))
+register_compute(VpuFused, ComputeSpec(lambda i: (_memrefs(i.srcs), (i.dst,)), _check_fused, _cost_fused, _exec_fused))

@@ -28,12 +28,14 @@ from tpusim.isa.ops import (
     VPU_FUNCTIONS,
     Op,
 )
+from tpusim.memory import ElementType, element_type
 
 __all__ = [
     "Barrier",
     "Branch",
     "DmaStart",
     "Fallback",
+    "FusedOp",
     "Halt",
     "Instruction",
     "Jump",
@@ -47,6 +49,7 @@ __all__ = [
     "SemWait",
     "VpuBroadcast",
     "VpuCopy",
+    "VpuFused",
     "VpuIota",
     "VpuMap",
     "VpuReduce",
@@ -315,6 +318,78 @@ class VpuMap:
             _need(self.direction in COMPARE_DIRECTIONS, f"vpu.compare needs a direction in {COMPARE_DIRECTIONS}")
         else:
             _need(self.direction is None, f"vpu.{self.fn} takes no direction")
+
+
+@dataclass(frozen=True, slots=True)
+class FusedOp:
+    """One step of a :class:`VpuFused` chain.
+
+    Attributes:
+        fn: an elementwise HLO opcode (a key of ``VPU_FUNCTIONS``).
+        etype: the step's result element type (each step rounds to it, as the HLO computation would).
+        args: value numbers: ``0 .. len(srcs) - 1`` are the instruction's sources, then one per earlier step.
+        direction: for ``compare``.
+    """
+
+    fn: str
+    etype: ElementType
+    args: tuple[int, ...]
+    direction: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.etype, ElementType):
+            object.__setattr__(self, "etype", element_type(self.etype))
+        object.__setattr__(self, "args", tuple(self.args))
+        spec = VPU_FUNCTIONS.get(self.fn)
+        _need(spec is not None, f"unknown VPU function {self.fn!r}")
+        assert spec is not None
+        _need(len(self.args) == spec.arity, f"{self.fn} takes {spec.arity} operands, not {len(self.args)}")
+        if self.fn == "compare":
+            _need(self.direction in COMPARE_DIRECTIONS, f"compare needs a direction in {COMPARE_DIRECTIONS}")
+        else:
+            _need(self.direction is None, f"{self.fn} takes no direction")
+
+    def __str__(self) -> str:
+        fn = self.fn if self.direction is None else f"{self.fn}/{self.direction}"
+        return f"{fn}:{self.etype.name}({','.join(map(str, self.args))})"
+
+
+@dataclass(frozen=True, slots=True)
+class VpuFused:
+    """A chain of elementwise ops on one block, intermediates kept in vector registers (an XLA loop fusion).
+
+    Effect: value ``k`` of the chain is source ``k`` (blocks with ``dst``'s dimensions, constants or
+    registers), then each step of ``ops`` appends ``fn(values[args])`` rounded to its ``etype`` with the
+    numbers of :class:`VpuMap`; the last value is written to ``dst``.
+
+    Timing: the sources are loaded and ``dst`` stored once: occupancy ``max(ALU vreg ops / alu issue,
+    transcendental vreg ops / transcendental issue, V(sources) / load ports, V(dst) / store ports)``, where a
+    step costs the registers its result type needs for the block; the result is ready after the latencies
+    along the longest dependency path.
+    """
+
+    dst: MemRef
+    srcs: tuple[Operand, ...]
+    ops: tuple[FusedOp, ...]
+    control: bool = False
+    hlo: str | None = field(default=None, compare=False)
+    op: ClassVar[Op] = Op.VPU_FUSED
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "srcs", tuple(self.srcs))
+        object.__setattr__(self, "ops", tuple(self.ops))
+        _need_space(self.dst, (Space.VMEM,), "vpu.fused destination")
+        _need(len(self.ops) >= 1, "vpu.fused needs at least one step")
+        for s in self.srcs:
+            _vector_src(s, "vpu.fused source")
+            if isinstance(s, MemRef):
+                _need(s.dims == self.dst.dims, f"vpu.fused source {s.dims} and destination {self.dst.dims} differ")
+        n = len(self.srcs)
+        for k, step in enumerate(self.ops):
+            for a in step.args:
+                _need(0 <= a < n + k, f"vpu.fused step {k} ({step}) uses value {a}, not defined before it")
+        last = self.ops[-1].etype
+        _need(last == self.dst.element_type, f"vpu.fused ends in {last} but the destination is {self.dst.element_type}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -603,6 +678,7 @@ Instruction = (
     | MxuMatmul
     | MxuPop
     | VpuMap
+    | VpuFused
     | VpuReduce
     | VpuBroadcast
     | VpuIota

@@ -44,6 +44,7 @@ class Op(Enum):
     VPU_IOTA = "vpu.iota"
     VPU_COPY = "vpu.copy"
     VPU_RESHAPE = "vpu.reshape"
+    VPU_FUSED = "vpu.fused"
     # -- cross-lane unit
     XLU_TRANSPOSE = "xlu.transpose"
     # -- scalar unit: ALU (family: s.<function>), memory, control flow
@@ -63,7 +64,9 @@ class OpGroup:
     DMA: Final = frozenset({Op.DMA_START})
     SYNC: Final = frozenset({Op.SEM_SIGNAL, Op.SEM_WAIT, Op.BARRIER})
     MXU: Final = frozenset({Op.MXU_LOAD_WEIGHTS, Op.MXU_MATMUL, Op.MXU_POP})
-    VPU: Final = frozenset({Op.VPU_MAP, Op.VPU_REDUCE, Op.VPU_BROADCAST, Op.VPU_IOTA, Op.VPU_COPY, Op.VPU_RESHAPE})
+    VPU: Final = frozenset(
+        {Op.VPU_MAP, Op.VPU_FUSED, Op.VPU_REDUCE, Op.VPU_BROADCAST, Op.VPU_IOTA, Op.VPU_COPY, Op.VPU_RESHAPE}
+    )
     XLU: Final = frozenset({Op.XLU_TRANSPOSE})
     SCALAR: Final = frozenset({Op.SCALAR_ALU, Op.SCALAR_LOAD, Op.SCALAR_STORE})
     CONTROL: Final = frozenset({Op.BRANCH, Op.JUMP, Op.HALT})

@@ -34,6 +34,7 @@ from tpusim.isa.instructions import (
     Branch,
     DmaStart,
     Fallback,
+    FusedOp,
     Halt,
     Instruction,
     Jump,
@@ -47,6 +48,7 @@ from tpusim.isa.instructions import (
     SemWait,
     VpuBroadcast,
     VpuCopy,
+    VpuFused,
     VpuIota,
     VpuMap,
     VpuReduce,
@@ -103,6 +105,7 @@ _PRINTERS: dict[type, Callable[[Any], str]] = {
     ),
     MxuPop: lambda i: f"mxu.pop {i.dst}" + _kw(mxu=i.mxu, acc=i.acc),
     VpuMap: lambda i: f"vpu.{i.fn} {i.dst} <- {_srcs(i.srcs)}" + _kw(direction=i.direction),
+    VpuFused: lambda i: f"vpu.fused {i.dst} <- {_srcs(i.srcs)} ops=[{' '.join(map(str, i.ops))}]",
     VpuReduce: lambda i: f"vpu.reduce {i.dst} <- {i.src}" + _kw(fn=i.fn, dims=i.dims, accumulate=i.accumulate),
     VpuBroadcast: lambda i: f"vpu.broadcast {i.dst} <- {i.src}" + _kw(dims=i.dims),
     VpuIota: lambda i: f"vpu.iota {i.dst}" + _kw(dimension=i.dimension),
@@ -369,6 +372,29 @@ def _v_tuple(c: _Cursor, key: str) -> tuple[int, ...]:
     return c.int_tuple(key)
 
 
+def _v_steps(c: _Cursor, key: str) -> tuple[FusedOp, ...]:
+    """``[fn[/DIR]:etype(a,b) ...]``"""
+    c.expect("[", "'[' starting the fused steps")
+    steps: list[FusedOp] = []
+    while not c.eat("]"):
+        start = c.pos
+        fn = c.name("a fused step (fn:type(args))")
+        direction = c.name("a comparison direction") if c.eat("/") else None
+        c.expect(":", "':' before the step's result type")
+        et_at = c.pos
+        et = c.name("an element type")
+        if et not in ELEMENT_TYPES:
+            raise c.error(f"unknown element type {et!r}", et_at)
+        args = c.int_tuple("the step's operands")
+        try:
+            steps.append(FusedOp(fn, ELEMENT_TYPES[et], args, direction))
+        except IsaError as e:
+            raise c.error(str(e), start) from None
+        if c.at_end():
+            raise c.error("expected ']' closing the fused steps")
+    return tuple(steps)
+
+
 def _v_float(c: _Cursor, key: str) -> float:
     c.ws()
     m = re.compile(r"[-+]?(inf|nan|[0-9.]+([eE][-+]?\d+)?)").match(c.text, c.pos, c.end)
@@ -453,6 +479,14 @@ def _parse_vpu_map(c: _Cursor, mnemonic: str) -> dict[str, Any]:
     return {"cls": VpuMap, "fn": mnemonic[4:], "dst": dst, "srcs": srcs, **kw, "hlo": hlo}
 
 
+def _parse_vpu_fused(c: _Cursor, mnemonic: str) -> dict[str, Any]:
+    dst = c.memref()
+    c.expect("<-", "'<-' before the sources")
+    srcs = c.operand_list()
+    kw, hlo = _keywords(c, {"ops": _v_steps, **_CONTROL})
+    return {"cls": VpuFused, "dst": dst, "srcs": srcs, **kw, "hlo": hlo}
+
+
 def _parse_scalar_alu(c: _Cursor, mnemonic: str) -> dict[str, Any]:
     dst = c.reg()
     args: list[Scalar] = []
@@ -519,6 +553,7 @@ _PARSERS: dict[str, Callable[[_Cursor, str], dict[str, Any]]] = {
         MxuMatmul, "lhs", {"mxu": _v_int, "acc": _v_int, "accumulate": _v_name, "precision": _v_name}
     ),
     "mxu.pop": _with_ref(MxuPop, "dst", {"mxu": _v_int, "acc": _v_int}),
+    "vpu.fused": _parse_vpu_fused,
     "vpu.reduce": _unary_block(VpuReduce, {"fn": _v_name, "dims": _v_tuple, "accumulate": _v_name}),
     "vpu.broadcast": _unary_block(VpuBroadcast, {"dims": _v_tuple}),
     "vpu.iota": _with_ref(VpuIota, "dst", {"dimension": _v_int}),
@@ -539,6 +574,7 @@ _REQUIRED = {
     SemWait: ("sem",),
     VpuReduce: ("fn", "dims"),
     VpuIota: ("dimension",),
+    VpuFused: ("ops",),
     XluTranspose: ("permutation",),
     Fallback: ("kernel",),
 }
