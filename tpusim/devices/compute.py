@@ -125,7 +125,12 @@ def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Any:
     q.append(start)
     if end > core.max_end:
         core.max_end = end
-    sb.add(rr, rw, end)
+    # sb.add, inlined: the one range this instruction reads or writes
+    if end > sb.horizon:
+        sb.horizon = end
+    table, key = (sb.writers, rw[0]) if rw else (sb.readers, rr[0])
+    if table.get(key, -1) < end:
+        table[key] = end
     core.records.append((core.stream_id, d.index, d.unit_id, core.first_try, start, end, cost.nbytes, flops))  # type: ignore[union-attr]
     core.pc = d.index + 1
     return t + 1
