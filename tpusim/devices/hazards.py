@@ -45,7 +45,7 @@ class Scoreboard:
         need = t
         if self.horizon <= t:
             # every compute entry has ended: nothing to scan (and nothing worth keeping)
-            if self.writers:
+            if self.writers or self.readers:
                 self.writers = {}
                 self.readers = {}
         else:
