@@ -10,3 +10,5 @@ os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Every program the tests compile is checked by the program verifier (tpusim/compiler/verify.py).
+os.environ.setdefault("TPUSIM_VERIFY", "1")

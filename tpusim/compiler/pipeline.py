@@ -6,13 +6,13 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tpusim.compiler.buffer_assignment import BufferAssignment, assign_buffers, leaf_paths
+from tpusim.compiler.hlo import verify_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.printer import print_module
 from tpusim.compiler.layout_assignment import Relayout, assign_layouts
@@ -20,7 +20,9 @@ from tpusim.compiler.lowering import lower_module
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.passes import prepare_module
 from tpusim.compiler.tiling_rules import load_tiling_rules
+from tpusim.compiler.verify import verify_program
 from tpusim.config import ChipConfig
+from tpusim.flags import debug_level, verify_enabled
 from tpusim.isa import MemRef, Program, Space, Symbol
 from tpusim.isa.text import print_program
 from tpusim.memory import Shape
@@ -63,7 +65,7 @@ class CompiledProgram:
 
 
 def _debug(stage: str, text_fn: object) -> None:
-    if os.environ.get("TPUSIM_DEBUG", "0") >= "2":
+    if debug_level() >= 2:
         print(f"===== after {stage} =====\n{text_fn() if callable(text_fn) else text_fn}", file=sys.stderr)
 
 
@@ -76,14 +78,21 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     options = options or CompileOptions()
     source = module
     rules = load_tiling_rules(options.tiling, sublanes=config.vpu.sublanes, lanes=config.vpu.lanes)
+    checking = verify_enabled()
     module = prepare_module(module, options)  # fuse elementwise chains; unfuse what fusions cannot hold
     _debug("prepare", lambda: print_module(module))
+    if checking:
+        verify_module(module)
     laid_out = assign_layouts(module, rules)  # every array value gets a complete tiled layout
     module = laid_out.module
     _debug("layout assignment", lambda: print_module(module))
+    if checking:
+        verify_module(module)
     buffers = assign_buffers(module, config.hbm.bytes)  # HBM addresses by liveness, in-place loop state
     lowered = lower_module(module, buffers, config, options, rules)  # tile loops of ISA instructions
     _debug("lowering", lambda: print_program(lowered.program))
+    if checking:
+        verify_program(lowered.program, config)  # in bounds, aligned, defined before use, every DMA waited
     entry = module.entry_computation
     inputs = tuple(
         tuple(_ref(buffers, entry.name, p.name, path, shape) for path, shape in leaf_paths(p.shape))
