@@ -153,6 +153,14 @@ def test_dma_moves_real_bytes_between_layouts_and_windows():
     np.testing.assert_array_equal(res.read("clamped"), x[20:28, 16:24])  # column start 20 clamped to 24 - 8
 
 
+def test_scalars_move_between_tiled_and_plain_layouts():
+    # A loop condition or a dynamic-slice index is a rank-0 array: its window has no dimensions.
+    syms = [Symbol("a", ref("hbm", 0, "s32[]{:T(128)}")), Symbol("b", ref("smem", 0, "s32[]"))]
+    prog = Program.single([DmaStart(syms[0].ref, syms[1].ref, sem=0), SemWait(0)], symbols=syms)
+    res = Chip(TEACH).run(prog, {"a": np.array(-7, np.int32)})
+    assert res.read("b").shape == () and int(res.read("b")) == -7
+
+
 def test_sub_byte_elements_move_exactly():
     vals = np.arange(-8, 8, dtype=np.int8).reshape(4, 4).astype("int4")
     syms = [Symbol("a", ref("hbm", 0, "s4[4,4]{1,0:E(4)}")), Symbol("b", ref("vmem", 0, "s4[4,4]{0,1:E(4)}"))]

@@ -126,9 +126,10 @@ class ByteStore:
 @lru_cache(maxsize=512)
 def window_slots(shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
     """Element slots (``Geometry.linear_index``) of a window, in row-major order of its sizes (read-only)."""
-    grids = np.indices(sizes, dtype=np.int64).reshape(len(sizes), -1)
+    count = int(np.prod(sizes))  # a rank-0 window (a scalar) holds one element
+    grids = np.indices(sizes, dtype=np.int64).reshape(len(sizes), count)
     grids += np.asarray(offsets, np.int64).reshape(-1, 1)
-    slots = geometry(shape).linear_index(grids.T)
+    slots = geometry(shape).linear_index(grids.T).reshape(count)
     slots.setflags(write=False)
     return slots
 
