@@ -22,12 +22,14 @@ from tpusim.isa import (
     VPU_FUNCTIONS,
     Const,
     DmaStart,
+    FusedOp,
     MemRef,
     Operand,
     Reg,
     SemWait,
     VpuBroadcast,
     VpuCopy,
+    VpuFused,
     VpuIota,
     VpuMap,
     VpuReduce,
@@ -82,6 +84,31 @@ class _Emitter:
     block: int
     hoisted: dict[str, MemRef] = field(default_factory=dict)
     scalars: dict[str, Reg] = field(default_factory=dict)
+    inlined: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        self.inlined = self._chains()
+
+    def _chains(self) -> frozenset[str]:
+        """Elementwise values folded into their one elementwise user's ``vpu.fused`` chain (kept in vector
+        registers instead of a VMEM block)."""
+        users: dict[str, list[str]] = {}
+        for name in self.plan.order:
+            for o in set(self.comp[name].operands):
+                users.setdefault(o, []).append(name)
+        roots = {r for r, _ in self.outputs}
+        out = set()
+        for name in self.plan.order:
+            mine = users.get(name, [])
+            if (
+                name not in roots
+                and _chainable(self, self.comp[name])
+                and len(mine) == 1
+                and _chainable(self, self.comp[mine[0]])
+                and self.comp[mine[0]].operands.count(name) == 1
+            ):
+                out.add(name)
+        return frozenset(out)
 
     # ------------------------------------------------------------------ buffers
     def _loaded(self, name: str) -> bool:
@@ -95,7 +122,9 @@ class _Emitter:
         roots = {r for r, _ in self.outputs}
         for name in self.plan.order:
             instr = self.comp[name]
-            if name in self.scalars or (self._constant_scalar(name) is not None and name not in roots):
+            if name in self.scalars or name in self.inlined:
+                continue
+            if self._constant_scalar(name) is not None and name not in roots:
                 continue
             shape, _ = block_shape(instr.array_shape, self.plan.needs[name], 0, self.block)
             varies = self.plan.needs[name][0] is not None
@@ -210,14 +239,45 @@ class _Emitter:
             if name in self.scalars:
                 values[name] = self.scalars[name]
                 continue
+            if name in self.inlined:
+                continue
             dst = self._block_ref(buffers[name], name, start, size)
             if self._loaded(name):
                 values[name] = dst
                 continue
-            srcs = [values[o] for o in instr.operands]
-            _EMITTERS.get(instr.opcode, _emit_elementwise)(self, instr, dst, srcs, start)
+            if any(o in self.inlined for o in instr.operands):
+                self._emit_chain(name, dst, values)
+            else:
+                srcs = [values[o] for o in instr.operands]
+                _EMITTERS.get(instr.opcode, _emit_elementwise)(self, instr, dst, srcs, start)
             values[name] = dst
         return values
+
+    def _emit_chain(self, head: str, dst: MemRef, values: dict[str, Operand]) -> None:
+        """One ``vpu.fused`` for ``head`` and the inlined elementwise values it is built from."""
+        leaves: list[str] = []
+        steps: list[str] = []
+
+        def collect(name: str) -> None:
+            for o in self.comp[name].operands:
+                if o in self.inlined:
+                    collect(o)
+                elif o not in leaves:
+                    leaves.append(o)
+            steps.append(name)
+
+        collect(head)
+        number = {n: i for i, n in enumerate(leaves)} | {n: len(leaves) + i for i, n in enumerate(steps)}
+        ops = tuple(
+            FusedOp(
+                fn=self.comp[n].opcode,
+                etype=self.comp[n].array_shape.element_type,
+                args=tuple(number[o] for o in self.comp[n].operands),
+                direction=self.comp[n].attr("direction") if self.comp[n].opcode == "compare" else None,
+            )
+            for n in steps
+        )
+        self.ctx.emit(VpuFused, dst=dst, srcs=tuple(values[n] for n in leaves), ops=ops)
 
     def operand_ref(self, value: Operand, like: Shape) -> MemRef:
         """A VMEM block for an operand that is a splatted constant (ops other than VpuMap need memory)."""
@@ -226,6 +286,15 @@ class _Emitter:
         ref = self.ctx.vmem(Shape(like.element_type, like.dimensions, layout=like.layout))
         self.ctx.emit(VpuBroadcast, dst=ref, src=value, dims=())
         return ref
+
+
+def _chainable(em: _Emitter, instr: Instruction) -> bool:
+    """True for an elementwise op the VPU computes that ``vpu.fused`` can hold."""
+    if instr.opcode not in VPU_FUNCTIONS or not isinstance(instr.shape, Shape):
+        return False
+    if instr.opcode == "compare" and instr.attr("type") == "TOTALORDER":
+        return not em.comp[instr.operands[0]].array_shape.element_type.is_float
+    return True
 
 
 def _emit_elementwise(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
