@@ -39,10 +39,13 @@ from tpusim.isa import (
 )
 from tpusim.memory import Shape
 
-__all__ = ["combiner", "lower_vector"]
+__all__ = ["DMA_FIRST", "combiner", "lower_vector"]
+
+DMA_FIRST = frozenset({"copy", "bitcast", "slice", "concatenate", "pad"})
+"""Ops whose rule outside a fusion is in :mod:`.movement`: DMAs, or this module's path where cheaper."""
 
 # Ops that run as "a fusion of one" when they appear outside a fusion.
-_SINGLE_OPS = sorted(set(NEED_RULES) - {"parameter", "constant", "dynamic-slice"})
+_SINGLE_OPS = sorted(set(NEED_RULES) - {"parameter", "constant", "dynamic-slice"} - DMA_FIRST)
 _BLOCK_TARGET_BYTES = 1 << 19
 """Largest output block aimed for: big enough to amortise DMA set-up, small enough to pipeline."""
 

@@ -1,0 +1,113 @@
+"""Layout arithmetic for data-movement lowerings: byte-identical views of an array, and what a DMA costs.
+
+A *view* describes the same bytes as another logical shape: the dimensions permuted (the layout's
+``minor_to_major`` permuted with them) and size-1 dimensions inserted as the most major physical
+dimensions. The physical dimension sequence and the tiles stay the same, so :func:`tpusim.memory.pack`
+gives the same bytes for the viewed array: a lowering may hand either description to a DMA or a compute
+unit. ``f32[K,M]{1,0:T(8,128)}`` viewed with order ``(1, 0)`` is ``f32[M,K]{0,1:T(8,128)}``; ``f32[N]``
+viewed with order ``(None, 0)`` is ``f32[1,N]`` whose new dimension is physically outermost.
+
+DMA estimates follow the DMA engine's rule (docs/isa.md, ``dma.start``): the data phase takes at least
+``bytes / (HBM bytes per cycle)`` per HBM side and ``runs / dma.runs_per_cycle``, a run being a maximal
+set of elements contiguous in both the source and the destination.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+
+import numpy as np
+
+from tpusim.compiler.lowering.registry import NotLowerable
+from tpusim.config import ChipConfig
+from tpusim.isa import MemRef, Space
+from tpusim.memory import Shape, geometry
+
+__all__ = ["DmaSide", "dma_cycles", "joint_runs", "view_ref", "view_shape"]
+
+_SAMPLE_ELEMENTS = 1 << 16
+"""Run counts of bigger transfers are measured on a slab of about this many elements and scaled."""
+
+
+def view_shape(shape: Shape, order: tuple[int | None, ...]) -> Shape:
+    """``shape`` seen with logical dimension ``i`` = dimension ``order[i]`` (None: a new size-1 dimension),
+    describing the same bytes.
+
+    Raises:
+        NotLowerable: the layout has per-dimension parts a view cannot carry (old-style padding, sparse
+            levels, split configs, dynamic dimensions).
+    """
+    present = [o for o in order if o is not None]
+    if sorted(present) != list(range(shape.rank)):
+        raise ValueError(f"order {order} is not a permutation of the {shape.rank} dimensions of {shape}")
+    layout = shape.effective_layout
+    if layout.padded_dimensions is not None or layout.dim_level_types or layout.split_configs or any(shape.dynamic):
+        raise NotLowerable(f"no byte-identical view of {shape}")
+    if order == tuple(range(shape.rank)):
+        return shape.with_layout(layout)
+    position = {o: i for i, o in enumerate(order) if o is not None}
+    units = [i for i, o in enumerate(order) if o is None]
+    minor_to_major = tuple(position[d] for d in layout.minor_to_major) + tuple(reversed(units))
+    dims = tuple(1 if o is None else shape.dimensions[o] for o in order)
+    return Shape(shape.element_type, dims, layout=replace(layout, minor_to_major=minor_to_major))
+
+
+def view_ref(ref: MemRef, order: tuple[int | None, ...]) -> MemRef:
+    """A whole-array reference seen through :func:`view_shape` (same space, same address)."""
+    if ref.window is not None:
+        raise ValueError("views are taken of whole arrays")
+    return MemRef(ref.space, ref.address, view_shape(ref.shape, order), base=ref.base)
+
+
+def _slots(shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
+    grid = np.indices(sizes, dtype=np.int64).reshape(len(sizes), -1)
+    grid += np.asarray(offsets, np.int64).reshape(-1, 1)
+    return geometry(shape).linear_index(grid.T)
+
+
+def joint_runs(
+    src: Shape, src_offsets: tuple[int, ...], dst: Shape, dst_offsets: tuple[int, ...], sizes: tuple[int, ...]
+) -> int:
+    """Maximal element sets contiguous in both layouts when copying a ``sizes`` window (an estimate above
+    :data:`_SAMPLE_ELEMENTS` elements: measured on the first slab of the source's outer physical
+    dimensions and scaled by the element count)."""
+    count = prod(sizes)
+    if count == 0:
+        return 0
+    if src == dst and src_offsets == dst_offsets and sizes == src.dimensions:
+        return 1
+    sample = list(sizes)
+    for d in reversed(src.effective_layout.minor_to_major):  # shrink the most major dimensions first
+        if prod(sample) <= _SAMPLE_ELEMENTS:
+            break
+        rest = prod(sample) // sample[d]
+        sample[d] = max(1, _SAMPLE_ELEMENTS // max(rest, 1))
+    s = _slots(src, src_offsets, tuple(sample))
+    t = _slots(dst, dst_offsets, tuple(sample))
+    order = np.argsort(s, kind="stable")
+    s, t = s[order], t[order]
+    runs = 1 + int(np.count_nonzero((np.diff(s) != 1) | (np.diff(t) != 1)))
+    return -(-runs * count // prod(sample))
+
+
+class DmaSide:
+    """One side of a planned transfer: memory space, array shape and window offsets."""
+
+    __slots__ = ("offsets", "shape", "space")
+
+    def __init__(self, space: Space, shape: Shape, offsets: tuple[int, ...] | None = None) -> None:
+        self.space = space
+        self.shape = shape
+        self.offsets = offsets if offsets is not None else (0,) * shape.rank
+
+
+def dma_cycles(config: ChipConfig, src: DmaSide, dst: DmaSide, sizes: tuple[int, ...]) -> float:
+    """Estimated data-phase cycles of one DMA alone (setup and latency excluded): the larger of the HBM
+    time of its bytes (per HBM side) and its run count over ``dma.runs_per_cycle``."""
+    payload = prod(sizes) * geometry(src.shape).element_bits / 8
+    hbm_sides = (src.space is Space.HBM) + (dst.space is Space.HBM)
+    data = hbm_sides * payload / config.hbm_bytes_per_cycle
+    local = payload / config.dma.local_bytes_per_cycle if hbm_sides < 2 else 0.0
+    runs = joint_runs(src.shape, src.offsets, dst.shape, dst.offsets, sizes)
+    return max(data, local, runs / config.dma.runs_per_cycle)
