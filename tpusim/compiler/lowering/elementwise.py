@@ -41,7 +41,7 @@ from tpusim.memory import Shape
 
 __all__ = ["DMA_FIRST", "combiner", "lower_vector"]
 
-DMA_FIRST = frozenset({"copy", "bitcast", "slice", "concatenate", "pad"})
+DMA_FIRST = frozenset({"copy", "bitcast", "reshape", "slice", "concatenate", "pad"})
 """Ops whose rule outside a fusion is in :mod:`.movement`: DMAs, or this module's path where cheaper."""
 
 # Ops that run as "a fusion of one" when they appear outside a fusion.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from math import prod
 
 import numpy as np
@@ -223,24 +224,43 @@ def lower_copy(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     _issue(ctx, pairs)
 
 
-def _untiled(shape: Shape) -> Shape:
-    """``shape`` with only its dimension order: the layout the bitcast's meaning is defined by when the
-    HLO text gave no tiles (see :func:`lower_bitcast`)."""
-    return shape.with_layout(Layout(shape.effective_layout.minor_to_major))
+def _untiled(shape: Shape, row_major: bool = False) -> Shape:
+    """``shape`` with only its dimension order (or the row-major order): the layout that defines what a
+    bitcast (or a reshape) means when no tiles are involved."""
+    order = Layout.default(shape.rank).minor_to_major if row_major else shape.effective_layout.minor_to_major
+    return shape.with_layout(Layout(order))
 
 
-def _bytes_agree(src: Shape, dst: Shape) -> bool | None:
-    """Whether reading ``src``'s tiled bytes as ``dst`` gives what reading its untiled bytes would (None:
-    too big to compare element by element)."""
-    if geometry(src).element_bits != geometry(dst).element_bits or src.byte_size != dst.byte_size:
+def _same_tiling(src: Shape, dst: Shape) -> bool:
+    """Both row-major with the same tiles and the same tiled (most minor) dimensions: only dimensions major
+    to the tiles are merged or split, which leaves every byte in place."""
+    ls, ld = src.effective_layout, dst.effective_layout
+    if ls.tiles != ld.tiles or not ls.tiles or ls != replace(ld, minor_to_major=ls.minor_to_major):
         return False
+    k = len(ls.tiles[0].dimensions)
+    default = Layout.default
+    return (
+        ls.minor_to_major == default(src.rank).minor_to_major
+        and ld.minor_to_major == default(dst.rank).minor_to_major
+        and min(src.rank, dst.rank) >= k
+        and src.dimensions[src.rank - k :] == dst.dimensions[dst.rank - k :]
+    )
+
+
+def _bytes_agree(src: Shape, dst: Shape, row_major: bool = False) -> bool | None:
+    """Whether reading ``src``'s tiled bytes as ``dst`` gives what the operation means: a bitcast of the
+    untiled layouts (their dimension orders only), or with ``row_major`` a reshape. None: too big to
+    compare element by element."""
     gs, gd = geometry(src), geometry(dst)
-    if gs.physical_dims == gd.physical_dims and src.effective_layout.tiles == dst.effective_layout.tiles:
-        return True  # the same physical array under two logical names
+    if gs.element_bits != gd.element_bits or src.byte_size != dst.byte_size:
+        return False
+    same_physical = gs.physical_dims == gd.physical_dims and src.effective_layout.tiles == dst.effective_layout.tiles
+    if (same_physical and not row_major) or (src.element_type == dst.element_type and _same_tiling(src, dst)):
+        return True
     if dst.element_count > _MEANING_CHECK_ELEMENTS:
         return None
-    untiled_slot = geometry(_untiled(dst)).linear_map().reshape(-1)  # where each dst element sits untiled
-    source_index, _ = geometry(_untiled(src)).logical_index(untiled_slot)  # the src element at that slot
+    slot = geometry(_untiled(dst, row_major)).linear_map().reshape(-1)  # where each dst element sits untiled
+    source_index, _ = geometry(_untiled(src, row_major)).logical_index(slot)  # the src element at that slot
     return bool(np.array_equal(gs.linear_index(source_index), gd.linear_map().reshape(-1)))
 
 
@@ -276,6 +296,24 @@ def lower_bitcast(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     scratch = ctx.scratch(us)
     _issue(ctx, [(src, scratch)])
     _issue(ctx, [(MemRef(Space.HBM, scratch.address, ud), dst)])
+
+
+@lowering("reshape")
+def lower_reshape(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    """A reshape whose two tiled layouts hold the elements at the same bytes (``f32[8,128] -> f32[1,8,128]``,
+    merging dimensions above the tiles) is a byte copy; otherwise the vector path (VMEM, ``vpu.reshape``),
+    or when it declines, two DMAs through a row-major HBM scratch buffer."""
+    src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
+    if _same_buffer(ctx, comp.name, instr.operands[0], instr.name):
+        return
+    if _bytes_agree(src.shape, dst.shape, row_major=True):
+        _issue(ctx, [(src, MemRef(Space.HBM, dst.address, src.shape))])
+        return
+    if _try(ctx, lambda: lower_vector(ctx, comp, instr)):
+        return
+    scratch = ctx.scratch(_untiled(src.shape, row_major=True))
+    _issue(ctx, [(src, scratch)])
+    _issue(ctx, [(MemRef(Space.HBM, scratch.address, _untiled(dst.shape, row_major=True)), dst)])
 
 
 # --------------------------------------------------------------------------------------------- reverse
