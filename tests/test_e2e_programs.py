@@ -126,7 +126,7 @@ def weight(rng: np.random.Generator, *shape: int, dtype: Any = np.float32) -> np
 # ============================================================================================ examples/
 # The committed example programs, run from their files with the inputs their generator describes.
 def _example_case(name: str) -> None:
-    precision = "highest" if name.endswith("f32") and not name.startswith("train") else "default"
+    precision = "highest" if name.endswith("f32") else "default"
 
     def make(rng: np.random.Generator) -> tuple[Module, list[Any]]:
         return example_module(name), examples()[name].inputs(int(rng.integers(1 << 31)))
@@ -947,7 +947,7 @@ def test_examples_are_up_to_date() -> None:
     assert not stale, f"regenerate with `python scripts/make_examples.py`: {stale}"
 
 
-def test_fallback_report(capsys: pytest.CaptureFixture[str]) -> None:
+def test_fallback_report() -> None:
     """Print which opcodes ran as fallbacks in the suite, with one reason each (``pytest -s -k fallback_report``);
     every fallback must name its reason."""
     fell: dict[str, dict[str, str]] = {}
@@ -957,8 +957,7 @@ def test_fallback_report(capsys: pytest.CaptureFixture[str]) -> None:
         for _, _, opcode, why in ran(name).result.fallbacks:
             assert why, f"{name}: fallback of {opcode} without a reason"
             fell.setdefault(opcode, {}).setdefault(name, why)
-    with capsys.disabled():
-        print(f"\nopcodes that ran as fallbacks in the suite ({len(fell)}):")
-        for opcode in sorted(fell):
-            programs = fell[opcode]
-            print(f"  {opcode:26} in {', '.join(sorted(programs))}: {next(iter(programs.values()))}")
+    print(f"\nopcodes that ran as fallbacks in the suite ({len(fell)}):")
+    for opcode in sorted(fell):
+        programs = fell[opcode]
+        print(f"  {opcode:26} in {', '.join(sorted(programs))}: {next(iter(programs.values()))}")

@@ -138,5 +138,4 @@ def test_awkward_1000_matmul_pays_for_whole_weight_tiles() -> None:
     assert unit(small, "dma")[1] == pytest.approx(unit(big, "dma")[1] * (1000 / 1024) ** 2, rel=0.01)
     mxu_ratio = unit(small, "mxu")[0] / unit(big, "mxu")[0]
     assert mxu_ratio > flop_ratio + 0.03, (mxu_ratio, flop_ratio)
-    assert mxu_ratio == pytest.approx(1000 / 1024, abs=0.01)
     assert small.cycles / big.cycles > flop_ratio + 0.02
