@@ -1,18 +1,28 @@
 """``dot`` on the MXUs: blocked to fit VMEM, weight tiles latched while the previous tile streams.
 
-The dot is seen as a set of 2-D products ``A[M,K] @ B[K,N]``: M is the last free dimension of the left
-operand, N the last free dimension of the right one, K the last contracting dimension; every other
-dimension (batch, further free or contracting dimensions) is a loop around them, unrolled, and further
-contracting dimensions accumulate. Each product is cut into blocks: ``tm`` rows of A (at most half an
-MXU result buffer, so one half can be popped while the other fills), ``tn`` columns of B (one
-MXU-width tile per MXU, spread over the MXUs), and the whole of K when it fits VMEM (else K blocks of
-whole weight tiles). For each block: the A and B windows are DMA'd into VMEM (double-buffered, and not
-reloaded when the next block needs the same window), each ``R x C`` weight tile is latched with
-``mxu.load_weights`` and the A rows stream through with ``mxu.matmul`` into the MXU result buffer
-(accumulating over K), then ``mxu.pop`` writes the block to VMEM and a DMA writes it to HBM.
+Every dot is seen as a set of 2-D products ``A[M,K] @ B[K,N]`` through byte-identical *views* of its
+operands (:mod:`.views`): the left operand as ``[lead..., M, K]``, the right one as ``[lead..., K, N]`` and
+the result as ``[lead..., M, N]``, where the lead dimensions are the batch dimensions, the further free
+dimensions (each index is its own product) and the further contracting dimensions (their products
+accumulate). A left operand without a free dimension (vector-matrix) gets a size-1 M, a right one without
+(matrix-vector) a size-1 N; the views only rename dimensions, so nothing moves.
+
+:mod:`.dot_plan` chooses the blocking. For each contraction step the A and B windows are DMA'd into VMEM
+slots (loads of the next step are issued before this step's MXU work, and windows still held in a slot
+are not loaded again: a row panel of A stays resident across the N blocks, all of B across the rows when
+it fits). Each ``R x C`` weight tile is latched with ``mxu.load_weights`` on the MXU that owns it and the
+block's rows (or that MXU's row group) stream through with ``mxu.matmul`` into one half of its result
+buffer, accumulating over K; when a block is complete, ``mxu.pop`` writes it to VMEM and a DMA to HBM
+while the next block accumulates in the other half.
+
+Orientation follows the physical layouts: A must have K in lanes (its most minor dimension) to stream,
+otherwise each loaded window is transposed on an XLU (``vpu.copy`` into a K-minor block); B is latched
+as stored when N is its minor dimension and with ``transpose`` when K is; a result whose minor dimension
+is not N is popped into an N-minor block and transposed on the way out.
 
 Precision follows XLA on TPU: bf16 operands take one pass; f32 operands take one bf16 pass for DEFAULT
-(or what ``--matmul-precision`` says DEFAULT means), three for HIGH and six for HIGHEST.
+(or what ``--matmul-precision`` says DEFAULT means), three for HIGH and six for HIGHEST; s8/u8 operands
+multiply exactly into s32.
 """
 
 from __future__ import annotations
@@ -21,9 +31,22 @@ import itertools
 from dataclasses import dataclass
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.compiler.lowering.context import Lowering, VmemExhausted
+from tpusim.compiler.lowering.context import Lowering
+from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
-from tpusim.isa import DmaStart, MemRef, MxuLoadWeights, MxuMatmul, MxuPop, SemWait, VpuMap, Window, XluTranspose
+from tpusim.compiler.lowering.views import view_ref, view_shape
+from tpusim.isa import (
+    PRECISION_PASSES,
+    DmaStart,
+    MemRef,
+    MxuLoadWeights,
+    MxuMatmul,
+    MxuPop,
+    SemWait,
+    VpuCopy,
+    VpuMap,
+    Window,
+)
 from tpusim.memory import Shape
 
 __all__ = ["lower_dot", "matmul_precision"]
@@ -42,266 +65,69 @@ def matmul_precision(instr: Instruction, default: str, operand_type: str) -> str
     return _PASSES[default if name == "default" else name]
 
 
+# --------------------------------------------------------------------------------------------- views
 @dataclass(frozen=True)
-class _Dims:
-    """The dot's dimensions, split into the 2-D product and the loops around it."""
+class _Views:
+    """The dot's operands and result as ``[lead..., rows, cols]`` views, and the products over the leads.
 
-    m: int | None  # lhs dimension of M
-    k_lhs: int
-    k_rhs: int
-    n: int | None  # rhs dimension of N
-    batch: tuple[tuple[int, int], ...]  # (lhs dim, rhs dim)
-    lhs_loops: tuple[int, ...]  # further lhs free dims
-    rhs_loops: tuple[int, ...]  # further rhs free dims
-    contract_loops: tuple[tuple[int, int], ...]  # further (lhs, rhs) contracting dims
+    Attributes:
+        products: per output lead index, the ``(lhs lead, rhs lead)`` index pairs summed into it.
+    """
+
+    lhs: MemRef
+    rhs: MemRef
+    out: MemRef
+    products: tuple[tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]], ...]
+
+    @property
+    def m(self) -> int:
+        return self.lhs.shape.dimensions[-2]
+
+    @property
+    def k(self) -> int:
+        return self.lhs.shape.dimensions[-1]
+
+    @property
+    def n(self) -> int:
+        return self.rhs.shape.dimensions[-1]
 
 
-def _dims(instr: Instruction, lhs: Shape, rhs: Shape) -> _Dims:
-    lb, rb = instr.attr("lhs_batch_dims", ()), instr.attr("rhs_batch_dims", ())
-    lc, rc = instr.attr("lhs_contracting_dims", ()), instr.attr("rhs_contracting_dims", ())
+def _views(instr: Instruction, lhs: MemRef, rhs: MemRef, out: MemRef) -> _Views:
+    lb, rb = tuple(instr.attr("lhs_batch_dims", ())), tuple(instr.attr("rhs_batch_dims", ()))
+    lc, rc = tuple(instr.attr("lhs_contracting_dims", ())), tuple(instr.attr("rhs_contracting_dims", ()))
     if not lc:
         raise NotLowerable("a dot without contracting dimensions (an outer product)")
-    lf = [d for d in range(lhs.rank) if d not in lb and d not in lc]
-    rf = [d for d in range(rhs.rank) if d not in rb and d not in rc]
-    if len(rf) > 1:
-        raise NotLowerable("a right operand with several free dimensions")
-    return _Dims(
-        m=lf[-1] if lf else None,
-        k_lhs=lc[-1],
-        k_rhs=rc[-1],
-        n=rf[-1] if rf else None,
-        batch=tuple(zip(lb, rb)),
-        lhs_loops=tuple(lf[:-1]),
-        rhs_loops=tuple(rf[:-1]),
-        contract_loops=tuple(zip(lc[:-1], rc[:-1])),
+    lf = [d for d in range(lhs.shape.rank) if d not in lb and d not in lc]
+    rf = [d for d in range(rhs.shape.rank) if d not in rb and d not in rc]
+    nb = len(lb)
+    lhs_order = (*lb, *lf[:-1], *lc[:-1], lf[-1] if lf else None, lc[-1])
+    rhs_order = (*rb, *rf[:-1], *rc[:-1], rc[-1], rf[-1] if rf else None)
+    out_order = (
+        *range(nb),
+        *(nb + j for j in range(len(lf) - 1)),
+        *(nb + len(lf) + j for j in range(len(rf) - 1)),
+        nb + len(lf) - 1 if lf else None,
+        nb + len(lf) + len(rf) - 1 if rf else None,
     )
+    ld, rd = lhs.shape.dimensions, rhs.shape.dimensions
+    batch = [range(ld[d]) for d in lb]
+    lloops, rloops = [range(ld[d]) for d in lf[:-1]], [range(rd[d]) for d in rf[:-1]]
+    cloops = [range(ld[d]) for d in lc[:-1]]
+    products = []
+    for b in itertools.product(*batch):
+        for li in itertools.product(*lloops):
+            for ri in itertools.product(*rloops):
+                pairs = tuple(((*b, *li, *c), (*b, *ri, *c)) for c in itertools.product(*cloops))
+                products.append(((*b, *li, *ri), pairs))
+    return _Views(view_ref(lhs, lhs_order), view_ref(rhs, rhs_order), view_ref(out, out_order), tuple(products))
 
 
-@dataclass(frozen=True)
-class _Block:
-    """One output block and the contraction steps that produce it."""
-
-    out_offsets: tuple[int, ...]
-    out_sizes: tuple[int, ...]
-    steps: tuple[tuple[Window, Window], ...]  # (lhs window, rhs window) per contraction step
-    ms: int  # rows of this block
-    ns: int  # columns of this block
-
-
-def _window(rank: int, fixed: dict[int, int], ranges: dict[int, tuple[int, int]]) -> Window:
-    offsets, sizes = [], []
-    for d in range(rank):
-        if d in ranges:
-            offsets.append(ranges[d][0])
-            sizes.append(ranges[d][1])
-        else:
-            offsets.append(fixed.get(d, 0))
-            sizes.append(1)
-    return Window(tuple(offsets), tuple(sizes))
-
-
-def _blocks(d: _Dims, lhs: Shape, rhs: Shape, out_rank: int, tm: int, tn: int, tk: int) -> list[_Block]:
-    M = lhs.dimensions[d.m] if d.m is not None else 1
-    N = rhs.dimensions[d.n] if d.n is not None else 1
-    K = lhs.dimensions[d.k_lhs]
-    outer_ranges = [range(lhs.dimensions[a]) for a, _ in d.batch]
-    outer_ranges += [range(lhs.dimensions[a]) for a in d.lhs_loops]
-    outer_ranges += [range(rhs.dimensions[a]) for a in d.rhs_loops]
-    contract_ranges = [range(lhs.dimensions[a]) for a, _ in d.contract_loops]
-    blocks = []
-    nb = len(d.batch)
-    for outer in itertools.product(*outer_ranges):
-        bidx, lidx, ridx = outer[:nb], outer[nb : nb + len(d.lhs_loops)], outer[nb + len(d.lhs_loops) :]
-        for m0 in range(0, M, tm):
-            ms = min(tm, M - m0)
-            for n0 in range(0, N, tn):
-                ns = min(tn, N - n0)
-                steps = []
-                for cidx in itertools.product(*contract_ranges):
-                    for k0 in range(0, K, tk):
-                        ks = min(tk, K - k0)
-                        lfix = {a: i for (a, _), i in zip(d.batch, bidx)}
-                        lfix |= dict(zip(d.lhs_loops, lidx)) | {a: i for (a, _), i in zip(d.contract_loops, cidx)}
-                        rfix = {b: i for (_, b), i in zip(d.batch, bidx)}
-                        rfix |= dict(zip(d.rhs_loops, ridx)) | {b: i for (_, b), i in zip(d.contract_loops, cidx)}
-                        lr = {d.k_lhs: (k0, ks)} | ({d.m: (m0, ms)} if d.m is not None else {})
-                        rr = {d.k_rhs: (k0, ks)} | ({d.n: (n0, ns)} if d.n is not None else {})
-                        steps.append((_window(lhs.rank, lfix, lr), _window(rhs.rank, rfix, rr)))
-                offsets = (
-                    [*bidx, *lidx] + ([m0] if d.m is not None else []) + [*ridx] + ([n0] if d.n is not None else [])
-                )
-                sizes = [1] * (nb + len(d.lhs_loops)) + ([ms] if d.m is not None else []) + [1] * len(d.rhs_loops)
-                sizes += [ns] if d.n is not None else []
-                blocks.append(_Block(tuple(offsets), tuple(sizes), tuple(steps), ms, ns))
-    assert all(len(b.out_offsets) == out_rank for b in blocks)
-    return blocks
-
-
-def _as_matrix(ctx: Lowering, ref: MemRef, rows: int | None, cols: int, rank: int) -> tuple[MemRef, bool]:
-    """``ref`` as a block whose last two dimensions are (rows, cols) and all others 1, through a cross-lane
-    transpose when the operand's dimensions come in another order. The bool says the block is transposed
-    (always False here; see :func:`_as_weights_t`)."""
-    if rows is None:
-        raise NotLowerable("a dot whose left operand has no free dimension (a vector-matrix product)")
-    order = [d for d in range(rank) if d not in (rows, cols)]
-    if all(ref.dims[d] == 1 for d in order) and (rows, cols) == (rank - 2, rank - 1):
-        return ref, False
-    perm = (*order, rows, cols)
-    plain = Shape(ref.element_type, tuple(ref.dims[p] for p in perm))
-    dst = ctx.vmem(plain.with_layout(ctx.rules.layout_for(plain)))
-    ctx.emit(XluTranspose, dst=dst, src=ref, permutation=perm)
-    return dst, False
-
-
-@lowering("dot")
-def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    lhs_ref, rhs_ref = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.operands[1])
-    out_ref = ctx.hbm(comp.name, instr.name)
-    lhs, rhs, out = lhs_ref.shape, rhs_ref.shape, out_ref.shape
-    lt, rt = lhs.element_type.name, rhs.element_type.name
-    if lt != rt or lt not in _MXU_INPUTS:
-        raise NotLowerable(f"a {lt} x {rt} dot (the MXU multiplies bf16, f32 through bf16 passes, and int8)")
-    if _MXU_INPUTS[lt] == "int8" and out.element_type.name != "s32":
-        raise NotLowerable(f"an 8-bit dot with a {out.element_type} result")
-    if _MXU_INPUTS[lt] != "int8" and not out.element_type.is_float:
-        raise NotLowerable(f"a float dot with a {out.element_type} result")
-    d = _dims(instr, lhs, rhs)
-    if d.n is None:
-        raise NotLowerable("a dot whose right operand has no free dimension (a matrix-vector product)")
-    precision = matmul_precision(instr, ctx.options.matmul_precision, lt)
-    cfg = ctx.config.mxu
-    M = lhs.dimensions[d.m] if d.m is not None else 1
-    N = rhs.dimensions[d.n]
-    K = lhs.dimensions[d.k_lhs]
-    tn = min(N, cfg.cols * cfg.count)
-    tm = min(M, max(8, cfg.result_buffer_rows // 2 // 8 * 8))
-    tk = K
-    while True:
-        mark, vmem_mark = ctx.checkpoint(), ctx.scope.vmem_next
-        try:
-            _emit(ctx, d, lhs_ref, rhs_ref, out_ref, tm, tn, tk, precision)
-            return
-        except VmemExhausted:
-            ctx.rollback(mark)
-            ctx.scope.vmem_next = vmem_mark
-            if tk > cfg.rows:
-                tk = max(cfg.rows, tk // 2 // cfg.rows * cfg.rows)
-            elif tm > 8:
-                tm = max(8, tm // 2 // 8 * 8)
-            else:
-                raise NotLowerable("its blocks do not fit in VMEM") from None
-
-
-def _emit(
-    ctx: Lowering,
-    d: _Dims,
-    lhs_ref: MemRef,
-    rhs_ref: MemRef,
-    out_ref: MemRef,
-    tm: int,
-    tn: int,
-    tk: int,
-    precision: str,
-) -> None:
-    cfg = ctx.config.mxu
-    lhs, rhs, out = lhs_ref.shape, rhs_ref.shape, out_ref.shape
-    blocks = _blocks(d, lhs, rhs, out.rank, tm, tn, tk)
-    acc_type = "s32" if lhs.element_type.name in ("s8", "u8") else "f32"
-
-    def vmem_block(shape: Shape, window: Window) -> MemRef:
-        return ctx.vmem(Shape(shape.element_type, window.sizes, layout=shape.layout))
-
-    first = blocks[0]
-    a_slots = [vmem_block(lhs, first.steps[0][0]), vmem_block(lhs, first.steps[0][0])]
-    b_slots = [vmem_block(rhs, first.steps[0][1]), vmem_block(rhs, first.steps[0][1])]
-    pop_type = out.element_type.name if out.element_type.name in ("f32", "bf16", "s32") else acc_type
-    out_block = Shape(out.element_type, first.out_sizes, layout=out.layout)
-    c_slots = [ctx.vmem(out_block.with_element_type(pop_type)), ctx.vmem(out_block.with_element_type(pop_type))]
-    convert_slot = ctx.vmem(out_block) if pop_type != out.element_type.name else None
-    sem_in, sem_out = [ctx.semaphore(), ctx.semaphore()], [ctx.semaphore(), ctx.semaphore()]
-
-    steps = [(bi, si, step) for bi, b in enumerate(blocks) for si, step in enumerate(b.steps)]
-    resident: list[list[Window | None]] = [[None, None], [None, None]]  # [operand][slot] -> window held
-    slot_of: list[list[int]] = [[0] * len(steps), [0] * len(steps)]
-    loads: list[int] = [0] * len(steps)
-
-    def issue_loads(i: int) -> None:
-        _, _, windows = steps[i]
-        for op, (ref, slots) in enumerate(((lhs_ref, a_slots), (rhs_ref, b_slots))):
-            window = windows[op]
-            prev = slot_of[op][i - 1] if i else 1
-            if i and resident[op][prev] == window:
-                slot_of[op][i] = prev
-                continue
-            slot = 1 - prev if i else 0
-            slot_of[op][i] = slot
-            resident[op][slot] = window
-            src = MemRef(ref.space, ref.address, ref.shape, window) if window.sizes != ref.shape.dimensions else ref
-            dst = _matrix_view(slots[slot], window)
-            ctx.emit(DmaStart, src=src, dst=dst, sem=sem_in[i % 2])
-            loads[i] += 1
-
-    issue_loads(0)
-    pending_out = [0, 0]
-    mxus = cfg.count
-    acc_half = [0] * mxus
-    for i, (bi, si, windows) in enumerate(steps):
-        block = blocks[bi]
-        if loads[i]:
-            ctx.emit(SemWait, sem=sem_in[i % 2], count=loads[i])
-        a = _matrix_view(a_slots[slot_of[0][i]], windows[0])
-        b = _matrix_view(b_slots[slot_of[1][i]], windows[1])
-        a_mat, a_t = _as_matrix(ctx, a, d.m, d.k_lhs, lhs.rank)
-        if a_t:
-            raise NotLowerable("internal: left operand came out transposed")
-        assert d.n is not None
-        if d.k_rhs < d.n:
-            b_mat, b_t = _as_matrix(ctx, b, d.k_rhs, d.n, rhs.rank)
-        else:
-            b_mat, b_t = _as_weights_t(ctx, b, d.k_rhs, d.n, rhs.rank)
-        kk = a_mat.dims[-1]
-        nn = b_mat.dims[-2] if b_t else b_mat.dims[-1]
-        # K outer, N tiles inner: consecutive weight tiles go to different MXUs, which stream in parallel.
-        for k0 in range(0, kk, cfg.rows):
-            for t, n0 in enumerate(range(0, nn, cfg.cols)):
-                mxu = t % mxus
-                acc = acc_half[mxu] * (cfg.result_buffer_rows // 2)
-                kt, nt = min(cfg.rows, kk - k0), min(cfg.cols, nn - n0)
-                w_window = (k0, n0) if not b_t else (n0, k0)
-                w_sizes = (kt, nt) if not b_t else (nt, kt)
-                w = _sub2(b_mat, w_window, w_sizes)
-                ctx.emit(MxuLoadWeights, mxu=mxu, src=w, transpose=b_t, precision=precision)
-                lhs_tile = _sub2(a_mat, (0, k0), (a_mat.dims[-2], kt))
-                ctx.emit(MxuMatmul, mxu=mxu, lhs=lhs_tile, acc=acc, accumulate=si > 0 or k0 > 0, precision=precision)
-        if i + 1 < len(steps):
-            issue_loads(i + 1)
-        if si != len(block.steps) - 1:
-            continue
-        # The block is complete: pop every tile, then write the block out.
-        slot = bi % 2
-        if pending_out[slot]:
-            ctx.emit(SemWait, sem=sem_out[slot], count=pending_out[slot])
-            pending_out[slot] = 0
-        c = _resized(c_slots[slot], block.out_sizes)
-        for t, n0 in enumerate(range(0, block.ns, cfg.cols)):
-            mxu = t % mxus
-            acc = acc_half[mxu] * (cfg.result_buffer_rows // 2)
-            ctx.emit(MxuPop, mxu=mxu, dst=_sub2(c, (0, n0), (block.ms, min(cfg.cols, block.ns - n0))), acc=acc)
-        for m in range(min(mxus, -(-block.ns // cfg.cols))):
-            acc_half[m] ^= 1
-        src = c
-        if convert_slot is not None:
-            conv = _resized(convert_slot, block.out_sizes)
-            ctx.emit(VpuMap, fn="convert", dst=conv, srcs=(c,))
-            src = conv
-        dst = MemRef(out_ref.space, out_ref.address, out, Window(block.out_offsets, block.out_sizes))
-        if block.out_sizes == out.dimensions:
-            dst = out_ref
-        ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[slot])
-        pending_out[slot] += 1
-    for slot in (0, 1):
-        if pending_out[slot]:
-            ctx.emit(SemWait, sem=sem_out[slot], count=pending_out[slot])
+# --------------------------------------------------------------------------------------------- helpers
+def _window(ref: MemRef, lead: tuple[int, ...], offsets: tuple[int, int], sizes: tuple[int, int]) -> MemRef:
+    full = (*lead, *offsets), (*(1,) * len(lead), *sizes)
+    if full[1] == ref.shape.dimensions:
+        return ref
+    return MemRef(ref.space, ref.address, ref.shape, Window(*full))
 
 
 def _resized(slot: MemRef, dims: tuple[int, ...]) -> MemRef:
@@ -311,25 +137,303 @@ def _resized(slot: MemRef, dims: tuple[int, ...]) -> MemRef:
     return MemRef(slot.space, slot.address, Shape(slot.element_type, dims, layout=slot.shape.layout))
 
 
-def _matrix_view(slot: MemRef, window: Window) -> MemRef:
-    """The VMEM slot holding ``window``'s data, shaped like the window."""
-    return _resized(slot, window.sizes)
-
-
-def _as_weights_t(ctx: Lowering, ref: MemRef, rows: int, cols: int, rank: int) -> tuple[MemRef, bool]:
-    """Weights stored (N, K): latch them transposed when N and K are the last two dimensions."""
-    dims = ref.dims
-    if all(dims[d] == 1 for d in range(rank) if d not in (rows, cols)) and cols == rank - 2 and rows == rank - 1:
-        return ref, True
-    return _as_matrix(ctx, ref, rows, cols, rank)
-
-
 def _sub2(ref: MemRef, offsets: tuple[int, int], sizes: tuple[int, int]) -> MemRef:
     """A window over the last two dimensions of a block whose other dimensions are 1."""
-    lead = len(ref.dims) - 2
     if sizes == tuple(ref.dims[-2:]) and offsets == (0, 0):
         return ref
-    base = ref.window.offsets if ref.window is not None else (0,) * len(ref.dims)
-    if ref.window is not None:
-        offsets = (base[-2] + offsets[0], base[-1] + offsets[1])  # type: ignore[operator]
-    return MemRef(ref.space, ref.address, ref.shape, Window((*base[:lead], *offsets), (*(1,) * lead, *sizes)))
+    lead = len(ref.dims) - 2
+    return MemRef(ref.space, ref.address, ref.shape, Window((*(0,) * lead, *offsets), (*(1,) * lead, *sizes)))
+
+
+def _minor(shape: Shape) -> int:
+    return shape.effective_layout.minor_to_major[0] if shape.rank else 0
+
+
+def _swap_last(shape: Shape) -> Shape:
+    """The same bytes with the last two dimensions' names exchanged."""
+    r = shape.rank
+    return view_shape(shape, (*range(r - 2), r - 1, r - 2))
+
+
+class _Slots:
+    """VMEM slots holding operand windows, reused least-recently-used first."""
+
+    def __init__(self, slots: list[MemRef]) -> None:
+        self.slots = slots
+        self.held: list[object] = [None] * len(slots)
+        self.used = [-1] * len(slots)
+
+    def find(self, key: object) -> int | None:
+        return self.held.index(key) if key in self.held else None
+
+    def claim(self, key: object, step: int, pinned: set[int]) -> int:
+        free = [i for i in range(len(self.slots)) if i not in pinned]
+        slot = min(free, key=lambda i: self.used[i])
+        self.held[slot], self.used[slot] = key, step
+        return slot
+
+    def touch(self, slot: int, step: int) -> None:
+        self.used[slot] = step
+
+
+@dataclass(frozen=True)
+class _Step:
+    block: int  # index into blocks
+    first: bool  # first contraction step of its block
+    last: bool
+    a_key: tuple[tuple[int, ...], int, int, int, int]  # (lead, m0, k0, ms, ks)
+    b_key: tuple[tuple[int, ...], int, int, int, int]  # (lead, k0, n0, ks, ns)
+
+
+@dataclass(frozen=True)
+class _Block:
+    lead: tuple[int, ...]
+    m0: int
+    n0: int
+    ms: int
+    ns: int
+
+
+# --------------------------------------------------------------------------------------------- the rule
+@lowering("dot")
+def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    lhs_ref, rhs_ref = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.operands[1])
+    out_ref = ctx.hbm(comp.name, instr.name)
+    lt, rt, ot = lhs_ref.element_type, rhs_ref.element_type, out_ref.element_type
+    if lt != rt or lt.name not in _MXU_INPUTS:
+        raise NotLowerable(f"a {lt} x {rt} dot (the MXU multiplies bf16, f32 through bf16 passes, and s8/u8)")
+    integer = _MXU_INPUTS[lt.name] == "int8"
+    if integer and ot.name != "s32":
+        raise NotLowerable(f"an 8-bit dot with a {ot} result (the MXU accumulates 8-bit products in s32)")
+    if not integer and not ot.is_float:
+        raise NotLowerable(f"a float dot with a {ot} result")
+    views = _views(instr, lhs_ref, rhs_ref, out_ref)
+    precision = matmul_precision(instr, ctx.options.matmul_precision, lt.name)
+    _DotEmitter(ctx, views, precision).run()
+
+
+class _DotEmitter:
+    def __init__(self, ctx: Lowering, views: _Views, precision: str) -> None:
+        self.ctx, self.v, self.precision = ctx, views, precision
+        self.cfg = ctx.config.mxu
+        lhs, rhs, out = views.lhs.shape, views.rhs.shape, views.out.shape
+        self.a_stream = _minor(lhs) == lhs.rank - 1  # K in lanes: windows stream as loaded
+        self.b_mode = "plain" if _minor(rhs) == rhs.rank - 1 else "transposed" if _minor(rhs) == rhs.rank - 2 else ""
+        et = out.element_type.name
+        integer = lhs.element_type.name in ("s8", "u8")
+        self.pop_type = et if et in ("f32", "bf16", "s32") else ("s32" if integer else "f32")
+
+    # ---------------------------------------------------------------- shapes of the VMEM blocks
+    def _natural(self, like: Shape, dims: tuple[int, ...], etype: str | None = None) -> Shape:
+        plain = Shape(etype or like.element_type, dims)
+        return plain.with_layout(self.ctx.rules.layout_for(plain))
+
+    def _block_shapes(self, tm: int, tn: int, tk: int) -> dict[str, Shape]:
+        lhs, rhs, out = self.v.lhs.shape, self.v.rhs.shape, self.v.out.shape
+        la, lb, lo = lhs.rank - 2, rhs.rank - 2, out.rank - 2
+        a_dims, b_dims, c_dims = (*(1,) * la, tm, tk), (*(1,) * lb, tk, tn), (*(1,) * lo, tm, tn)
+        shapes = {"a_raw": Shape(lhs.element_type, a_dims, layout=lhs.layout)}
+        shapes["a"] = shapes["a_raw"] if self.a_stream else self._natural(lhs, a_dims)
+        shapes["b_raw"] = Shape(rhs.element_type, b_dims, layout=rhs.layout)
+        shapes["b"] = shapes["b_raw"] if self.b_mode else self._natural(rhs, b_dims)
+        c_natural = _minor(out) == out.rank - 1
+        c_layout = out.layout if c_natural else self.ctx.rules.layout_for(Shape(out.element_type, c_dims))
+        shapes["pop"] = Shape(self.pop_type, c_dims, layout=c_layout)
+        if self.pop_type != out.element_type.name:
+            shapes["convert"] = Shape(out.element_type, c_dims, layout=c_layout)
+        if not c_natural:
+            shapes["store"] = Shape(out.element_type, c_dims, layout=out.layout)
+        return shapes
+
+    def _footprint(self, tm: int, tn: int, tk: int) -> tuple[int, int, int, int, int]:
+        vb = self.ctx.vreg_bytes
+        s = self._block_shapes(tm, tn, tk)
+        size = {k: vmem_size(v, vb) for k, v in s.items()}
+        a_stage = 0 if self.a_stream else 2 * size["a_raw"]
+        b_stage = 0 if self.b_mode else 2 * size["b_raw"]
+        c = 2 * size["pop"] + size.get("convert", 0) + size.get("store", 0)
+        return size["a"], size["b"], a_stage, b_stage, c
+
+    # ---------------------------------------------------------------- planning
+    def plan(self) -> DotPlan:
+        v, cfg = self.v, self.ctx.config
+        lt = v.lhs.element_type.name
+        passes = PRECISION_PASSES[self.precision] if lt == "f32" else (1, 1)
+        problem = Problem(
+            m=v.m,
+            n=v.n,
+            k=v.k,
+            products=len(v.products),
+            contracts=len(v.products[0][1]),
+            a_bytes=max(1, v.lhs.element_type.bits // 8),
+            b_bytes=max(1, v.rhs.element_type.bits // 8),
+            c_bytes=max(1, v.out.element_type.bits // 8),
+            passes=passes[1],
+            weight_parts=passes[0],
+            speedup=cfg.mxu.int8_speedup if lt in ("s8", "u8") else 1,
+            block_bytes=self._footprint,
+            rows_major=v.out.shape.effective_layout.minor_to_major.index(v.out.shape.rank - 2)
+            > v.out.shape.effective_layout.minor_to_major.index(v.out.shape.rank - 1),
+        )
+        plans = plan_dot(problem, cfg, self.ctx.vmem_free_bytes())
+        if not plans:
+            raise NotLowerable("its blocks do not fit in VMEM")
+        return plans[0]
+
+    # ---------------------------------------------------------------- emission
+    def run(self) -> None:
+        ctx, v = self.ctx, self.v
+        plan = self.plan()
+        tm, tn, tk = plan.tm, plan.tn, plan.tk
+        shapes = self._block_shapes(tm, tn, tk)
+        depth = plan.depth
+        a_cache = _Slots([ctx.vmem(shapes["a"]) for _ in range(plan.a_slots)])
+        b_cache = _Slots([ctx.vmem(shapes["b"]) for _ in range(plan.b_slots)])
+        a_stage = [ctx.vmem(shapes["a_raw"]) for _ in range(depth + 1)] if not self.a_stream else []
+        b_stage = [ctx.vmem(shapes["b_raw"]) for _ in range(depth + 1)] if not self.b_mode else []
+        pops = [ctx.vmem(shapes["pop"]) for _ in range(2)]
+        convert = ctx.vmem(shapes["convert"]) if "convert" in shapes else None
+        store = ctx.vmem(shapes["store"]) if "store" in shapes else None
+        # One semaphore counts every operand load: a wait may be satisfied by a later step's load, but the
+        # scoreboard still holds back any instruction reading a window whose DMA is in flight.
+        sem_in, sem_out = ctx.semaphore(), [ctx.semaphore(), ctx.semaphore()]
+
+        blocks, steps = self._steps(plan)
+        # Per step: the slots its windows are in, the DMAs that bring them, relayouts to do on arrival.
+        where: list[tuple[int, int]] = [(0, 0)] * len(steps)
+        loads = [0] * len(steps)
+        relayouts: list[list[tuple[MemRef, MemRef]]] = [[] for _ in steps]
+        issued = -1
+
+        def issue(j: int, current: int) -> None:
+            st = steps[j]
+            found = []
+            for op, (cache, stage, key, ref) in enumerate(
+                ((a_cache, a_stage, st.a_key, v.lhs), (b_cache, b_stage, st.b_key, v.rhs))
+            ):
+                slot = cache.find(key)
+                if slot is not None:
+                    cache.touch(slot, j)
+                    found.append(slot)
+                    continue
+                # Slots of steps not yet done, and of the last few done (the MXUs may still read them),
+                # are not overwritten.
+                slot = cache.claim(key, j, {where[s][op] for s in range(max(0, current - plan.lag), j)})
+                found.append(slot)
+                lead, o0, o1, s0, s1 = key
+                src = _window(ref, lead, (o0, o1), (s0, s1))
+                ready = _resized(cache.slots[slot], src.dims)
+                dst = _resized(stage[j % len(stage)], src.dims) if stage else ready
+                ctx.emit(DmaStart, src=src, dst=dst, sem=sem_in)
+                loads[j] += 1
+                if stage:
+                    relayouts[j].append((dst, ready))
+            where[j] = (found[0], found[1])
+
+        def issue_upto(j: int, current: int) -> None:
+            nonlocal issued
+            while issued < min(j, len(steps) - 1):
+                issued += 1
+                issue(issued, current)
+
+        issue_upto(depth - 1, 0)
+        pending_out = [0, 0]
+        half = self.cfg.result_buffer_rows // 2
+        acc_half = [0] * self.cfg.count
+        done_blocks = 0
+        for i, st in enumerate(steps):
+            if loads[i]:
+                ctx.emit(SemWait, sem=sem_in, count=loads[i])
+            issue_upto(i + depth, i)
+            for src, dst in relayouts[i]:
+                ctx.emit(VpuCopy, dst=dst, src=src)
+            block = blocks[st.block]
+            self._multiply(st, block, a_cache.slots[where[i][0]], b_cache.slots[where[i][1]], plan, acc_half, half)
+            if not st.last:
+                continue
+            slot = done_blocks % 2
+            done_blocks += 1
+            if pending_out[slot]:
+                ctx.emit(SemWait, sem=sem_out[slot], count=pending_out[slot])
+                pending_out[slot] = 0
+            src = self._pop(block, pops[slot], plan, acc_half, half)
+            if convert is not None:
+                conv = _resized(convert, src.dims)
+                ctx.emit(VpuMap, fn="convert", dst=conv, srcs=(src,))
+                src = conv
+            if store is not None:
+                out_block = _resized(store, src.dims)
+                ctx.emit(VpuCopy, dst=out_block, src=src)
+                src = out_block
+            dst = _window(v.out, block.lead, (block.m0, block.n0), (block.ms, block.ns))
+            ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[slot])
+            pending_out[slot] += 1
+        for slot in (0, 1):
+            if pending_out[slot]:
+                ctx.emit(SemWait, sem=sem_out[slot], count=pending_out[slot])
+
+    def _steps(self, plan: DotPlan) -> tuple[list[_Block], list[_Step]]:
+        v = self.v
+        blocks: list[_Block] = []
+        steps: list[_Step] = []
+        for out_lead, pairs in v.products:
+            ms_ = range(0, v.m, plan.tm)
+            ns_ = range(0, v.n, plan.tn)
+            corners = [(m0, n0) for m0 in ms_ for n0 in ns_] if plan.order == "mn" else [
+                (m0, n0) for n0 in ns_ for m0 in ms_
+            ]
+            for m0, n0 in corners:
+                ms, ns = min(plan.tm, v.m - m0), min(plan.tn, v.n - n0)
+                blocks.append(_Block(out_lead, m0, n0, ms, ns))
+                contraction = [(ll, rl, k0) for ll, rl in pairs for k0 in range(0, v.k, plan.tk)]
+                for j, (ll, rl, k0) in enumerate(contraction):
+                    ks = min(plan.tk, v.k - k0)
+                    a_key, b_key = (ll, m0, k0, ms, ks), (rl, k0, n0, ks, ns)
+                    steps.append(_Step(len(blocks) - 1, j == 0, j == len(contraction) - 1, a_key, b_key))
+        return blocks, steps
+
+    def _mxu_map(self, block: _Block, plan: DotPlan) -> list[tuple[int, int, int, int, int]]:
+        """``(mxu, n0, cols, r0, rows)`` for every weight tile and row group of a block."""
+        cfg = self.cfg
+        tiles = list(range(0, block.ns, cfg.cols))
+        rows = row_groups(block.ms, max(1, cfg.count // len(tiles)), self.ctx.config.vpu.sublanes)
+        return [
+            (t * len(rows) + j, n0, min(cfg.cols, block.ns - n0), r0, rs)
+            for t, n0 in enumerate(tiles)
+            for j, (r0, rs) in enumerate(rows)
+        ]
+
+    def _multiply(
+        self, st: _Step, block: _Block, a_slot: MemRef, b_slot: MemRef, plan: DotPlan, acc_half: list[int], half: int
+    ) -> None:
+        ctx, cfg = self.ctx, self.cfg
+        _, _, _, ms, ks = st.a_key
+        a = _resized(a_slot, (*(1,) * (a_slot.shape.rank - 2), ms, ks))
+        b = _resized(b_slot, (*(1,) * (b_slot.shape.rank - 2), ks, block.ns))
+        transpose = self.b_mode == "transposed"
+        if transpose:
+            b = MemRef(b.space, b.address, _swap_last(b.shape))
+        mapping = self._mxu_map(block, plan)
+        for k0 in range(0, ks, cfg.rows):
+            kt = min(cfg.rows, ks - k0)
+            for mxu, n0, nt, r0, rs in mapping:
+                w = _sub2(b, (n0, k0), (nt, kt)) if transpose else _sub2(b, (k0, n0), (kt, nt))
+                ctx.emit(MxuLoadWeights, mxu=mxu, src=w, transpose=transpose, precision=self.precision)
+                ctx.emit(
+                    MxuMatmul,
+                    mxu=mxu,
+                    lhs=_sub2(a, (r0, k0), (rs, kt)),
+                    acc=acc_half[mxu] * half,
+                    accumulate=not (st.first and k0 == 0),
+                    precision=self.precision,
+                )
+
+    def _pop(self, block: _Block, slot: MemRef, plan: DotPlan, acc_half: list[int], half: int) -> MemRef:
+        c = _resized(slot, (*(1,) * (slot.shape.rank - 2), block.ms, block.ns))
+        used = set()
+        for mxu, n0, nt, r0, rs in self._mxu_map(block, plan):
+            self.ctx.emit(MxuPop, mxu=mxu, dst=_sub2(c, (r0, n0), (rs, nt)), acc=acc_half[mxu] * half)
+            used.add(mxu)
+        for mxu in used:
+            acc_half[mxu] ^= 1
+        return c

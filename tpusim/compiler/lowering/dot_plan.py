@@ -1,0 +1,184 @@
+"""Blocking of a dot on the MXUs: block sizes, loop order and which operand blocks stay in VMEM.
+
+A dot is a set of 2-D products ``A[M,K] @ B[K,N]`` (see :mod:`.dot`). Each is cut into output blocks of
+``tm x tn`` and contraction steps of ``tk``:
+
+* ``tn``: at most one MXU-width (``mxu.cols``) tile per MXU. When N has fewer tiles than there are MXUs,
+  the spare MXUs take row *groups* of the block: MXU ``t * groups + j`` multiplies rows group ``j`` by
+  weight tile ``t`` (each latches the same weights), so a 256-wide product still keeps four MXUs busy.
+* ``tm``: at most half a result buffer per row group (the other half is popped while the next block
+  accumulates): ``groups * mxu.result_buffer_rows / 2``.
+* ``tk``: the whole K when the blocks fit VMEM, else halves of it in whole weight tiles.
+* ``depth``: the operand loads of that many steps are in flight ahead of the MXU work, enough to cover
+  a load's latency and transfer time; ``lag``: the MXUs may still read the windows of that many earlier
+  steps (the sequencer runs ahead by up to a unit queue of instructions), so those slots are not reloaded
+  (a DMA waiting for an MXU read would hold a DMA engine idle). Every operand needs
+  ``depth + lag + 1`` slots.
+
+Loop order ``mn`` walks the N blocks of one row of blocks before the next row, ``nm`` the other way.
+With a row-major result, consecutive ``mn`` blocks interleave in memory (they share rows of tiles), so the
+scoreboard, which tracks a window by its byte extent, orders their stores one after the other; the
+planner charges that wait (``nm`` blocks are disjoint).
+Operand windows live in VMEM slots managed as least-recently-used caches: two slots per operand give
+double buffering; ``nk + 1`` A slots keep a row panel of A resident across the N blocks (``mn``); enough
+B slots keep all of B resident across the rows. The planner enumerates these choices, keeps those that fit
+the instruction's VMEM share, and picks the one with the least estimated time
+``max(HBM bytes / HBM bytes per cycle, MXU cycles)`` plus the pipeline's fill (the first step's operands
+arrive before any MXU work) and drain (the last block's pop and store) and a DMA set-up share per step.
+The MXU term charges, per MXU and weight tile, the larger of its weight load and its row stream
+(double-buffered loads hide behind streams of at least ``weight_load_cycles`` rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from tpusim.config import ChipConfig
+from tpusim.memory import Shape
+
+__all__ = ["DotPlan", "Problem", "plan_dot", "row_groups"]
+
+_MAX_DEPTH = 8
+"""Most contraction steps whose operand loads are in flight at once."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the planner needs to know about a dot.
+
+    Attributes:
+        m, n, k: sizes of one 2-D product.
+        products: output blocks' worth of 2-D products (batch and free loop dimensions).
+        contracts: 2-D products summed into each output (further contracting dimensions).
+        a_bytes, b_bytes: bytes per element of the operands; c_bytes of the result.
+        passes: bf16 passes per streamed row (f32 precision modes); weight_parts likewise per load.
+        speedup: rows per cycle factor (``mxu.int8_speedup`` for 8-bit operands).
+        block_bytes: callable giving the VMEM bytes of the blocks for ``(tm, tn, tk)``:
+            ``(A window, B window, A staging, B staging, result blocks)``.
+        rows_major: the result's M dimension is physically major to N (row-major results).
+    """
+
+    m: int
+    n: int
+    k: int
+    products: int
+    contracts: int
+    a_bytes: int
+    b_bytes: int
+    c_bytes: int
+    passes: int
+    weight_parts: int
+    speedup: int
+    block_bytes: object
+    rows_major: bool = True
+
+
+@dataclass(frozen=True)
+class DotPlan:
+    """A blocking of the dot (see the module docstring)."""
+
+    tm: int
+    tn: int
+    tk: int
+    groups: int
+    order: str
+    a_slots: int
+    b_slots: int
+    depth: int
+    lag: int
+    hbm_bytes: int
+    cycles: float
+    vmem_bytes: int
+
+
+def row_groups(rows: int, groups: int, sublanes: int) -> list[tuple[int, int]]:
+    """``(first row, rows)`` of each MXU row group of a block of ``rows`` rows (whole sublane groups)."""
+    if groups <= 1 or rows <= sublanes:
+        return [(0, rows)]
+    per = ceil(ceil(rows / groups) / sublanes) * sublanes
+    return [(r, min(per, rows - r)) for r in range(0, rows, per)]
+
+
+def _halvings(top: int, unit: int) -> list[int]:
+    out = [top]
+    while out[-1] > unit:
+        nxt = max(unit, out[-1] // 2 // unit * unit)
+        if nxt == out[-1]:
+            break
+        out.append(nxt)
+    return out
+
+
+def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotPlan]:
+    """Every blocking that fits ``vmem_bytes``, best first."""
+    cfg = config.mxu
+    p = problem
+    tn = min(p.n, cfg.cols * cfg.count)
+    tiles = ceil(tn / cfg.cols)
+    groups = max(1, cfg.count // tiles)
+    half = cfg.result_buffer_rows // 2
+    sub = config.vpu.sublanes
+    tm_top = min(p.m, half * groups)
+    tms = [t for t in _halvings(tm_top, sub) if t <= p.m] or [p.m]
+    tks = _halvings(p.k, cfg.rows) if p.k > cfg.rows else [p.k]
+    plans: list[DotPlan] = []
+    for tk in tks:
+        for tm in tms:
+            a_win, b_win, a_stage, b_stage, c_blocks = p.block_bytes(tm, tn, tk)  # type: ignore[operator]
+            nm, nn, nk = ceil(p.m / tm), ceil(p.n / tn), ceil(p.k / tk) * p.contracts
+            g = len(row_groups(tm, groups, sub))
+            rows = max(r for _, r in row_groups(tm, groups, sub))
+            per_tile = max(cfg.weight_load_cycles * p.weight_parts, p.passes * ceil(rows / p.speedup))
+            k_tiles = ceil(p.k / cfg.rows) * p.contracts
+            mxu_cycles = p.products * nm * nn * k_tiles * per_tile + cfg.rows + cfg.cols
+            bpc = config.hbm_bytes_per_cycle
+            # Prefetch depth: enough steps in flight to cover a load's latency and transfer time.
+            step_cycles = ceil(min(tk, p.k) / cfg.rows) * per_tile
+            arrival = config.cycles(config.hbm.latency_ns) + config.dma.setup_cycles + (a_win + b_win) / bpc
+            depth = max(1, min(_MAX_DEPTH, ceil(arrival / max(step_cycles, 1))))
+            # Steps the MXUs may run behind the sequencer (each MXU queues instruction_queue_depth
+            # instructions, two per weight tile): their slots are not reloaded yet, since a DMA that must
+            # wait for an MXU read holds its DMA engine idle.
+            lag = ceil(config.core.instruction_queue_depth / (2 * ceil(min(tk, p.k) / cfg.rows))) + 1
+            a_all = p.m * p.k * p.a_bytes * p.contracts
+            b_all = p.k * p.n * p.b_bytes * p.contracts
+            c_all = p.m * p.n * p.c_bytes
+            for order in ("mn", "nm"):
+                # (slots, loads of the operand over one product) for each residency choice
+                if order == "mn":
+                    a_opts = [(2, nn if nk > 1 else 1)] + ([(nk + 1, 1)] if nk > 1 and nn > 1 else [])
+                    b_opts = [(2, nm)] + ([(nn * nk + 1, 1)] if nm > 1 else [])
+                else:
+                    b_opts = [(2, nm if nk > 1 else 1)] + ([(nk + 1, 1)] if nk > 1 and nm > 1 else [])
+                    a_opts = [(2, nn)] + ([(nm * nk + 1, 1)] if nn > 1 else [])
+                for a_res, a_loads in a_opts:
+                    for b_res, b_loads in b_opts:
+                        a_slots, b_slots = max(a_res, depth + 1 + lag), max(b_res, depth + 1 + lag)
+                        stages = (depth + 1) * (a_stage + b_stage)
+                        need = a_slots * a_win + b_slots * b_win + stages + c_blocks
+                        if need > vmem_bytes:
+                            continue
+                        hbm = p.products * (a_all * a_loads + b_all * b_loads) + p.products * c_all
+                        # fill: the first step's operands arrive before any MXU work; drain: the last
+                        # block's pop and store
+                        store = c_blocks / 2 / bpc + config.cycles(config.hbm.latency_ns)
+                        drain = store + tm / config.mxu.pop_rows_per_cycle
+                        cycles = max(hbm / bpc, mxu_cycles) + arrival + drain
+                        if (order == "mn") == p.rows_major and nn > 1 and nm > 1:
+                            # Consecutive result blocks share rows of tiles: the stores' byte ranges
+                            # interleave, and the scoreboard orders DMAs whose ranges overlap (and stalls
+                            # the sequencer meanwhile): charge the wait, and at least 3%.
+                            block_cycles = mxu_cycles / (p.products * nm * nn)
+                            cycles += p.products * nm * nn * max(0.0, store - block_cycles)
+                            cycles *= 1.03
+                        plan = DotPlan(tm, tn, tk, g, order, a_slots, b_slots, depth, lag, hbm, cycles, need)
+                        plans.append(plan)
+    # least time; then taller blocks (fewer weight loads), fewer steps, fewer bytes, less VMEM
+    plans.sort(key=lambda d: (d.cycles, -d.tm, -d.tk, d.hbm_bytes, d.vmem_bytes, d.order))
+    return plans
+
+
+def vmem_size(shape: Shape, vreg_bytes: int) -> int:
+    """Bytes :meth:`Lowering.vmem` reserves for ``shape`` (whole vector registers)."""
+    return -(-shape.byte_size // vreg_bytes) * vreg_bytes
