@@ -85,11 +85,14 @@ def load_program(program: str | Path | Module) -> Module:
 
 def _config(config: ChipConfig | str | Path, overrides: Sequence[str]) -> ChipConfig:
     if isinstance(config, ChipConfig):
-        if overrides:
-            from tpusim.config import with_overrides
+        if not overrides:
+            return config
+        import yaml
 
-            return with_overrides(config, list(overrides))
-        return config
+        from tpusim.config import parse_override, with_overrides
+
+        pairs = [parse_override(o) for o in overrides]
+        return with_overrides(config, {".".join(k): yaml.safe_load(v) for k, v in pairs})
     return load_config(config, overrides=list(overrides))
 
 

@@ -38,7 +38,10 @@ TOLERANCES: dict[tuple[str, str], float] = {
     ("f32", "none"): 1e-5,
     ("f32", "bf16_6x"): 1e-4,
     ("f32", "bf16_3x"): 1e-3,
-    ("f32", "bf16"): 1e-4,  # against the one-pass emulation (operands already rounded)
+    # Against the one-pass emulation: operands are already rounded, but in a chain of matmuls the later
+    # operands differ from the emulation's in their last f32 bits, and where that flips a bf16 rounding the
+    # products differ by one bf16 ulp (2^-8) of that operand; measured up to 1.2e-3 on the shipped examples.
+    ("f32", "bf16"): 5e-3,
     ("f64", "none"): 1e-12,
     ("bf16", "none"): 2**-7,
     ("bf16", "bf16"): 2**-6,
@@ -106,14 +109,21 @@ def dv_type(et: ElementType) -> type:
     return np.complex128 if et.is_complex else np.float64
 
 
-def emulate_one_pass(module: Module) -> Module:
-    """``module`` with every f32 operand of a dot or convolution rounded to bf16 (and back to f32)."""
+def emulate_one_pass(module: Module, exact: frozenset[str] = frozenset()) -> Module:
+    """``module`` with every f32 operand of a dot or convolution rounded to bf16 (and back to f32).
+
+    Args:
+        module: the program as given.
+        exact: names of dots and convolutions that did not run on the MXU (fallbacks compute them in f32);
+            a compiled name ``x.y`` (an instruction ``y`` inlined from ``x``) also exempts ``y``.
+    """
     comps = []
     for comp in module.computations:
         body: list[Instruction] = []
         names = {i.name for i in comp.instructions}
         for instr in comp.instructions:
-            if instr.opcode in ("dot", "convolution"):
+            skip = instr.name in exact or any(e.endswith("." + instr.name) for e in exact)
+            if instr.opcode in ("dot", "convolution") and not skip:
                 operands = []
                 for o in instr.operands:
                     shape = comp[o].shape

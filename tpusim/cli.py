@@ -94,6 +94,9 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="compare the outputs with the reference interpreter")
     p.add_argument("--reference", action="store_true", help="run only the reference interpreter (the numpy oracle)")
     p.add_argument("--replicas", type=int, default=None, help="with --reference: devices to run (replicas/partitions)")
+    from tpusim.report.command import add_report_argument
+
+    add_report_argument(p)
 
 
 def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -116,23 +119,30 @@ def _run_run(args: argparse.Namespace) -> int:
     from tpusim.compiler.hlo.reference import evaluate
     from tpusim.compiler.hlo.reference.io import load_inputs, random_inputs, save_outputs
     from tpusim.config import load_config
+    from tpusim.report.progress import Activity
     from tpusim.report.summary import format_summary, program_precision
 
     module = load_program(args.program)
     config = load_config(args.config, overrides=args.overrides)
     inputs = load_inputs(args.inputs, module)[0] if args.inputs else random_inputs(module, args.seed)[0]
     began = time.perf_counter()
-    result = simulate(module, inputs, config=config, options=_options(args), timing_only=args.timing_only)
+    with Activity(f"compiling and simulating {args.program.name} on {config.name}"):  # shown on a terminal only
+        result = simulate(module, inputs, config=config, options=_options(args), timing_only=args.timing_only)
     wall = time.perf_counter() - began
     checks = None
     if args.check and not args.timing_only:
         from tpusim.check import compare_outputs, emulate_one_pass
 
         precision = program_precision(result.compiled)
-        oracle = emulate_one_pass(module) if precision == "bf16" else module
+        exact = frozenset(name for _, name, opcode, _ in result.compiled.fallbacks if opcode in ("dot", "convolution"))
+        oracle = emulate_one_pass(module, exact) if precision == "bf16" else module
         reference = evaluate(oracle, list(inputs))
         checks = compare_outputs(result.outputs, reference, precision)
     print(format_summary(result, wall, checks))
+    if args.report is not None:
+        from tpusim.report.command import write_run_report
+
+        write_run_report(args, result, wall)
     if args.out is not None and result.outputs:
         save_outputs(args.out, [np.asarray(o) for o in result.outputs])
         print(f"wrote {args.out}", file=sys.stderr)
@@ -168,6 +178,33 @@ def _run_compile(args: argparse.Namespace) -> int:
     else:
         print(print_program(compiled.program))
     return 0
+
+
+# --------------------------------------------------------------------------------------- report / sweep
+def _configure_report(p: argparse.ArgumentParser) -> None:
+    from tpusim.report.command import configure_report
+
+    configure_report(p)
+
+
+@command("report", "render a report folder (report.md, plots) again from its summary.json", _configure_report)
+def _run_report(args: argparse.Namespace) -> int:
+    from tpusim.report.command import run_report
+
+    return run_report(args)
+
+
+def _configure_sweep(p: argparse.ArgumentParser) -> None:
+    from tpusim.sweep.command import configure_sweep
+
+    configure_sweep(p)
+
+
+@command("sweep", "run programs over a grid of configs and options, in parallel and resumably", _configure_sweep)
+def _run_sweep(args: argparse.Namespace) -> int:
+    from tpusim.sweep.command import run_sweep_command
+
+    return run_sweep_command(args)
 
 
 # --------------------------------------------------------------------------------------- main
