@@ -8,6 +8,11 @@ back from the root, each instruction of the fused computation learns a *need* ``
 is needed whole by every block. Each opcode has a rule (:data:`NEED_RULES`) mapping its own need to its
 operands'; an opcode without one, or two users needing different things, makes the plan fail and the
 caller uses a single block or falls back.
+
+A reduction whose reduced dimension is too big for one block is cut along that dimension instead
+(:func:`reduction_split`): the outputs are computed whole, every block of the reduce's operand is reduced
+into the same result with ``accumulate``, and the instructions that use the reduce's result run once,
+after the last block.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from tpusim.compiler.lowering.registry import NotLowerable
 from tpusim.isa import VPU_FUNCTIONS
 from tpusim.memory import Shape
 
-__all__ = ["NEED_RULES", "Need", "Plan", "block_shape", "plan_needs"]
+__all__ = ["NEED_RULES", "Need", "Plan", "block_shape", "plan_needs", "reduction_split"]
 
 Need = tuple[int | None, int]
 """(dimension of the instruction that follows the tiled output dimension, or None; offset along it)."""
@@ -141,17 +146,24 @@ class Plan:
         extent: the outputs' size along ``tiled`` (1 when None).
         needs: per needed instruction name, its need.
         order: needed instructions in computation order.
+        accumulate: the reduce whose operand is cut into the blocks (its result accumulates over them), or
+            None; ``tiled`` is then None and ``extent`` is the size of the operand's cut dimension.
+        after: the instructions that use the accumulated result: they run after the last block only.
     """
 
     tiled: int | None
     extent: int
     needs: dict[str, Need]
     order: tuple[str, ...]
+    accumulate: str | None = None
+    after: frozenset[str] = frozenset()
 
 
-def plan_needs(comp: Computation, roots: list[str], tiled: int | None) -> Plan:
-    """Propagate needs from ``roots`` (blocked along ``tiled``) to every instruction of ``comp``."""
-    needs: dict[str, Need] = {r: (tiled, 0) for r in roots}
+def plan_needs(comp: Computation, roots: list[str], tiled: int | None, split: tuple[str, int] | None = None) -> Plan:
+    """Propagate needs from ``roots`` (blocked along ``tiled``) to every instruction of ``comp``; with
+    ``split = (reduce, dim)``, the outputs are whole and the blocks cut operand dimension ``dim`` of that
+    reduce instead."""
+    needs: dict[str, Need] = {r: (None if split else tiled, 0) for r in roots}
     for instr in reversed(comp.instructions):
         need = needs.get(instr.name)
         if need is None:
@@ -162,7 +174,10 @@ def plan_needs(comp: Computation, roots: list[str], tiled: int | None) -> Plan:
         operand_shapes = [comp[o].shape for o in instr.operands]
         if not all(isinstance(s, Shape) for s in operand_shapes) or not isinstance(instr.shape, Shape):
             raise NotLowerable(f"{instr.opcode} on tuples")
-        for operand, wanted in zip(instr.operands, rule_fn(instr, need, operand_shapes)):  # type: ignore[arg-type]
+        wants = rule_fn(instr, need, operand_shapes)  # type: ignore[arg-type]
+        if split is not None and instr.name == split[0]:
+            wants = [(split[1], 0), (None, 0)]
+        for operand, wanted in zip(instr.operands, wants):
             if wanted is None:
                 continue
             have = needs.get(operand)
@@ -170,8 +185,42 @@ def plan_needs(comp: Computation, roots: list[str], tiled: int | None) -> Plan:
                 raise NotLowerable(f"{operand} is needed both as {have} and {wanted} per block")
             needs[operand] = wanted
     order = tuple(i.name for i in comp.instructions if i.name in needs)
+    if split is not None:
+        reduce = comp[split[0]]
+        after = _users_of(comp, reduce.name, order)
+        extent = comp[reduce.operands[0]].array_shape.dimensions[split[1]]
+        return Plan(None, extent, needs, order, reduce.name, after)
     extent = 1 if tiled is None else comp[roots[0]].array_shape.dimensions[tiled]
     return Plan(tiled, extent, needs, order)
+
+
+def _users_of(comp: Computation, name: str, order: tuple[str, ...]) -> frozenset[str]:
+    """Instructions of ``order`` that use ``name``'s value, directly or through others."""
+    found = {name}
+    for other in order:
+        if any(o in found for o in comp[other].operands):
+            found.add(other)
+    return frozenset(found - {name})
+
+
+def reduction_split(comp: Computation, roots: list[str]) -> tuple[str, int] | None:
+    """``(reduce, dimension)`` when the blocks can cut a reduced dimension: ``comp`` holds one reduce (of
+    one operand), every root uses its result, and the cut is its operand's most major physical dimension
+    among the reduced ones with more than one element."""
+    reduces = [i for i in comp.instructions if i.opcode == "reduce"]
+    if len(reduces) != 1 or len(reduces[0].operands) != 2:
+        return None
+    reduce = reduces[0]
+    order = tuple(i.name for i in comp.instructions)
+    users = _users_of(comp, reduce.name, order) | {reduce.name}
+    if not all(r in users for r in roots):
+        return None
+    operand = comp[reduce.operands[0]].array_shape
+    dims = set(reduce.attr("dimensions"))
+    for d in reversed(operand.effective_layout.minor_to_major):
+        if d in dims and operand.dimensions[d] > 1:
+            return reduce.name, d
+    return None
 
 
 def block_shape(shape: Shape, need: Need, start: int, size: int) -> tuple[Shape, tuple[int, ...]]:

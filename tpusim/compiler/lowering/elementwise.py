@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction
-from tpusim.compiler.lowering.blocks import NEED_RULES, Plan, block_shape, plan_needs
+from tpusim.compiler.lowering.blocks import NEED_RULES, Plan, block_shape, plan_needs, reduction_split
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
@@ -88,6 +88,9 @@ class _Emitter:
     hoisted: dict[str, MemRef] = field(default_factory=dict)
     scalars: dict[str, Reg] = field(default_factory=dict)
     inlined: frozenset[str] = frozenset()
+    sems: tuple[int, int, int, int] | None = None  # (in, in, out, out); None: taken from the context
+    index: int = 0  # the block being emitted
+    last: bool = True  # it is the last block
 
     def __post_init__(self) -> None:
         self.inlined = self._chains()
@@ -154,8 +157,8 @@ class _Emitter:
         ctx = self.ctx
         nblocks = -(-self.plan.extent // self.block)
         sets, single = self.allocate()
-        sem_in = [ctx.semaphore(), ctx.semaphore()]
-        sem_out = [ctx.semaphore(), ctx.semaphore()]
+        sems = self.sems or (ctx.semaphore(), ctx.semaphore(), ctx.semaphore(), ctx.semaphore())
+        sem_in, sem_out = list(sems[:2]), list(sems[2:])
         self._hoist(single)
         pending_out = [0, 0]
         issued = [self._issue_inputs(0, sets[0], single, sem_in[0])]
@@ -169,7 +172,10 @@ class _Emitter:
                 pending_out[k % 2] = 0
             buffers = {**single, **sets[k % 2]}
             start, size = k * self.block, min(self.block, self.plan.extent - k * self.block)
+            self.index, self.last = k, k == nblocks - 1
             values = self._compute_block(buffers, start, size)
+            if self.plan.accumulate is not None and not self.last:
+                continue  # the outputs are whole, and complete after the last block
             for root, hbm in self.outputs:
                 src = values[root]
                 if not isinstance(src, MemRef):
@@ -242,7 +248,7 @@ class _Emitter:
             if name in self.scalars:
                 values[name] = self.scalars[name]
                 continue
-            if name in self.inlined:
+            if name in self.inlined or (name in self.plan.after and not self.last):
                 continue
             dst = self._block_ref(buffers[name], name, start, size)
             if self._loaded(name):
@@ -398,9 +404,10 @@ def _emit_reduce(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Opera
     if fn is None:
         raise NotLowerable("a reduce whose combiner is not a single add/multiply/maximum/minimum/and/or/xor")
     src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
-    em.ctx.emit(VpuReduce, fn=fn, dst=dst, src=src, dims=tuple(instr.attr("dimensions")))
+    accumulate = em.plan.accumulate == instr.name and em.index > 0  # later blocks add to the first's result
+    em.ctx.emit(VpuReduce, fn=fn, dst=dst, src=src, dims=tuple(instr.attr("dimensions")), accumulate=accumulate)
     init = srcs[1]
-    if isinstance(init, Const) and _is_identity(fn, init):
+    if accumulate or (isinstance(init, Const) and _is_identity(fn, init)):
         return
     if isinstance(init, MemRef):
         init = em.operand_ref(init, em.comp[instr.operands[1]].array_shape)
@@ -459,34 +466,82 @@ def _granule(shape: Shape, dim: int) -> int:
 
 def lower_fused(ctx: Lowering, comp: Computation, inputs: dict[str, MemRef], outputs: list[tuple[str, MemRef]]) -> None:
     """Lower the fused computation ``comp`` whose parameters read ``inputs`` and whose root values are
-    written to ``outputs``."""
+    written to ``outputs``.
+
+    Plans are tried in turn: blocks along the outputs' most major dimension (or one block); and, for a
+    reduction, blocks along a reduced dimension that accumulate (:func:`~.blocks.reduction_split`), tried
+    first when the outputs would be one block but the reduce's operand is bigger than a block should be.
+    Block sizes start near :data:`_BLOCK_TARGET_BYTES` and halve (below the tile size when they must) until
+    the blocks fit VMEM.
+    """
     roots = [r for r, _ in outputs]
     first = comp[roots[0]].array_shape
     same = all(comp[r].array_shape.dimensions == first.dimensions for r in roots)
     tiled = _tiled_dimension(first) if same else None
+    plans: list[Plan] = []
     try:
-        plan = plan_needs(comp, roots, tiled)
+        plans.append(plan_needs(comp, roots, tiled))
     except NotLowerable:
         if tiled is None:
             raise
-        plan = plan_needs(comp, roots, None)
-    granule = _granule(first, plan.tiled) if plan.tiled is not None else 1
+        plans.append(plan_needs(comp, roots, None))
+    split = reduction_split(comp, roots)
+    if split is not None:
+        try:
+            accumulating = plan_needs(comp, roots, None, split)
+        except NotLowerable:
+            pass
+        else:
+            operand = comp[comp[split[0]].operands[0]].array_shape
+            big = operand.byte_size > _BLOCK_TARGET_BYTES
+            plans.insert(0, accumulating) if plans[0].extent == 1 and big else plans.append(accumulating)
+    sems = (ctx.semaphore(), ctx.semaphore(), ctx.semaphore(), ctx.semaphore())
+    for plan in plans:
+        if _lower_plan(ctx, comp, plan, inputs, outputs, sems):
+            return
+    raise NotLowerable("its blocks do not fit in VMEM")
+
+
+def _lower_plan(
+    ctx: Lowering,
+    comp: Computation,
+    plan: Plan,
+    inputs: dict[str, MemRef],
+    outputs: list[tuple[str, MemRef]],
+    sems: tuple[int, int, int, int],
+) -> bool:
+    """Emit ``plan`` with the largest block that fits VMEM; False (nothing emitted) when none does."""
     extent = plan.extent
-    row_bytes = max(1, sum(comp[r].array_shape.byte_size for r in roots) // max(1, extent))
-    block = min(extent, max(granule, min(extent, _BLOCK_TARGET_BYTES // row_bytes) // granule * granule))
+    if plan.accumulate is not None:
+        reduce = comp[plan.accumulate]
+        operand = comp[reduce.operands[0]].array_shape
+        dim = plan.needs[reduce.operands[0]][0]
+        assert dim is not None
+        granule = _granule(operand, dim)
+        row_bytes = max(1, operand.byte_size // max(1, extent))
+        # One block at a time is in flight, so a block should outlast the HBM latency several times over.
+        cfg = ctx.config
+        target = max(_BLOCK_TARGET_BYTES, int(4 * cfg.cycles(cfg.hbm.latency_ns) * cfg.hbm_bytes_per_cycle))
+    else:
+        first = comp[outputs[0][0]].array_shape
+        granule = _granule(first, plan.tiled) if plan.tiled is not None else 1
+        row_bytes = max(1, sum(comp[r].array_shape.byte_size for r, _ in outputs) // max(1, extent))
+        target = _BLOCK_TARGET_BYTES
+    block = min(extent, max(granule, min(extent, target // row_bytes) // granule * granule))
     scalars = _scalar_inputs(ctx, comp, plan, inputs)
     mark = ctx.checkpoint()
     vmem_mark = ctx.scope.vmem_next
     while True:
         try:
-            _Emitter(ctx, comp, plan, inputs, outputs, block, scalars=scalars).run()
-            return
+            _Emitter(ctx, comp, plan, inputs, outputs, block, scalars=scalars, sems=sems).run()
+            return True
         except VmemExhausted:
             ctx.rollback(mark)
             ctx.scope.vmem_next = vmem_mark
-            if block <= granule or plan.tiled is None:
-                raise NotLowerable("its blocks do not fit in VMEM") from None
-            block = min(extent, max(granule, block // 2 // granule * granule))
+            if block <= 1 or extent == 1:
+                return False
+            # whole tiles while possible, then fewer rows than a tile holds
+            block = block // 2 // granule * granule if block >= 2 * granule else max(1, block // 2)
 
 
 def _scalar_inputs(ctx: Lowering, comp: Computation, plan: Plan, inputs: dict[str, MemRef]) -> dict[str, Reg]:
