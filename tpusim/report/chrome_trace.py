@@ -1,0 +1,245 @@
+"""``trace.json``: a run as a Chrome trace (Trace Event Format, JSON object form) for Perfetto and chrome://tracing.
+
+* One process per chip; one track (thread) per unit of each core. Instructions that overlap on one unit
+  (pipelined MXU passes, concurrent DMAs) go to extra tracks of that unit, so slices on a track never overlap
+  (both viewers require proper nesting on a thread).
+* One complete event (``ph: X``) per executed instruction, named after its HLO instruction, with the
+  instruction text, bytes and flops in ``args``.
+* Flow arrows (``ph: s`` / ``f``) from each DMA to the first instruction that reads what it wrote.
+* Counters (``ph: C``) of HBM occupancy per chip and VMEM occupancy per core, in bytes.
+
+Time axis: **1 us in the trace is 1 cycle.** Timestamps are integers, which both viewers read exactly
+(Perfetto's importer truncates fractional microseconds to whole nanoseconds, so real-time units would shift
+short slices by rounding); the clock is in ``otherData``. Flow ends sit half a cycle inside their slices.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tpusim
+from tpusim.report.analysis import RunAnalysis
+from tpusim.report.timeline import assign_lanes
+
+__all__ = ["FLOW_SCAN", "check_trace", "trace_events", "write_trace"]
+
+FLOW_SCAN = 4096
+"""Accesses examined after a DMA completes when looking for the instruction that reads its data."""
+
+_UNIT_ORDER = ("scalar", "mxu", "vpu", "xlu", "dma", "fallback", "sync")
+
+
+def _consumers(a: RunAnalysis) -> dict[int, int]:
+    """DMA entry -> the first entry that reads bytes it wrote (after it completed, before anything overwrote
+    them), on the memory the DMA wrote."""
+    f, tr = a.facts, a.facts.trace
+    accesses: dict[tuple[str, int, int], list[tuple[int, int, int, int, bool]]] = defaultdict(list)
+    for i in range(len(tr)):
+        if f.kind[i] == "sync":
+            continue
+        for sp, chip, core, lo, hi in f.reads[i]:
+            accesses[(sp, chip, core)].append((int(tr.start[i]), i, lo, hi, False))
+        for sp, chip, core, lo, hi in f.writes[i]:
+            accesses[(sp, chip, core)].append((int(tr.start[i]), i, lo, hi, True))
+    index = {k: (sorted(v), np.array(sorted(t[0] for t in v), np.int64)) for k, v in accesses.items()}
+    out: dict[int, int] = {}
+    for i in np.flatnonzero(f.kind == "dma").tolist():
+        for sp, chip, core, lo, hi in f.writes[i]:
+            acc, starts = index[(sp, chip, core)]
+            pos = int(np.searchsorted(starts, int(tr.end[i]), side="left"))
+            for _, j, a_lo, a_hi, is_write in acc[pos : pos + FLOW_SCAN]:
+                if j == i or a_hi <= lo or a_lo >= hi:
+                    continue
+                if is_write:
+                    break
+                out[i] = j
+                break
+    return out
+
+
+def _tracks(a: RunAnalysis) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, str]]]:
+    """(pid, tid) of every entry and the thread names ``(pid, tid, name)``."""
+    f, tr = a.facts, a.facts.trace
+    pid = f.chip.astype(np.int64) + 1  # pid 0 is special in some viewers
+    tid = np.zeros(len(tr), np.int64)
+    names: list[tuple[int, int, str]] = []
+    next_tid: dict[int, int] = defaultdict(lambda: 1)
+
+    def order(u: int) -> tuple[int, int, str]:
+        name = tr.units[u]
+        kind = name.rsplit(".", 1)[-1].rstrip("0123456789")
+        core = int(name.split(".")[1][4:]) if ".core" in name else 0
+        return (core, _UNIT_ORDER.index(kind) if kind in _UNIT_ORDER else len(_UNIT_ORDER), name)
+
+    for u in sorted(range(len(tr.units)), key=order):
+        sel = np.flatnonzero(tr.unit == u)
+        if len(sel) == 0:
+            continue
+        lanes = assign_lanes(tr.start[sel], tr.end[sel], sel)
+        chip = int(f.chip[sel[0]])
+        label = tr.units[u].split(".", 1)[1] if "." in tr.units[u] else tr.units[u]
+        for lane in range(int(lanes.max()) + 1):
+            t = next_tid[chip]
+            next_tid[chip] += 1
+            tid[sel[lanes == lane]] = t
+            names.append((chip + 1, t, label if lane == 0 else f"{label} [{lane + 1}]"))
+    return pid, tid, names
+
+
+def trace_events(a: RunAnalysis) -> Iterator[dict[str, Any]]:
+    """The trace's events in timestamp order after the metadata (see the module docstring)."""
+    f, tr = a.facts, a.facts.trace
+    cfg = a.result.compiled.config
+    pid, tid, names = _tracks(a)
+    for chip in sorted({p for p, _, _ in names}):
+        label = f"chip{chip - 1} of {cfg.name} (time axis: 1 us = 1 cycle at {cfg.clock_hz / 1e9:g} GHz)"
+        yield {"ph": "M", "name": "process_name", "pid": chip, "tid": 0, "args": {"name": label}}
+        yield {"ph": "M", "name": "process_sort_index", "pid": chip, "tid": 0, "args": {"sort_index": chip}}
+    for p, t, name in names:
+        yield {"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": name}}
+        yield {"ph": "M", "name": "thread_sort_index", "pid": p, "tid": t, "args": {"sort_index": t}}
+    timed: list[tuple[float, int, dict[str, Any]]] = []
+    for i in range(len(tr)):
+        s, e = int(tr.start[i]), int(tr.end[i])
+        args: dict[str, Any] = {
+            "instruction": tr.text(i), "unit": tr.units[int(tr.unit[i])], "bytes": int(tr.bytes[i]),
+            "flops": int(tr.flops[i]), "issue_cycle": int(tr.issue[i]), "start_cycle": s, "end_cycle": e,
+        }  # fmt: skip
+        if a.engine[i] >= 0:
+            args["dma_engine"] = int(a.engine[i])
+        name = f.hlo[i] or f"({f.mnemonic[i]})"
+        ev = {"ph": "X", "name": name, "cat": str(f.kind[i]), "ts": s, "dur": e - s, "pid": int(pid[i]),
+              "tid": int(tid[i]), "args": args}  # fmt: skip
+        timed.append((s, 0, ev))
+    for n, (i, j) in enumerate(sorted(_consumers(a).items())):
+        if tr.end[j] - tr.start[j] < 1:
+            continue  # a zero-length slice cannot hold the arrow's end
+        flow = {"cat": "dma", "name": "data", "id": n + 1}
+        s_ts, f_ts = float(tr.end[i]) - 0.5, float(tr.start[j]) + 0.5
+        timed.append((s_ts, 1, {"ph": "s", "ts": s_ts, "pid": int(pid[i]), "tid": int(tid[i]), **flow}))
+        timed.append((f_ts, 1, {"ph": "f", "bp": "e", "ts": f_ts, "pid": int(pid[j]), "tid": int(tid[j]), **flow}))
+    for name, occ in a.occupancy.items():
+        chip = int(name.split(".")[0][4:])
+        label = "HBM occupancy" if name.endswith("hbm") else f"{name.split('.')[1]} VMEM occupancy"
+        for c, v in zip(occ.cycles.tolist(), occ.bytes.tolist()):
+            timed.append((c, 2, {"ph": "C", "name": label, "ts": c, "pid": chip + 1, "args": {"bytes": v}}))
+    timed.sort(key=lambda x: (x[0], x[1]))
+    for _, _, ev in timed:
+        yield ev
+
+
+def write_trace(a: RunAnalysis, path: Path) -> dict[str, int]:
+    """Write ``trace.json``; returns counts of slices, flows and counter samples."""
+    cfg = a.result.compiled.config
+    counts = {"slices": 0, "flows": 0, "counters": 0}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as out:
+        out.write('{"traceEvents":[\n')
+        first = True
+        for ev in trace_events(a):
+            counts["slices"] += ev["ph"] == "X"
+            counts["flows"] += ev["ph"] == "s"
+            counts["counters"] += ev["ph"] == "C"
+            out.write(("" if first else ",\n") + json.dumps(ev, separators=(",", ":"), allow_nan=False))
+            first = False
+        other = {
+            "tpusim": tpusim.__version__, "program": a.result.compiled.source.name, "config": cfg.name,
+            "clock_hz": cfg.clock_hz, "time_axis": "1 us in this trace = 1 cycle", "cycles": a.cycles, **counts,
+        }  # fmt: skip
+        out.write('\n],"otherData":' + json.dumps(other) + "}\n")
+    tmp.replace(path)
+    return counts
+
+
+# ----------------------------------------------------------------------------------------------- checks
+_META = {"process_name": "name", "process_labels": "labels", "process_sort_index": "sort_index",
+         "thread_name": "name", "thread_sort_index": "sort_index"}  # fmt: skip
+_PHASES = set("BEXIiCMsftbenPOND") | {"(", ")"}
+
+
+def check_trace(doc: Any) -> list[str]:
+    """Problems of a Chrome trace against the Trace Event Format's rules (empty when it follows them).
+
+    Checked: the JSON object form with a ``traceEvents`` list; every event has a known ``ph``; timed events
+    have a numeric ``ts >= 0`` and integer ``pid`` (and ``tid`` for thread events); ``X`` has ``dur >= 0``;
+    counters carry at least one numeric series in ``args``; metadata names are the documented ones with the
+    documented argument; complete events on one thread nest properly (no partial overlap); every flow id has
+    one start and one end with the same ``cat`` and ``name``, the end not before the start, the start inside
+    a slice of its thread and the end (``bp: e``) inside a slice of its thread.
+    """
+    problems: list[str] = []
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        return ["the document must be a JSON object with a 'traceEvents' list"]
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    flows: dict[Any, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for n, ev in enumerate(doc["traceEvents"]):
+        where = f"event {n}"
+        if not isinstance(ev, dict) or ev.get("ph") not in _PHASES:
+            problems.append(f"{where}: not an event with a known 'ph'")
+            continue
+        ph = ev["ph"]
+        if ph == "M":
+            key = _META.get(ev.get("name", ""))
+            if key is None or not isinstance(ev.get("args"), dict) or key not in ev["args"]:
+                problems.append(f"{where}: metadata event {ev.get('name')!r} needs args.{key or 'name'}")
+            continue
+        ts = ev.get("ts")
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts < 0:
+            problems.append(f"{where}: 'ts' must be a number >= 0, not {ts!r}")
+            continue
+        if not isinstance(ev.get("pid"), int) or (ph != "C" and not isinstance(ev.get("tid"), int)):
+            problems.append(f"{where}: 'pid' and 'tid' must be integers")
+            continue
+        if ph == "X":
+            dur = ev.get("dur")
+            if not isinstance(dur, (int, float)) or dur < 0 or not isinstance(ev.get("name"), str):
+                problems.append(f"{where}: a complete event needs a 'name' and 'dur' >= 0")
+                continue
+            slices[(ev["pid"], ev["tid"])].append((ts, ts + dur))
+        elif ph == "C":
+            args = ev.get("args")
+            if (
+                not isinstance(args, dict)
+                or not args
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in args.values())
+            ):
+                problems.append(f"{where}: a counter needs numeric series in 'args'")
+        elif ph in "stf":
+            if "id" not in ev:
+                problems.append(f"{where}: a flow event needs an 'id'")
+                continue
+            if ph in flows[ev["id"]]:
+                problems.append(f"{where}: flow id {ev['id']} has two {ph!r} events")
+            flows[ev["id"]][ph] = ev
+    for (p, t), spans in slices.items():
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        stack: list[float] = []
+        for s, e in spans:
+            while stack and stack[-1] <= s:
+                stack.pop()
+            if stack and e > stack[-1]:
+                problems.append(f"pid {p} tid {t}: a slice [{s}, {e}) overlaps the end of an enclosing one")
+            stack.append(e)
+    for fid, ends in flows.items():
+        s_ev, f_ev = ends.get("s"), ends.get("f")
+        if s_ev is None or f_ev is None:
+            problems.append(f"flow id {fid}: needs one 's' and one 'f' event")
+            continue
+        if (s_ev.get("cat"), s_ev.get("name")) != (f_ev.get("cat"), f_ev.get("name")):
+            problems.append(f"flow id {fid}: 's' and 'f' differ in cat or name")
+        if f_ev["ts"] < s_ev["ts"]:
+            problems.append(f"flow id {fid}: ends before it starts")
+        for ev in (s_ev, f_ev):
+            spans = slices.get((ev["pid"], ev["tid"]), [])
+            if ev is f_ev and ev.get("bp") != "e":
+                continue  # binds to the next slice instead
+            if not any(s <= ev["ts"] < e for s, e in spans):
+                problems.append(f"flow id {fid}: its {ev['ph']!r} event at {ev['ts']} is not inside a slice")
+    return problems

@@ -1,0 +1,56 @@
+"""The report parts of the command line: ``tpusim run ... --report [DIR]`` and ``tpusim report DIR``.
+
+``tpusim/cli.py`` registers them; this module imports only the standard library at the top, so building the
+parser stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tpusim.api import SimulationResult
+
+__all__ = ["add_report_argument", "configure_report", "run_report", "write_run_report"]
+
+
+def add_report_argument(p: argparse.ArgumentParser) -> None:
+    """``--report [DIR]`` for ``tpusim run``."""
+    p.add_argument("--report", nargs="?", const="", default=None, metavar="DIR",
+                   help="write a report (summary.json, trace.json for Perfetto, report.md, plots) to DIR "
+                        "(default: reports/<program>-<config>/)")  # fmt: skip
+
+
+def write_run_report(args: argparse.Namespace, result: SimulationResult, wall_seconds: float) -> Path:
+    """Write the report ``tpusim run --report`` asked for; returns its folder."""
+    from tpusim.report.writer import default_report_dir, write_report
+
+    out = Path(args.report) if args.report else default_report_dir(args.program, result.compiled.config.name)
+    write_report(result, out, program_path=str(args.program), wall_seconds=wall_seconds)
+    print(f"wrote report to {out}/ (report.md, summary.json, trace.json, plots)", file=sys.stderr)
+    return out
+
+
+def configure_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("directory", type=Path, nargs="?", help="a report folder written by 'tpusim run --report'")
+    p.add_argument("--schema", action="store_true", help="print the JSON Schema of summary.json and exit")
+    p.add_argument("--dpi", type=int, default=110, help="resolution of the plots (default 110)")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from tpusim.report.writer import ReportError, render_report
+
+    if args.schema:
+        from tpusim.report.schema import SUMMARY_SCHEMA
+
+        print(json.dumps(SUMMARY_SCHEMA, indent=1))
+        return 0
+    if args.directory is None:
+        raise ReportError("give a report folder (or --schema)")
+    for path in render_report(args.directory, dpi=args.dpi):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
