@@ -1,0 +1,10 @@
+"""Sweeps: run programs over a grid of chip configs and compile options, in parallel, resumably, and compare.
+
+``tpusim sweep SPEC.yaml`` (or :func:`run_sweep` on :func:`load_spec`); specs are described in
+``docs/sweeps.md`` and shipped in ``configs/sweeps/``.
+"""
+
+from tpusim.sweep.runner import SweepInterrupted, SweepResult, run_sweep
+from tpusim.sweep.spec import Point, SweepError, SweepSpec, load_spec
+
+__all__ = ["Point", "SweepError", "SweepInterrupted", "SweepResult", "SweepSpec", "load_spec", "run_sweep"]

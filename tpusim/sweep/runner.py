@@ -1,0 +1,160 @@
+"""Running a sweep: every point not yet in the folder's journal, on an executor, then tables, plots and a page.
+
+Output folder (default ``reports/sweeps/<name>/``): ``spec.yaml`` (a copy), ``journal.jsonl``, ``results.csv``,
+``results.jsonl``, ``plots/<metric>.png``, ``plots/pareto.png`` and ``sweep.md`` naming the best point.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpusim.report.progress import Progress
+from tpusim.sweep.executors import EXECUTORS
+from tpusim.sweep.point import COST_COLUMNS, METRIC_COLUMNS, payload
+from tpusim.sweep.spec import SweepError, SweepSpec
+from tpusim.sweep.store import Journal, write_tables
+
+__all__ = ["SweepInterrupted", "SweepResult", "best_points", "columns", "default_sweep_dir", "run_sweep"]
+
+
+class SweepInterrupted(SweepError):
+    """The sweep was stopped (Ctrl-C); its finished rows are kept and a new run resumes it."""
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What a sweep produced.
+
+    Attributes:
+        rows: one row per point that has a result, in spec order.
+        best: per program, its best successful row by the spec's objective (programs whose points all failed
+            are missing); points of different programs are never compared.
+        ran: points run this time (the others were already in the journal).
+        files: the files written.
+    """
+
+    rows: list[dict[str, Any]]
+    best: dict[str, dict[str, Any]]
+    ran: int
+    files: list[Path]
+
+
+def default_sweep_dir(spec: SweepSpec) -> Path:
+    return Path("reports") / "sweeps" / spec.name
+
+
+def columns(spec: SweepSpec) -> list[str]:
+    """The results table's columns: index, id, program, parameters, status, metrics, costs, error."""
+    params = [p for p in spec.parameters if p != "program"]
+    return ["index", "id", "program", *params, "status", *METRIC_COLUMNS, *COST_COLUMNS, "error"]
+
+
+def best_points(spec: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per program, the successful row with the best objective (ties: the earlier point)."""
+    metric, maximise = spec.objective
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["status"] != "ok" or not isinstance(r.get(metric), (int, float)):
+            continue
+        b = best.get(r["program"])
+        key = ((-1 if maximise else 1) * r[metric], r["index"])
+        if b is None or key < ((-1 if maximise else 1) * b[metric], b["index"]):
+            best[r["program"]] = r
+    return best
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _finish(spec: SweepSpec, out: Path, journal: Journal, dpi: int) -> tuple[list[dict[str, Any]], Any, list[Path]]:
+    from tpusim.sweep.markdown import render_sweep
+    from tpusim.sweep.plots import metric_figure, pareto_figure
+
+    rows = [journal.rows[p.id] for p in spec.points if p.id in journal.rows]
+    files = list(write_tables(out, rows, columns(spec)))
+    best = best_points(spec, rows)
+    plots_dir = out / "plots"
+    plots_dir.mkdir(exist_ok=True)
+    plots: dict[str, str] = {}
+    if any(r["status"] == "ok" for r in rows):
+        for metric in spec.metrics:
+            path = plots_dir / f"{metric.replace('.', '_')}.png"
+            metric_figure(rows, metric, spec.axes).savefig(path, dpi=dpi)
+            plots[metric] = f"plots/{path.name}"
+            files.append(path)
+        metric, maximise = spec.objective
+        path = plots_dir / "pareto.png"
+        pareto_figure(rows, spec.cost, metric, maximise, best).savefig(path, dpi=dpi)
+        plots["pareto"] = f"plots/{path.name}"
+        files.append(path)
+    md = out / "sweep.md"
+    _write_text(md, render_sweep(spec, rows, best, plots))
+    return rows, best, [*files, md]
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out: str | Path | None = None,
+    *,
+    workers: int = 1,
+    executor: str = "local",
+    scheduler: str | None = None,
+    progress: bool | None = None,
+    retry_failed: bool = False,
+    dpi: int = 100,
+) -> SweepResult:
+    """Run every point of ``spec`` not already recorded in the output folder, then write the tables and plots.
+
+    Args:
+        spec: the sweep.
+        out: the output folder (default ``reports/sweeps/<name>/``); a folder with a journal resumes.
+        workers: local processes (``executor="local"``); 1 runs the points in this process.
+        executor: ``local`` or ``dask``.
+        scheduler: the Dask scheduler's address (``executor="dask"``).
+        progress: show a progress line (default: when stderr is a terminal).
+        retry_failed: run again the points recorded as failed.
+        dpi: resolution of the plots.
+
+    Raises:
+        SweepInterrupted: on Ctrl-C, after recording every finished row and writing the tables.
+    """
+    if executor not in EXECUTORS:
+        raise SweepError(f"unknown executor {executor!r}; executors: {', '.join(EXECUTORS)}")
+    folder = Path(out) if out is not None else default_sweep_dir(spec)
+    journal = Journal(folder)
+    try:
+        _write_text(folder / "spec.yaml", spec.text)
+        done = {i for i, r in journal.rows.items() if r.get("status") == "ok" or not retry_failed}
+        todo = [p for p in spec.points if p.id not in done]
+        texts = {name: path.read_text() for name, path in spec.programs.items()}
+        jobs = [payload(p, texts[p.program]) for p in todo]
+        kept = len(spec.points) - len(todo)
+        bar = Progress(len(jobs), "points", enabled=progress)
+        if kept:
+            bar.note = f"{kept} kept from an earlier run"
+
+        def on_row(row: dict[str, Any]) -> None:
+            journal.append(row)
+            bar.advance(failed=row["status"] != "ok")
+
+        try:
+            EXECUTORS[executor](jobs, on_row, workers=workers, scheduler=scheduler)
+        except KeyboardInterrupt:
+            bar.close()
+            _finish(spec, folder, journal, dpi)
+            n = sum(p.id in journal.rows for p in spec.points)
+            raise SweepInterrupted(
+                f"interrupted: {n} of {len(spec.points)} points are recorded in {folder}; run the same command "
+                "again to finish the rest"
+            ) from None
+        bar.close()
+        rows, best, files = _finish(spec, folder, journal, dpi)
+    finally:
+        journal.close()
+    return SweepResult(rows, best, len(jobs), files)

@@ -1,0 +1,288 @@
+"""Sweep specs: a YAML file naming programs, a base chip and compile options, and the parameters to vary.
+
+    name: mxu_vs_hbm                      # default: the file name
+    programs: {block: programs/block.hlo} # name -> HLO file (relative to the spec), or a list of files
+    config: tpu_v5e                       # the base chip: a preset or a YAML path
+    set: {dma.engines: 8}                 # base config overrides
+    options: {tiling: tpu_default}        # base compile options (tiling, matmul_precision, fuse, vmem_fraction)
+    timing_only: true                     # default true: skip numeric work where timing does not need it
+    seed: 0                               # random inputs (or `inputs: file.npz`)
+    grid:                                 # every combination ...
+      hbm.bandwidth_bytes_per_s: [4.1e11, 8.19e11, 1.64e12]
+    zip:                                  # ... of these lists, moved together (one axis; a list of groups for more)
+      mxu.rows: [64, 128, 256]
+      mxu.cols: [64, 128, 256]
+    objective: seconds                    # the best point minimises it ({maximise: metric} to maximise)
+    cost: mxu_macs                        # the Pareto front: objective against this column
+    metrics: [seconds, flops_fraction_of_peak]   # what the plots show (default: a headline set)
+
+A parameter is a compile option, ``program``, ``config`` (a whole chip), ``seed``, ``inputs``, ``timing_only``,
+or else a config key (``mxu.rows``, ``clock_hz``). Every point's config is built and checked when the spec is
+loaded, so a bad key or value is reported with the spec's file and line before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.config import PRESETS, ChipConfig, load_config
+from tpusim.errors import ConfigError, TpusimError
+from tpusim.yamlio import YamlMap, load_yaml, where
+
+__all__ = ["DEFAULT_METRICS", "Point", "SweepError", "SweepSpec", "load_spec"]
+
+OPTION_KEYS = tuple(f.name for f in dataclasses.fields(CompileOptions))
+RUN_KEYS = ("program", "config", "seed", "inputs", "timing_only")
+DEFAULT_METRICS = ("seconds", "flops_fraction_of_peak", "hbm_bandwidth_fraction", "mxu_busy_fraction")
+_TOP_KEYS = ("name", "description", "programs", "config", "set", "options", "timing_only", "seed", "inputs", "grid",
+             "zip", "objective", "cost", "metrics")  # fmt: skip
+_FLOAT = re.compile(r"^[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?$")
+
+
+class SweepError(TpusimError):
+    """A sweep spec that cannot run, or a sweep folder that cannot be resumed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One run of a sweep.
+
+    Attributes:
+        index: position in the spec's expansion order (the order of the results table).
+        id: a digest of what the point runs (program and parameters); a resumed sweep matches rows by it.
+        program: the program's name in the spec.
+        params: the varied parameters and their values, in spec order.
+        config: the chip, with the base overrides and this point's config parameters applied.
+        options: compile options.
+        seed: seed of the random inputs.
+        inputs: an ``.npz`` of inputs instead of random ones.
+        timing_only: skip numeric work where timing does not need it.
+    """
+
+    index: int
+    id: str
+    program: str
+    params: tuple[tuple[str, Any], ...]
+    config: ChipConfig
+    options: CompileOptions
+    seed: int
+    inputs: str | None
+    timing_only: bool
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A loaded sweep spec (see the module docstring).
+
+    Attributes:
+        name: the sweep's name.
+        source: the spec file.
+        text: the spec's text (copied into the output folder).
+        description: free text.
+        programs: name -> HLO file.
+        parameters: the varied parameter names, in spec order (``program`` first when several programs run).
+        axes: the parameter names of each axis (a zip group is one axis of several parameters).
+        points: every point, in expansion order.
+        objective: the metric the best point optimises, and whether to maximise it.
+        cost: the column the Pareto front puts against the objective.
+        metrics: the metrics the plots show.
+    """
+
+    name: str
+    source: Path
+    text: str
+    description: str
+    programs: dict[str, Path]
+    parameters: tuple[str, ...]
+    axes: tuple[tuple[str, ...], ...]
+    points: tuple[Point, ...]
+    objective: tuple[str, bool]
+    cost: str
+    metrics: tuple[str, ...]
+
+
+def _number(v: Any) -> Any:
+    """YAML 1.1 reads ``1.5e9`` as text; take it as the number YAML 1.2 means."""
+    if isinstance(v, str) and _FLOAT.match(v) and any(c.isdigit() for c in v):
+        return float(v.replace("_", ""))
+    return v
+
+
+def _need_map(value: Any, where_: str, what: str) -> YamlMap:
+    if not isinstance(value, dict):
+        raise SweepError(f"{where_}: {what} must be a mapping")
+    return value  # type: ignore[return-value]
+
+
+def _axes(doc: YamlMap, lines: dict[str, str]) -> tuple[list[tuple[str, ...]], list[list[tuple[tuple[str, Any], ...]]]]:
+    """The axes of the sweep in the order the spec writes them: each a tuple of parameter names (one for a grid
+    parameter, several for a zip group) and its settings (tuples of (name, value)). ``lines`` receives where
+    each parameter is written."""
+    names: list[str] = []
+    axis_names: list[tuple[str, ...]] = []
+    axes: list[list[tuple[tuple[str, Any], ...]]] = []
+
+    def add_name(name: Any, at: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise SweepError(f"{at}: parameter names are text, not {name!r}")
+        if name in names:
+            raise SweepError(f"{at}: parameter {name!r} is varied twice")
+        names.append(name)
+        lines[name] = at
+
+    for key in [k for k in doc if k in ("grid", "zip")]:
+        if key == "grid":
+            grid = _need_map(doc["grid"] or {}, where(doc, "grid"), "grid")
+            for name, values in grid.items():
+                add_name(name, where(grid, name))
+                if not isinstance(values, list) or not values:
+                    raise SweepError(f"{where(grid, name)}: grid.{name} must be a non-empty list of values")
+                axis_names.append((name,))
+                axes.append([((name, _number(v)),) for v in values])
+            continue
+        groups = doc["zip"] or []
+        for g in groups if isinstance(groups, list) else [groups]:
+            g = _need_map(g, where(doc, "zip"), "each zip group")
+            lengths = {len(v) if isinstance(v, list) else -1 for v in g.values()}
+            if -1 in lengths or len(lengths) != 1 or 0 in lengths:
+                raise SweepError(f"{where(doc, 'zip')}: a zip group needs non-empty lists of one length, one per "
+                                 "parameter")  # fmt: skip
+            for name in g:
+                add_name(name, where(g, name))
+            n = lengths.pop()
+            axis_names.append(tuple(g))
+            axes.append([tuple((name, _number(g[name][i])) for name in g) for i in range(n)])
+    return axis_names, axes
+
+
+def _programs(doc: YamlMap, base: Path) -> dict[str, Path]:
+    raw = doc.get("programs")
+    at = where(doc, "programs")
+    if isinstance(raw, str):
+        raw = [raw]
+    if isinstance(raw, list):
+        raw = {Path(str(p)).stem: p for p in raw}
+    if not isinstance(raw, dict) or not raw:
+        raise SweepError(f"{at}: programs must name one or more HLO files (a mapping name: path, or a list)")
+    out = {}
+    for name, path in raw.items():
+        p = Path(str(path))
+        p = p if p.is_absolute() else base / p
+        if not p.is_file():
+            raise SweepError(f"{where(raw, name) if isinstance(raw, YamlMap) else at}: program {name!r}: no file {p}")
+        out[str(name)] = p
+    return out
+
+
+def _config_path(value: Any, base: Path) -> str:
+    s = str(value)
+    if s in PRESETS:
+        return s
+    p = Path(s)
+    return str(p if p.is_absolute() else base / p)
+
+
+def _digest(program: str, params: tuple[tuple[str, Any], ...], base: dict[str, Any]) -> str:
+    text = json.dumps({"program": program, "params": [list(p) for p in params], "base": base}, sort_keys=True,
+                      default=str)  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and check a sweep spec; every point's config is built here (errors name the spec's line)."""
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as e:
+        raise SweepError(f"cannot read sweep spec {source}: {e.strerror}") from None
+    try:
+        doc = load_yaml(source, text)
+    except ConfigError as e:
+        raise SweepError(str(e)) from None
+    doc = _need_map(doc, str(source), "a sweep spec")
+    for key in doc:
+        if key not in _TOP_KEYS:
+            raise SweepError(f"{where(doc, key)}: unknown key {key!r}; a sweep spec has: {', '.join(_TOP_KEYS)}")
+    base = source.resolve().parent
+    programs = _programs(doc, base)
+    lines: dict[str, str] = {}
+    axis_names, axes = _axes(doc, lines)
+    if len(programs) > 1 and not any("program" in a for a in axis_names):
+        axis_names.insert(0, ("program",))
+        axes.insert(0, [(("program", p),) for p in programs])
+    base_set = {k: _number(v) for k, v in _need_map(doc.get("set") or {}, where(doc, "set"), "set").items()}
+    base_opts = dict(_need_map(doc.get("options") or {}, where(doc, "options"), "options"))
+    for k in base_opts:
+        if k not in OPTION_KEYS:
+            raise SweepError(f"{where(doc.get('options'), k)}: unknown compile option {k!r}; options: "
+                             f"{', '.join(OPTION_KEYS)}")  # fmt: skip
+    fixed = {
+        "config": doc.get("config", "tpu_v5e"), "set": base_set, "options": base_opts,
+        "timing_only": doc.get("timing_only", True), "seed": doc.get("seed", 0), "inputs": doc.get("inputs"),
+    }  # fmt: skip
+    points = []
+    for index, combo in enumerate(itertools.product(*axes)):
+        params = tuple(kv for setting in combo for kv in setting)
+        points.append(_point(index, params, programs, fixed, base, lines))
+    objective = doc.get("objective", "seconds")
+    maximise = False
+    if isinstance(objective, dict):
+        if len(objective) != 1 or next(iter(objective)) not in ("minimise", "maximise", "minimize", "maximize"):
+            raise SweepError(f"{where(doc, 'objective')}: objective is a metric name, or {{minimise: m}} / "
+                             "{maximise: m}")  # fmt: skip
+        ((how, objective),) = objective.items()
+        maximise = how.startswith("max")
+    metrics = doc.get("metrics", list(DEFAULT_METRICS))
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise SweepError(f"{where(doc, 'metrics')}: metrics must be a list of column names")
+    return SweepSpec(
+        name=str(doc.get("name", source.stem)), source=source, text=text, description=str(doc.get("description", "")),
+        programs=programs, parameters=tuple(n for a in axis_names for n in a), axes=tuple(axis_names),
+        points=tuple(points), objective=(str(objective), maximise),
+        cost=str(doc.get("cost", "mxu_macs")), metrics=tuple(metrics),
+    )  # fmt: skip
+
+
+def _point(
+    index: int, params: tuple[tuple[str, Any], ...], programs: dict[str, Path], fixed: dict[str, Any], base: Path,
+    lines: dict[str, str],
+) -> Point:  # fmt: skip
+    values = dict(params)
+    setting = ", ".join(f"{k}={v}" for k, v in params)
+
+    def at(culprit: str | None = None) -> str:
+        line = lines.get(culprit or "", lines.get(params[0][0], "") if params else "")
+        return f"{line or 'the spec'}: point {index} ({setting})"
+
+    program = str(values.get("program", next(iter(programs))))
+    if program not in programs:
+        known = ", ".join(programs)
+        raise SweepError(f"{at('program')}: program {program!r} is not one of the spec's programs ({known})")
+    overrides = dict(fixed["set"])
+    overrides.update({k: v for k, v in params if k not in OPTION_KEYS and k not in RUN_KEYS})
+    try:
+        config = load_config(_config_path(values.get("config", fixed["config"]), base),
+                             overrides=[f"{k}={json.dumps(v)}" for k, v in overrides.items()])  # fmt: skip
+        options = CompileOptions(**{**fixed["options"], **{k: v for k, v in params if k in OPTION_KEYS}})
+    except (TpusimError, TypeError) as e:
+        culprit = re.search(r"override '([^=']+)=", str(e))
+        raise SweepError(f"{at(culprit.group(1) if culprit else None)}: {e}") from None
+    inputs = values.get("inputs", fixed["inputs"])
+    if inputs is not None:
+        p = Path(str(inputs))
+        inputs = str(p if p.is_absolute() else base / p)
+    seed, timing_only = values.get("seed", fixed["seed"]), values.get("timing_only", fixed["timing_only"])
+    if not isinstance(seed, int) or not isinstance(timing_only, bool):
+        raise SweepError(f"{at()}: seed must be an integer and timing_only true or false")
+    identity = {"config": str(values.get("config", fixed["config"])), "set": overrides,
+                "options": dataclasses.asdict(options), "seed": seed, "inputs": values.get("inputs", fixed["inputs"]),
+                "timing_only": timing_only}  # fmt: skip
+    return Point(index, _digest(program, params, identity), program, params, config, options, seed, inputs, timing_only)
