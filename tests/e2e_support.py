@@ -18,11 +18,13 @@ bf16 matmuls are exact products with f32 accumulation on both sides, so they run
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import tpusim
 from tpusim.api import SimulationResult
@@ -30,6 +32,7 @@ from tpusim.check import OutputCheck, compare_outputs, emulate_one_pass
 from tpusim.compiler.hlo import load_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.reference import evaluate
+from tpusim.compiler.hlo.reference.core import Host
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.report.summary import program_precision
 
@@ -63,12 +66,26 @@ def run_checked(
     config: str = "tpu_v5e",
     options: CompileOptions | None = None,
     overrides: Sequence[str] = (),
+    host: Callable[[], Host] | None = None,
 ) -> Checked:
-    """Simulate ``module`` on ``inputs`` and compare every output with the reference interpreter."""
-    result = tpusim.simulate(module, list(inputs), config=config, options=options, overrides=overrides)
+    """Simulate ``module`` on ``inputs`` and compare every output with the reference interpreter.
+
+    ``host`` makes the host side of infeed/outfeed/send/recv; device and reference each get a fresh one,
+    and what the program sends to the host must agree as well."""
+    device_host, reference_host = (host(), host()) if host is not None else (None, None)
+    result = tpusim.simulate(
+        module, list(inputs), config=config, options=options, overrides=overrides, host=device_host
+    )
     precision = program_precision(result.compiled)
-    oracle = emulate_one_pass(module) if precision == "bf16" else module
-    reference = evaluate(oracle, list(inputs))
+    exact = frozenset(n for _, n, op, _ in result.fallbacks if op in ("dot", "convolution"))
+    oracle = emulate_one_pass(module, exact) if precision == "bf16" else module
+    reference = evaluate(oracle, list(inputs), host=reference_host)
+    if device_host is not None and reference_host is not None:
+        for got, want in zip(device_host.outfeed, reference_host.outfeed, strict=True):
+            assert np.array_equal(np.asarray(got), np.asarray(want)), "outfeed values differ from the reference"
+        assert {k: [np.asarray(v).tolist() for v in vs] for k, vs in device_host.sent.items()} == {
+            k: [np.asarray(v).tolist() for v in vs] for k, vs in reference_host.sent.items()
+        }, "values sent to the host differ from the reference"
     assert len(result.outputs) == len(reference), f"{len(result.outputs)} outputs, the reference has {len(reference)}"
     for i, (d, r) in enumerate(zip(result.outputs, reference)):
         assert d.dtype == r.dtype and d.shape == r.shape, f"out{i}: {d.dtype}{d.shape} vs reference {r.dtype}{r.shape}"

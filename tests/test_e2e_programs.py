@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.reference import REFERENCE
+from tpusim.compiler.hlo.reference.core import Host
 from tpusim.compiler.lowering.context import CompileOptions
 
 BF16 = ml_dtypes.bfloat16
@@ -63,6 +64,7 @@ class Case:
     precision: str = "default"
     why: str = ""
     xfail: str = ""
+    host: Callable[[], Host] | None = None
 
     @property
     def options(self) -> CompileOptions:
@@ -605,8 +607,6 @@ NOT_FROM_JAX: dict[str, str] = {
     "ragged-all-to-all": "jax.lax.ragged_all_to_all needs several devices (XLA CPU cannot run it either)",
     "replica-id": "JAX's axis_index lowers to partition-id under shard_map",
     "after-all": "JAX programs without ordered effects carry no tokens",
-    "create-token": "the old name of after-all with no operands; XLA no longer prints it",
-    "clz": "the old name of count-leading-zeros (which JAX emits); XLA no longer prints it",
     "logistic": "JAX writes logistic (jax.nn.sigmoid, lax.logistic) as 1 / (1 + exp(-x))",
     "add-dependency": "made by XLA passes",
     "domain": "made by XLA's sharding propagation",
@@ -732,49 +732,6 @@ ENTRY main {{
 )
 
 
-def alias_case(name: str, text: str, renames: dict[str, str], why: str) -> None:
-    """Hand-written HLO whose instructions ``renames`` get an opcode the text form no longer has (an alias the
-    reference still registers), set on the parsed IR."""
-
-    def make(rng: np.random.Generator) -> tuple[Module, list[Any]]:
-        module = parse_module(text)
-        entry = module.entry_computation
-        body = tuple(replace(i, opcode=renames[i.name]) if i.name in renames else i for i in entry.instructions)
-        comps = tuple(replace(c, instructions=body) if c is entry else c for c in module.computations)
-        from tpusim.compiler.hlo.reference.io import random_inputs
-
-        return replace(module, computations=comps), random_inputs(module, int(rng.integers(1 << 31)))[0]
-
-    _add(Case(name, "hand", make, xfail=why))
-
-
-ALIAS = (
-    "the reference registers '{}' as an alias, but the HLO verifier (opcodes.py) rejects it as an unknown opcode: "
-    "either drop the alias from the reference or accept it in the opcode table"
-)
-alias_case(
-    "hand_alias_create_token",
-    f"""HloModule create_token
-ENTRY main {{
-  x = {V} parameter(0)
-  t = token[] after-all()
-  y = {V} add-dependency(x, t)
-  ROOT z = {V} multiply(y, y)
-}}""",
-    {"t": "create-token"},
-    ALIAS.format("create-token"),
-)
-alias_case(
-    "hand_alias_clz",
-    """HloModule clz
-ENTRY main {
-  x = s32[8,128] parameter(0)
-  ROOT c = s32[8,128] count-leading-zeros(x)
-}""",
-    {"c": "clz"},
-    ALIAS.format("clz"),
-)
-
 hand_case(
     "hand_dynamic_dimension_size",
     """HloModule dyn
@@ -798,7 +755,6 @@ ENTRY main {
   b = u64[2] rng-get-and-update-state(), delta=7
   ROOT r = (u64[2], u64[2]) tuple(a, b)
 }""",
-    xfail="each fallback kernel starts the RNG state at zero, so the second read does not see the first's delta",
 )
 
 hand_case(
@@ -883,7 +839,9 @@ ENTRY main {{
   sd = token[] send-done(s), channel_id=6, is_host_transfer=true
   ROOT out = ({V}, s32[4]) tuple(w, k)
 }}""",
-    xfail="tpusim.simulate has no host queues: infeed and recv find nothing to read",
+    host=lambda: Host(
+        infeed=[np.arange(8 * 128, dtype=np.float32).reshape(8, 128)], recv={5: [np.arange(4, dtype=np.int32)]}
+    ),
 )
 
 
@@ -900,7 +858,7 @@ def built(name: str) -> tuple[Module, list[Any]]:
 def ran(name: str) -> Checked:
     case = CASES[name]
     module, inputs = built(name)
-    return run_checked(module, inputs, config=case.config, options=case.options)
+    return run_checked(module, inputs, config=case.config, options=case.options, host=case.host)
 
 
 def _params() -> list[Any]:

@@ -23,7 +23,7 @@ import numpy as np
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo import load_module, parse_module
 from tpusim.compiler.hlo.ir import Module
-from tpusim.compiler.hlo.reference.core import TOKEN
+from tpusim.compiler.hlo.reference.core import TOKEN, DeviceState, Host
 from tpusim.compiler.hlo.reference.io import DEFAULT_SEED, random_inputs
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.pipeline import CompiledProgram, compile_module
@@ -137,6 +137,7 @@ def simulate(
     options: CompileOptions | None = None,
     timing_only: bool = False,
     seed: int = DEFAULT_SEED,
+    host: Host | None = None,
 ) -> SimulationResult:
     """Compile ``program`` for ``config`` and simulate it.
 
@@ -149,6 +150,8 @@ def simulate(
         options: compile options (tiling rule set, matmul precision, fusion).
         timing_only: skip numeric work where timing does not depend on data; outputs are then empty.
         seed: seed of the random inputs.
+        host: the host side of infeed, outfeed, send and recv (a
+            :class:`tpusim.compiler.hlo.reference.core.Host`; its queues are consumed and filled by the run).
 
     Returns:
         Outputs, cycles, the compiled program and the device run (trace, memories).
@@ -162,9 +165,21 @@ def simulate(
         inputs = random_inputs(module, seed)[0]
     placed = _flatten_inputs(module, inputs)
     placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
-    run = Chip(compiled.config).run(compiled.program, placed, timing_only=timing_only)
+    run = Chip(compiled.config).run(
+        compiled.program, placed, timing_only=timing_only, fallback_evaluator=_evaluator(host or Host())
+    )
     outputs = () if timing_only else tuple(run.read(f"out{j}") for j in range(len(compiled.outputs)))
     return SimulationResult(outputs, run.cycles, compiled, run)
+
+
+def _evaluator(host: Host) -> Callable[[str, list[np.ndarray]], list[np.ndarray]]:
+    """Run fallback kernels with the reference interpreter, keeping the device's RNG state and host queues
+    from one kernel to the next."""
+    from tpusim.compiler.hlo.reference import evaluate
+    from tpusim.devices.fallback import parsed_kernel
+
+    state = DeviceState()
+    return lambda hlo, inputs: list(evaluate(parsed_kernel(hlo), inputs, host=host, state=state))
 
 
 def simulate_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SimulationResult:

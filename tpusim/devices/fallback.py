@@ -25,13 +25,14 @@ from tpusim.isa import Fallback, FallbackKernel
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
 
-__all__ = ["FallbackEvaluator", "fallback_cost", "reference_evaluator"]
+__all__ = ["FallbackEvaluator", "fallback_cost", "parsed_kernel", "reference_evaluator"]
 
 FallbackEvaluator = Callable[[str, list[np.ndarray]], list[np.ndarray]]
 
 
 @lru_cache(maxsize=64)
-def _parsed(hlo: str) -> Any:
+def parsed_kernel(hlo: str) -> Any:
+    """A kernel's HLO text parsed once (kernels run many times in loops)."""
     from tpusim.compiler.hlo import parse_module
 
     return parse_module(hlo)
@@ -41,7 +42,7 @@ def reference_evaluator(hlo: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Run an HLO module text on ``inputs`` with tpusim's reference interpreter."""
     from tpusim.compiler.hlo.reference import evaluate
 
-    return list(evaluate(_parsed(hlo), inputs))
+    return list(evaluate(parsed_kernel(hlo), inputs))
 
 
 def fallback_cost(kernel: FallbackKernel, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:

@@ -666,7 +666,6 @@ class Fallback:
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
-        _need(len(self.outputs) >= 1, "a fallback needs at least one output")
 
 
 Instruction = (

@@ -347,7 +347,8 @@ class _Cursor:
         return tuple(out)
 
     def memref_list(self) -> tuple[MemRef, ...]:
-        if self.peek(2) == "->" or self.at_end():
+        """Memory blocks separated by commas; empty when the next thing is not a block (``->``, a keyword)."""
+        if self.at_end() or not any(self.peek(len(s) + 1) == s + "[" for s in ("hbm", "vmem", "smem")):
             return ()
         out = [self.memref()]
         while self.eat(","):

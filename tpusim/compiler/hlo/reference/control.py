@@ -82,7 +82,7 @@ def _add_dependency(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -
     return args[0]  # operand 1 is a token that only orders execution
 
 
-@register("after-all", "create-token")
+@register("after-all")
 def _after_all(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return TOKEN
 

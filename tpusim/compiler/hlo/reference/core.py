@@ -32,6 +32,7 @@ __all__ = [
     "ELEMENTWISE",
     "REFERENCE",
     "TOKEN",
+    "DeviceState",
     "EvalContext",
     "EvaluationError",
     "Host",
@@ -184,6 +185,17 @@ def check_value(value: Any, shape: AnyShape, *, dims: bool = True) -> str | None
 # ---------------------------------------------------------------------------------------------
 # Host queues
 # ---------------------------------------------------------------------------------------------
+@dataclass
+class DeviceState:
+    """State one device keeps between evaluations (a simulated chip runs many fallback kernels).
+
+    Attributes:
+        rng_state: the 128-bit state of ``rng-get-and-update-state`` and ``rng`` (starts at 0).
+    """
+
+    rng_state: int = 0
+
+
 @dataclass
 class Host:
     """Data exchanged with the host by one device: infeed, outfeed and host send/recv channels.
@@ -370,6 +382,7 @@ class EvalContext:
         host: Host | None = None,
         exchange: Any = None,
         plans: _PlanCache | None = None,
+        state: DeviceState | None = None,
     ) -> None:
         self.module = module
         self.replica_id = replica_id
@@ -378,9 +391,17 @@ class EvalContext:
         self.num_partitions = num_partitions
         self.host = host if host is not None else Host()
         self.exchange = exchange
-        self.rng_state = 0
+        self.state = state if state is not None else DeviceState()
         self.computation: Computation | None = None
         self._plans = plans if plans is not None else _PlanCache(module)
+
+    @property
+    def rng_state(self) -> int:
+        return self.state.rng_state
+
+    @rng_state.setter
+    def rng_state(self, value: int) -> None:
+        self.state.rng_state = value
 
     # ----------------------------------------------------------------- device coordinates
     @property
@@ -559,7 +580,9 @@ def _flat_outputs(value: Value) -> list[np.ndarray]:
     return _flatten(value)
 
 
-def evaluate(module: Module, inputs: Sequence[Any], *, host: Host | None = None) -> list[np.ndarray]:
+def evaluate(
+    module: Module, inputs: Sequence[Any], *, host: Host | None = None, state: DeviceState | None = None
+) -> list[np.ndarray]:
     """Run ``module``'s entry computation on one device (replica 0, partition 0).
 
     Args:
@@ -568,6 +591,7 @@ def evaluate(module: Module, inputs: Sequence[Any], *, host: Host | None = None)
             parameter's dimensions and numpy dtype exactly (tuple parameters take tuples, token parameters
             None or TOKEN).
         host: infeed/outfeed/send/recv queues; a fresh empty :class:`Host` when None.
+        state: device state kept between calls (the RNG state); fresh when None.
 
     Returns:
         The root value flattened depth-first (a non-tuple root gives a one-element list; tokens are dropped).
@@ -579,7 +603,7 @@ def evaluate(module: Module, inputs: Sequence[Any], *, host: Host | None = None)
             f"run it with evaluate_spmd (command line: --replicas {devices})"
         )
     values = _check_inputs(module, inputs)
-    ctx = EvalContext(module, host=host)
+    ctx = EvalContext(module, host=host, state=state)
     with np.errstate(all="ignore"):
         return _flat_outputs(ctx.run(module.entry, values))
 

@@ -300,7 +300,7 @@ def _popcnt(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     return wrap_int(np.bitwise_count(raw).astype(np.int64), _et(instr))
 
 
-@register("count-leading-zeros", "clz", elementwise=True)
+@register("count-leading-zeros", elementwise=True)
 def _clz(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x = args[0]
     if _kind(x) not in ("signed", "unsigned"):
