@@ -384,11 +384,7 @@ def _complex(rng: np.random.Generator) -> tuple:
     return f, normal(rng, 8, 128), normal(rng, 8, 128)
 
 
-@jax_case(
-    "complex_abs_c64",
-    xfail="the VPU lowering of abs takes c64 operands but the device's vpu.abs gives c64, not the f32 result "
-    "(ExecutionError at decode): abs of a complex value should decline to a fallback or compute |z|",
-)
+@jax_case("complex_abs_c64")
 def _complex_abs(rng: np.random.Generator) -> tuple:
     return (lambda z: jnp.abs(z)), (normal(rng, 8, 128) + 1j * normal(rng, 8, 128)).astype(np.complex64)
 

@@ -187,7 +187,11 @@ def _fuse_computation(comp: Computation) -> tuple[Computation, list[Computation]
 
 
 def _fusible(instr: Instruction) -> bool:
-    return instr.opcode in FUSIBLE and isinstance(instr.shape, Shape) and instr.shape.element_type.kind != "token"
+    return (
+        instr.opcode in FUSIBLE
+        and isinstance(instr.shape, Shape)
+        and instr.shape.element_type.kind not in ("token", "complex")
+    )
 
 
 def _make_fusion(comp: Computation, leader: str, names: list[str]) -> tuple[Instruction, Computation]:

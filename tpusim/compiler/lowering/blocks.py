@@ -51,6 +51,8 @@ def rule(*opcodes: str) -> Callable[[NeedRule], NeedRule]:
 
 @rule(*ELEMENTWISE_OPS)
 def _elementwise(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
+    if any(s.element_type.is_complex for s in [*operands, instr.array_shape]):
+        raise NotLowerable("complex numbers on the VPU (it computes real 32-bit lanes)")
     dim, off = need
     return [(dim, off) if s.rank == instr.array_shape.rank else (None, 0) for s in operands]
 
