@@ -1,0 +1,102 @@
+"""Reductions on the VPU when the reduced dimension does not fit one VMEM block: the blocks cut a reduced
+dimension and ``vpu.reduce`` accumulates (tpusim/compiler/lowering/blocks.py, elementwise.py). Checked
+against the reference interpreter and JAX on the teaching chip (a 64 KiB VMEM: every array here is many
+blocks) and on tpu_v5e.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from e2e_support import run_checked
+
+import tpusim
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.reference.io import random_inputs
+from tpusim.isa import VpuReduce
+
+COMBINERS = """add_c {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+max_c {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] maximum(a, b)
+}
+"""
+
+
+def reduce_module(shape: str, out: str, dims: str, combiner: str = "add_c", init: str = "0") -> str:
+    return (
+        f"HloModule r\n{COMBINERS}ENTRY main {{\n  p = {shape} parameter(0)\n  z = f32[] constant({init})\n"
+        f"  ROOT r = {out} reduce(p, z), dimensions={{{dims}}}, to_apply={combiner}\n}}"
+    )
+
+
+CASES = {
+    "full_sum": reduce_module("f32[256,256]", "f32[]", "0,1"),
+    "column_sums": reduce_module("f32[256,256]", "f32[256]", "0"),
+    "row_sums": reduce_module("f32[256,256]", "f32[256]", "1"),
+    "column_max": reduce_module("f32[200,300]", "f32[300]", "0", "max_c", "-inf"),
+    "full_sum_with_init": reduce_module("f32[200,300]", "f32[]", "0,1", init="2.5"),
+    "outer_and_lanes": reduce_module("f32[16,40,24]", "f32[40]", "0,2"),
+}
+
+
+def reduces(result: tpusim.api.SimulationResult) -> list[VpuReduce]:
+    return [i for i in result.compiled.program.streams[0].instructions if isinstance(i, VpuReduce)]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_teaching_chip_blocks_match_reference(name: str) -> None:
+    m = parse_module(CASES[name])
+    checked = run_checked(m, random_inputs(m, 4)[0], config="teaching")
+    checked.assert_ok(name)
+    assert not checked.result.fallbacks, checked.result.fallbacks
+    assert len(reduces(checked.result)) > 1  # many blocks
+
+
+def test_full_sum_accumulates_over_blocks_of_the_reduced_dimension() -> None:
+    m = parse_module(CASES["full_sum"])
+    checked = run_checked(m, random_inputs(m, 4)[0], config="teaching")
+    ops = reduces(checked.result)
+    assert not ops[0].accumulate and all(op.accumulate for op in ops[1:])
+    assert all(op.dst.dims == () for op in ops)
+
+
+def test_init_value_is_applied_once() -> None:
+    """A non-identity init (2.5) is combined after the first block only, not once per block."""
+    m = parse_module(CASES["full_sum_with_init"])
+    x = np.zeros((200, 300), np.float32)
+    result = tpusim.simulate(m, [x], config="teaching")
+    assert float(result.outputs[0]) == 2.5
+
+
+def test_big_full_sum_on_v5e_streams_at_hbm_speed() -> None:
+    """A 16 MiB f32 sum is too big for one 512 KiB-ish block: it streams in blocks that accumulate, at
+    least 70% of HBM bandwidth (measured 0.80 when written; 0.85 for 4096 x 4096)."""
+    m = parse_module(reduce_module("f32[2048,2048]", "f32[]", "0,1"))
+    result = tpusim.simulate(m, config="tpu_v5e", timing_only=True)
+    assert not result.fallbacks
+    assert len(reduces(result)) > 1
+    cfg = result.compiled.config
+    assert 2048 * 2048 * 4 / result.cycles / cfg.hbm_bytes_per_cycle >= 0.7
+
+
+@pytest.mark.parametrize("chip", ["teaching", "tpu_v5e"])
+def test_jax_reductions(chip: str) -> None:
+    """jnp.sum, a column sum and jnp.mean (the divide runs after the last block) against JAX."""
+    x = np.random.default_rng(3).standard_normal((384, 256)).astype(np.float32)
+
+    def f(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return jnp.sum(x), x.sum(axis=0), jnp.mean(x * x)
+
+    result = tpusim.simulate_jax(f, x, config=chip)
+    assert not result.fallbacks, result.fallbacks
+    for got, want in zip(result.outputs, jax.jit(f)(x)):
+        want = np.asarray(want)
+        assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
