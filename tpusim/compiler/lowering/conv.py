@@ -277,28 +277,38 @@ class _ConvEmitter:
         self.lhs_blocks = [
             ctx.vmem(self._matrix(self.rows_in.etype, self.lhs_tiles, (m_max, kc))) for _ in range(_LHS_BUFFERS)
         ]
-        self.kernel = ctx.vmem(self.rows_in.shape((prod(taps) * cin_max, f_max)))
-        self.kernel_direct = is_direct(self.rhs.shape, conv.k_dims[-1])
+        # Two kernel slabs: the next chunk's kernel loads while this chunk's blocks run.
+        kernel_slices = len({(c, f0) for c, f0, _, _ in jobs})
+        nk = min(2, kernel_slices)
+        self.kernels = [ctx.vmem(self.rows_in.shape((prod(taps) * cin_max, f_max))) for _ in range(nk)]
+        # One DMA per piece when the kernel's layout lets it write the slab directly; a block-diagonal kernel
+        # has one piece per group, so it lands whole (one DMA) and its pieces are placed by VPU copies.
+        self.kernel_direct = is_direct(self.rhs.shape, conv.k_dims[-1]) and not any(c.diag for c in conv.chunks)
         widest_load = max(c.co if c.diag else min(fc, c.co) for c in conv.chunks)
         kernel_window = to_logical([*taps, ci_max, widest_load], conv.k_dims)
-        self.kernel_landing = None if self.kernel_direct else ctx.vmem(landing(self.rhs.shape, kernel_window))
+        self.kernel_landings = (
+            [] if self.kernel_direct else [ctx.vmem(landing(self.rhs.shape, kernel_window)) for _ in range(nk)]
+        )
         self.packed: dict[tuple[int, ...], MemRef] = {}
         for q, qtaps in self.phase_taps.items():
             if qtaps and not self._contiguous(qtaps):
                 self.packed[q] = ctx.vmem(self.rows_in.shape((len(qtaps) * cin_max, f_max)))
         self.result_tiles = ctx.rules.layout_for(Shape(self.rows_pop.etype, (m_max, f_max))).tiles
         self.result = ctx.vmem(self._matrix(self.rows_pop.etype, self.result_tiles, (m_max, f_max)))
-        self.kernel_sem = ctx.semaphore()
+        self.kernel_sems = [ctx.semaphore() for _ in range(nk)]
+        self.kernel_dmas = [0] * nk
+        self.kbuf = 0
         self.kc = kc
         self.lhs_turn = 0
         self.acc_half = [0] * ctx.config.mxu.count
-        self.loaded: tuple[int, int] | None = None
-        # The first kernel slice loads before the pipeline starts, alongside the first input blocks.
-        c0, f00, fs0, _ = jobs[0]
-        self.fetched: tuple[tuple[int, int], list[tuple[MemRef, MemRef]]] | None = (
-            (c0, f00),
-            self._fetch_kernel(conv.chunks[c0], f00, fs0),
-        )
+        # Kernel slices in the order the jobs use them; the first loads before the pipeline starts, each next
+        # one as soon as the previous one is in place.
+        slices: list[tuple[int, int, int]] = []
+        for c, f0, fsize, _ in jobs:
+            if not slices or slices[-1][:2] != (c, f0):
+                slices.append((c, f0, fsize))
+        fetched = [self._fetch_kernel(conv.chunks[slices[0][0]], slices[0][1], slices[0][2], 0)]
+        placed = -1
 
         def load(i: int, slot: int, sem: int) -> int:
             c, _, _, b = jobs[i]
@@ -327,11 +337,14 @@ class _ConvEmitter:
             if self.pending_out[slot]:
                 ctx.emit(SemWait, sem=self.sem_out[slot], count=self.pending_out[slot])
                 self.pending_out[slot] = 0
-            if self.loaded != (c, f0):
-                if self.fetched is None or self.fetched[0] != (c, f0):
-                    self.fetched = ((c, f0), self._fetch_kernel(conv.chunks[c], f0, fsize))
-                self._place_kernel(conv.chunks[c], fsize, self.fetched[1])
-                self.loaded, self.fetched = (c, f0), None
+            if placed < 0 or slices[placed][:2] != (c, f0):
+                placed += 1
+                self.kbuf = placed % len(self.kernels)
+                self._place_kernel(conv.chunks[c], fsize, fetched[placed], self.kbuf)
+                if placed + 1 < len(slices):
+                    nc, nf0, nfs = slices[placed + 1]
+                    nbuf = (placed + 1) % len(self.kernels)
+                    fetched.append(self._fetch_kernel(conv.chunks[nc], nf0, nfs, nbuf))
             current = self._block(conv.chunks[c], f0, fsize, blocks[b], stages[b], slot)
             next(current, None)  # stage the input, build the first LHS chunk
             if previous is not None:
@@ -356,7 +369,7 @@ class _ConvEmitter:
         return all(b - a == 1 for a, b in pairwise(rows))
 
     # ------------------------------------------------------------------ the kernel
-    def _fetch_kernel(self, chunk: _Chunk, f0: int, fsize: int) -> list[tuple[MemRef, MemRef]]:
+    def _fetch_kernel(self, chunk: _Chunk, f0: int, fsize: int, buf: int) -> list[tuple[MemRef, MemRef]]:
         """Start the DMAs that stage the kernel rows ``[taps, input features, output features f0..f0+fsize]``
         of ``chunk`` in VMEM (block-diagonal for packed groups); returns the VMEM copies still to make
         (the pieces of a landing block, when the DMA cannot write the slab directly)."""
@@ -364,7 +377,7 @@ class _ConvEmitter:
         taps = list(conv.taps)
         n = len(taps)
         dims = [*taps, chunk.cin, fsize]
-        view = rows.permuted(self.kernel, dims, conv.k_dims)
+        view = rows.permuted(self.kernels[buf], dims, conv.k_dims)
         # The operand window to fetch, and where its pieces go: (offset in the window, size, offset in the slab).
         if chunk.diag:
             og = chunk.co // chunk.diag
@@ -373,7 +386,7 @@ class _ConvEmitter:
                 ([0] * n + [0, g * og], [*taps, chunk.ci, og], [0] * n + [g * chunk.ci, g * og])
                 for g in range(chunk.diag)
             ]
-            ctx.emit(VpuBroadcast, dst=rows.ref(self.kernel, dims), src=Const(0, rows.etype))
+            ctx.emit(VpuBroadcast, dst=rows.ref(self.kernels[buf], dims), src=Const(0, rows.etype))
         else:
             fetch_first, fetch_size = [0] * n + [0, chunk.co0 + f0], dims
             pieces = [([0] * (n + 2), dims, [0] * (n + 2))]
@@ -391,25 +404,25 @@ class _ConvEmitter:
             for at, size, to in pieces:
                 first = [a + b for a, b in zip(fetch_first, at)]
                 src = hbm_window(self.rhs, to_logical(first, order), to_logical(size, order))
-                ctx.emit(DmaStart, src=src, dst=window(view, to, size), sem=self.kernel_sem)
-            self.kernel_dmas = len(pieces)
+                ctx.emit(DmaStart, src=src, dst=window(view, to, size), sem=self.kernel_sems[buf])
+            self.kernel_dmas[buf] = len(pieces)
             return []
-        assert self.kernel_landing is not None
         src = hbm_window(self.rhs, to_logical(fetch_first, order), to_logical(fetch_size, order))
-        land = MemRef(self.kernel_landing.space, self.kernel_landing.address, landing(self.rhs.shape, src.dims))
-        ctx.emit(DmaStart, src=src, dst=land, sem=self.kernel_sem)
-        self.kernel_dmas = 1
+        at = self.kernel_landings[buf]
+        land = MemRef(at.space, at.address, landing(self.rhs.shape, src.dims))
+        ctx.emit(DmaStart, src=src, dst=land, sem=self.kernel_sems[buf])
+        self.kernel_dmas[buf] = 1
         return [(window(view, to, size), window(land, at, size)) for at, size, to in pieces]
 
-    def _place_kernel(self, chunk: _Chunk, fsize: int, copies: list[tuple[MemRef, MemRef]]) -> None:
+    def _place_kernel(self, chunk: _Chunk, fsize: int, copies: list[tuple[MemRef, MemRef]], buf: int) -> None:
         """Wait for the kernel's DMAs, finish staging it, and pack each phase's taps where they are not
         contiguous in the kernel."""
         ctx, rows = self.ctx, self.rows_in
         taps = list(self.conv.taps)
-        ctx.emit(SemWait, sem=self.kernel_sem, count=self.kernel_dmas)
+        ctx.emit(SemWait, sem=self.kernel_sems[buf], count=self.kernel_dmas[buf])
         for dst, src in copies:
             ctx.emit(VpuCopy, dst=dst, src=src)
-        flat = rows.ref(self.kernel, (prod(taps) * chunk.cin, fsize))
+        flat = rows.ref(self.kernels[buf], (prod(taps) * chunk.cin, fsize))
         for q, packed in self.packed.items():
             kernel_rows = self._flat(self.phase_taps[q])
             dst_flat = rows.ref(packed, (len(kernel_rows) * chunk.cin, fsize))
@@ -500,7 +513,7 @@ class _ConvEmitter:
         if q in self.packed:
             kernel, row0 = self.rows_in.ref(self.packed[q], (k_total, fsize)), 0
         else:
-            kernel = self.rows_in.ref(self.kernel, (prod(self.conv.taps) * cin, fsize))
+            kernel = self.rows_in.ref(self.kernels[self.kbuf], (prod(self.conv.taps) * cin, fsize))
             row0 = self._flat(taps)[0] * cin
         # Work items: output-feature tiles on different MXUs; spare MXUs take slices of the rows.
         n_tiles = [(n0, min(cfg.cols, fsize - n0)) for n0 in range(0, fsize, cfg.cols)]
