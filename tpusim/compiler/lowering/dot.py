@@ -207,6 +207,8 @@ def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
         raise NotLowerable(f"an 8-bit dot with a {ot} result (the MXU accumulates 8-bit products in s32)")
     if not integer and not ot.is_float:
         raise NotLowerable(f"a float dot with a {ot} result")
+    if 0 in lhs_ref.shape.dimensions or 0 in rhs_ref.shape.dimensions:
+        raise NotLowerable("an empty dot (a zero-sized dimension)")
     views = _views(instr, lhs_ref, rhs_ref, out_ref)
     precision = matmul_precision(instr, ctx.options.matmul_precision, lt.name)
     _DotEmitter(ctx, views, precision).run()
