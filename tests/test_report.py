@@ -245,3 +245,14 @@ def test_cli_report_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "this tpusim renders 'tpusim.report.summary' version 1" in capsys.readouterr().err
     assert main(["report", "--schema"]) == 0
     assert json.loads(capsys.readouterr().out)["$id"] == "tpusim.report.summary/1"
+
+
+def test_facts_from_the_program_equal_facts_parsed_from_the_trace(run: dict[str, Any]) -> None:
+    from tpusim.report.decode import decode_trace
+
+    r = run["result"]
+    fast = decode_trace(r.trace, r.compiled.config, r.compiled.program)
+    slow = decode_trace(r.trace, r.compiled.config)
+    for name in ("kind", "hbm_read", "hbm_write", "data_end", "dst_chip", "dst_core"):
+        assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
+    assert fast.reads == slow.reads and fast.writes == slow.writes and fast.mnemonic == slow.mnemonic

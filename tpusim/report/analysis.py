@@ -349,7 +349,7 @@ def _ops(result: SimulationResult, f: TraceFacts, critical: np.ndarray, total: i
 def analyse(result: SimulationResult) -> RunAnalysis:
     """Compute a report's numbers from a simulation (see :class:`RunAnalysis`)."""
     cfg = result.compiled.config
-    f = decode_trace(result.trace, cfg)
+    f = decode_trace(result.trace, cfg, result.compiled.program)
     tr = f.trace
     total = int(result.cycles)
     priority = np.array([_PRIORITY.get(k, 1) for k in f.kind.tolist()], np.int64)

@@ -17,7 +17,7 @@ import numpy as np
 
 from tpusim.config import ChipConfig
 from tpusim.devices import Trace
-from tpusim.isa import DmaStart, Instruction, MemRef, Space, parse_instruction
+from tpusim.isa import DmaStart, Instruction, MemRef, Program, Space, format_instruction, parse_instruction
 
 __all__ = ["KINDS", "Extent", "TraceFacts", "decode_trace", "unit_kind"]
 
@@ -129,16 +129,39 @@ def _instruction_facts(ins: Instruction, text: str, chip: int, core: int, cfg: C
     )
 
 
-def decode_trace(trace: Trace, config: ChipConfig) -> TraceFacts:
-    """Facts about every entry of ``trace`` (see :class:`TraceFacts`)."""
+def _program_streams(trace: Trace, program: Program | None) -> list[tuple[Instruction, ...] | None]:
+    """Each trace stream's instructions from the program, when it ran it: the devices number their cores chip by
+    chip, each chip taking the program's streams for it in order (``tpusim.devices.chip.Machine.start``).
+    A stream that does not match (length, core, first and last text) is None and gets parsed from its text."""
+    if program is None:
+        return [None] * len(trace.streams)
+    chips = max((s.chip for s in trace.streams), default=-1) + 1
+    order = [st for chip in range(chips) for st in program.streams if st.chip is None or st.chip == chip]
+    out: list[tuple[Instruction, ...] | None] = []
+    for k, ts in enumerate(trace.streams):
+        st = order[k] if k < len(order) else None
+        same = (
+            st is not None
+            and st.core == ts.core
+            and len(st.instructions) == len(ts.text)
+            and (not ts.text or (format_instruction(st.instructions[0]) == ts.text[0]
+                                 and format_instruction(st.instructions[-1]) == ts.text[-1]))
+        )  # fmt: skip
+        out.append(tuple(st.instructions) if same and st is not None else None)
+    return out
+
+
+def decode_trace(trace: Trace, config: ChipConfig, program: Program | None = None) -> TraceFacts:
+    """Facts about every entry of ``trace`` (see :class:`TraceFacts`); with the ``program`` that ran, its
+    instructions are used instead of parsing their texts (the same values, much faster)."""
     unit_kinds = np.array([unit_kind(u) for u in trace.units] or [""], dtype=object)
     table: list[_Facts] = []
     hlo_table: list[str] = []
     offsets = []
-    for s in trace.streams:
+    for s, known in zip(trace.streams, _program_streams(trace, program)):
         offsets.append(len(table))
-        for text, hlo in zip(s.text, s.hlo):
-            ins = parse_instruction(text)
+        for i, (text, hlo) in enumerate(zip(s.text, s.hlo)):
+            ins = known[i] if known is not None else parse_instruction(text)
             table.append(_instruction_facts(ins, text, s.chip, s.core, config))
             hlo_table.append(hlo)
     n = len(trace)
