@@ -231,17 +231,27 @@ class DmaConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IciConfig:
-    """Inter-chip interconnect."""
+    """Inter-chip interconnect: the links of one chip and the topology its slices form.
+
+    A system is chips on a grid of ``shape`` (at most ``dims`` axes; chip ids are row-major positions). An
+    axis has wraparound links (a ring) when the topology is a torus and its length is a multiple of
+    ``wraparound_multiple`` (and at least 3), unless ``wraparound`` lists it explicitly. Transfers follow
+    dimension-order routing: the axes in ``routing`` order, each the shorter way around a ring.
+    """
 
     topology: Literal["torus", "mesh"] = "torus"  # wraparound links (torus) or not (mesh)
     dims: int = 2  # dimensions of the topology (1 = ring or line)
-    max_shape: tuple[int, ...] = (16, 16)  # largest slice the chip family builds (informational)
+    max_shape: tuple[int, ...] = (16, 16)  # largest slice the chip family builds
     links_per_chip: int = 4  # ICI ports per chip
     link_bandwidth_bytes_per_s: float = 4.5e10  # per link, per direction
     hop_latency_ns: float = 1000.0  # per chip-to-chip hop
+    shape: tuple[int, ...] | None = None  # the slice a run uses (chips per axis); None: chosen from the chip count
+    wraparound: tuple[bool, ...] | None = None  # per axis of `shape`; None: from topology and wraparound_multiple
+    wraparound_multiple: int = 1  # an axis of a torus wraps only when its length is a multiple of this
+    routing: tuple[int, ...] | None = None  # dimension order of routes (axes corrected first to last); None: 0, 1, ..
 
     def __post_init__(self) -> None:
-        _positive(self, "dims", "links_per_chip", "link_bandwidth_bytes_per_s")
+        _positive(self, "dims", "links_per_chip", "link_bandwidth_bytes_per_s", "wraparound_multiple")
         _non_negative(self, "hop_latency_ns")
         _need(len(self.max_shape) == self.dims, "max_shape", f"must have {self.dims} entries (dims)")
         _need(all(n > 0 for n in self.max_shape), "max_shape", "entries must be positive")
@@ -250,6 +260,77 @@ class IciConfig:
             "links_per_chip",
             f"a {self.dims}-D {self.topology} needs {2 * self.dims} links per chip",
         )
+        if self.shape is not None:
+            problem = self.shape_problem(self.shape)
+            _need(problem is None, "shape", problem or "")
+        if self.wraparound is not None:
+            _need(self.shape is not None, "wraparound", "lists axes of ici.shape, which is not set")
+            assert self.shape is not None
+            _need(
+                len(self.wraparound) == len(self.shape),
+                "wraparound",
+                f"must have one entry per axis of ici.shape {list(self.shape)}",
+            )
+            _need(
+                self.topology == "torus" or not any(self.wraparound),
+                "wraparound",
+                "a mesh has no wraparound links (set ici.topology: torus)",
+            )
+        if self.routing is not None:
+            _need(
+                sorted(self.routing) == list(range(self.dims)),
+                "routing",
+                f"must list each of the {self.dims} axes once (a permutation of 0..{self.dims - 1})",
+            )
+
+    def shape_problem(self, shape: tuple[int, ...]) -> str | None:
+        """Why ``shape`` is not a slice this chip builds (None if it is)."""
+        if not shape or any(n < 1 for n in shape):
+            return f"a slice needs positive chips per axis, not {list(shape)}"
+        if len(shape) > self.dims:
+            return f"{list(shape)} has {len(shape)} axes but the chips connect in {self.dims} dimensions"
+        limits = sorted(self.max_shape, reverse=True)
+        if any(n > m for n, m in zip(sorted(shape, reverse=True), limits)):
+            return f"{list(shape)} does not fit the largest slice {list(self.max_shape)} (ici.max_shape)"
+        return None
+
+    def default_shape(self, chips: int) -> tuple[int, ...]:
+        """The slice ``chips`` chips form when no shape is given: one axis if it fits, else the most balanced
+        grid of at most ``dims`` axes within ``max_shape`` (largest axis first)."""
+        if self.shape_problem((chips,)) is None:
+            return (chips,)
+        best: tuple[int, ...] | None = None
+        for k in range(2, self.dims + 1):
+            for cand in _factorizations(chips, k):
+                if self.shape_problem(cand) is None and (best is None or max(cand) < max(best)):
+                    best = cand
+            if best is not None:
+                return best
+        raise ConfigValueError(
+            "max_shape", f"{chips} chips do not fit a slice of at most {list(self.max_shape)} chips per axis"
+        )
+
+    def wraps(self, shape: tuple[int, ...]) -> tuple[bool, ...]:
+        """Per axis of ``shape``: whether it has wraparound links."""
+        if self.wraparound is not None and self.shape is not None and tuple(shape) == self.shape:
+            return self.wraparound
+        return tuple(self.topology == "torus" and n >= 3 and n % self.wraparound_multiple == 0 for n in shape)
+
+    def routing_order(self, axes: int) -> tuple[int, ...]:
+        """The order routes correct the axes of a ``axes``-axis slice in."""
+        order = self.routing if self.routing is not None else tuple(range(self.dims))
+        return tuple(a for a in order if a < axes)
+
+
+def _factorizations(n: int, k: int) -> list[tuple[int, ...]]:
+    """Every way to write ``n`` as a product of ``k`` factors > 1, largest first (non-increasing)."""
+    if k == 1:
+        return [(n,)] if n > 1 else []
+    out = []
+    for f in range(n, 1, -1):
+        if n % f == 0:
+            out += [(f, *rest) for rest in _factorizations(n // f, k - 1) if rest[0] <= f]
+    return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -375,7 +456,7 @@ def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return " or ".join(repr(a) for a in get_args(tp))
     if get_origin(tp) is tuple:
-        return "a list of integers"
+        return "a list of true/false values" if get_args(tp)[0] is bool else "a list of integers"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
@@ -391,7 +472,8 @@ def _convert(tp: Any, node: yaml.Node, key: str, ctx: _Context) -> Any:
     if origin is tuple:
         if not isinstance(node, yaml.SequenceNode):
             raise ctx.fail(node, key, f"expected {_type_name(tp)}")
-        return tuple(_convert(int, n, f"{key}[{i}]", ctx) for i, n in enumerate(node.value))
+        item = get_args(tp)[0]
+        return tuple(_convert(item, n, f"{key}[{i}]", ctx) for i, n in enumerate(node.value))
     if not isinstance(node, yaml.ScalarNode):
         raise ctx.fail(
             node,
@@ -582,7 +664,10 @@ def _check_python_type(tp: Any, value: Any, key: str) -> Any:
     if origin is Literal:
         ok = value in get_args(tp)
     elif origin is tuple:
-        ok = isinstance(value, (tuple, list)) and all(isinstance(v, int) for v in value)
+        item = get_args(tp)[0]
+        ok = isinstance(value, (tuple, list)) and all(
+            isinstance(v, bool) if item is bool else isinstance(v, int) and not isinstance(v, bool) for v in value
+        )
         value = tuple(value) if ok else value
     if ok is None:
         ok = isinstance(value, tp)
