@@ -1,0 +1,260 @@
+"""``convolution`` on the MXUs (tpusim/compiler/lowering/conv.py) end to end: JAX programs (conv_general_dilated
+in many configurations, a small NHWC conv net forward and its jax.grad) and hand-written HLO, simulated on
+tpu_v5e and on the teaching chip (8x8 MXU, 64 KiB VMEM: many blocks, partial tiles), compared with the
+reference interpreter; the convolutions must lower (no fallback). Also: the MXUs of a large convolution are
+busy close to its flops over the MXU peak, and what declines says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from math import ceil
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from e2e_support import run_checked
+
+import tpusim
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.isa import MxuMatmul
+
+CHIPS = ("teaching", "tpu_v5e")
+HIGHEST = CompileOptions(matmul_precision="highest")
+NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def conv(
+    x: Any,
+    w: Any,
+    strides: tuple[int, ...] = (1, 1),
+    padding: Any = "SAME",
+    lhs: tuple[int, ...] | None = None,
+    rhs: tuple[int, ...] | None = None,
+    dn: tuple[str, str, str] = NHWC,
+    fg: int = 1,
+    bg: int = 1,
+    out: Any = None,
+) -> Any:
+    return jax.lax.conv_general_dilated(
+        x,
+        w,
+        strides,
+        padding,
+        lhs_dilation=lhs,
+        rhs_dilation=rhs,
+        dimension_numbers=dn,
+        feature_group_count=fg,
+        batch_group_count=bg,
+        preferred_element_type=out,
+    )
+
+
+def data(shape: tuple[int, ...], dtype: Any = np.float32, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed + len(shape) * 7 + sum(shape))
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-8, 8, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+BF16 = ml_dtypes.bfloat16
+X = (2, 8, 8, 3)
+W = (3, 3, 3, 8)
+# name -> (function, argument shapes, argument dtype)
+CASES: dict[str, tuple[Callable[..., Any], tuple[tuple[int, ...], ...], Any]] = {
+    "same_stride1": (lambda x, w: conv(x, w), (X, W), np.float32),
+    "valid_stride1": (lambda x, w: conv(x, w, padding="VALID"), (X, W), np.float32),
+    "same_stride2": (lambda x, w: conv(x, w, (2, 2)), (X, W), np.float32),
+    "valid_stride2": (lambda x, w: conv(x, w, (2, 2), "VALID"), (X, W), np.float32),
+    "rhs_dilation": (lambda x, w: conv(x, w, rhs=(2, 2)), (X, W), np.float32),
+    "lhs_dilation": (lambda x, w: conv(x, w, lhs=(2, 2), padding=((2, 1), (2, 1))), (X, W), np.float32),
+    "stride3_lhs2_window5": (
+        lambda x, w: conv(x, w, (3, 2), lhs=(2, 3), padding=((1, 2), (2, 0))),
+        ((1, 9, 7, 5), (5, 5, 5, 6)),
+        np.float32,
+    ),
+    "negative_padding": (
+        lambda x, w: conv(x, w, padding=((-1, 2), (1, -2))),
+        ((1, 10, 9, 5), (3, 3, 5, 6)),
+        np.float32,
+    ),
+    "nchw_oihw": (
+        lambda x, w: conv(x, w, (2, 1), dn=("NCHW", "OIHW", "NCHW")),
+        ((2, 3, 9, 8), (8, 3, 3, 3)),
+        np.float32,
+    ),
+    "depthwise": (lambda x, w: conv(x, w, fg=16), ((2, 9, 9, 16), (3, 3, 1, 16)), np.float32),
+    "depthwise_stride2_multiplier2": (lambda x, w: conv(x, w, (2, 2), fg=8), ((2, 9, 9, 8), (3, 3, 1, 16)), np.float32),
+    "grouped": (lambda x, w: conv(x, w, fg=2), ((2, 6, 6, 8), (3, 3, 4, 8)), np.float32),
+    "batch_groups": (lambda x, w: conv(x, w, bg=2), ((4, 6, 6, 4), (3, 3, 4, 8)), np.float32),
+    "conv1d": (
+        lambda x, w: conv(x, w, (1,), dn=("NWC", "WIO", "NWC")),
+        ((2, 16, 5), (3, 5, 4)),
+        np.float32,
+    ),
+    "conv3d": (
+        lambda x, w: conv(x, w, (1, 2, 1), dn=("NDHWC", "DHWIO", "NDHWC")),
+        ((2, 6, 5, 4, 3), (3, 2, 3, 3, 4)),
+        np.float32,
+    ),
+    "bf16": (lambda x, w: conv(x, w), (X, W), BF16),
+    "bf16_to_f32": (lambda x, w: conv(x, w, (2, 2), out=jnp.float32), ((2, 9, 9, 16), (3, 3, 16, 8)), BF16),
+    "int8_to_s32": (lambda x, w: conv(x, w, out=jnp.int32), (X, W), np.int8),
+    "many_blocks_with_edges": (lambda x, w: conv(x, w), ((1, 20, 19, 5), (3, 3, 5, 6)), np.float32),
+}
+
+
+def jax_module(fn: Callable[..., Any], *args: Any) -> Module:
+    return parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo"))
+
+
+def convolutions(m: Module) -> int:
+    return sum(i.opcode == "convolution" for c in m.computations for i in c.instructions)
+
+
+def check(m: Module, args: list[Any], chip: str, options: CompileOptions | None = HIGHEST) -> tpusim.SimulationResult:
+    checked = run_checked(m, args, config=chip, options=options)
+    checked.assert_ok(f"on {chip}")
+    fell = [f for f in checked.result.fallbacks if f[2] == "convolution"]
+    assert not fell, fell
+    return checked.result
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_reference(name: str, chip: str) -> None:
+    fn, shapes, dtype = CASES[name]
+    args = [data(s, dtype, i) for i, s in enumerate(shapes)]
+    m = jax_module(fn, *args)
+    assert convolutions(m) == 1
+    check(m, args, chip)
+
+
+HLO_CASES = {
+    # window reversal as XLA prints it, with an asymmetric window and padding
+    "window_reversal": (
+        "f32[2,7,7,3]",
+        "f32[3,2,3,4]",
+        "f32[2,7,6,4] convolution(x, w), window={size=3x2 pad=1_1x0_0 rhs_reversal=1x0}, dim_labels=b01f_01io->b01f",
+    ),
+    # every label in an unusual position, stride, padding and window dilation at once
+    "scrambled_dim_labels": (
+        "f32[4,7,3,9]",
+        "f32[5,3,4,3]",
+        "f32[3,5,2,3] convolution(x, w), window={size=3x3 stride=3x2 pad=0_1x1_0 rhs_dilate=1x2}, "
+        "dim_labels=f0b1_o1i0->1f0b",
+    ),
+    # no spatial dimensions: a matmul written as a convolution
+    "no_spatial": ("f32[16,24]", "f32[24,40]", "f32[16,40] convolution(x, w), dim_labels=bf_io->bf"),
+}
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("name", sorted(HLO_CASES))
+def test_hlo_text_cases(name: str, chip: str) -> None:
+    x, w, body = HLO_CASES[name]
+    m = parse_module(
+        f"HloModule c\nENTRY main {{\n  x = {x} parameter(0)\n  w = {w} parameter(1)\n  ROOT y = {body}\n}}"
+    )
+    shapes = [m.entry_computation.parameters[i].array_shape.dimensions for i in (0, 1)]
+    check(m, [data(s, np.float32, i) for i, s in enumerate(shapes)], chip)
+
+
+def conv_net(x: Any, w1: Any, w2: Any, w3: Any) -> Any:
+    """A flax-like NHWC net: 3x3 conv, relu, strided 3x3 conv, relu, depthwise 3x3 conv, mean."""
+    y = jax.nn.relu(conv(x, w1))
+    y = jax.nn.relu(conv(y, w2, (2, 2)))
+    y = conv(y, w3, fg=y.shape[-1])
+    return jnp.mean(y**2)
+
+
+NET_SHAPES = ((2, 8, 8, 3), (3, 3, 3, 8), (3, 3, 8, 16), (3, 3, 1, 16))
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_conv_net_forward_and_gradient(chip: str) -> None:
+    """Forward and jax.grad with respect to the input and every kernel: the input-gradient convolutions (base
+    dilation for the strided layer, flipped kernels), the weight-gradient convolutions (batch and feature
+    swapped, window dilation for the strided layer, batch groups for the depthwise layer) all lower."""
+    args = [data(s, np.float32, i) * (0.3 if i else 1.0) for i, s in enumerate(NET_SHAPES)]
+    forward = jax_module(conv_net, *args)
+    backward = jax_module(jax.grad(conv_net, argnums=(0, 1, 2, 3)), *args)
+    assert convolutions(forward) == 3
+    assert convolutions(backward) >= 8
+    for m in (forward, backward):
+        check(m, args, chip)
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_default_precision_is_one_bf16_pass(chip: str) -> None:
+    """f32 operands at DEFAULT take one bf16 pass: the result matches the reference run on operands rounded to
+    bf16 (tpusim.check.emulate_one_pass) up to f32 summation order."""
+    fn, shapes, dtype = CASES["same_stride2"]
+    args = [data(s, dtype, i) for i, s in enumerate(shapes)]
+    checked = run_checked(jax_module(fn, *args), args, config=chip)
+    assert checked.precision == "bf16"
+    checked.assert_ok("one pass")
+
+
+def test_mxu_busy_close_to_flops_over_peak() -> None:
+    """A bf16 3x3 convolution with 128 input and output features on tpu_v5e (4 MXUs of 128x128).
+
+    Its MXU work is ``2 * N*OH*OW * 9 * 128 * 128`` flops (padding taps included: the MXU multiplies the
+    zeros); at ``2 * 128 * 128`` flops per MXU-cycle that is ``ideal`` cycles over the four MXUs. Asserted:
+    the rows the matmuls stream add up to exactly that work (no wasted rows or tiles); every matmul streams
+    at least 128 rows, so the 128-cycle weight loads hide behind the previous tile; and each MXU is busy
+    (union of its instructions' [start, end)) for at most ``1.3 x ideal / 4``: the excess is one result
+    drain (rows + cols - 2 = 254 cycles) plus pops per block, about 20% here with 4 blocks.
+    """
+    x, w = data((8, 16, 16, 128), BF16), data((3, 3, 128, 128), BF16, 1)
+    result = tpusim.simulate(jax_module(lambda x, w: conv(x, w), x, w), [x, w], config="tpu_v5e", timing_only=True)
+    assert not result.fallbacks
+    cfg = result.compiled.config.mxu
+    flops = 2 * 8 * 16 * 16 * 9 * 128 * 128
+    ideal = flops / (2 * cfg.rows * cfg.cols)
+    matmuls = [i for i in result.compiled.program.streams[0].instructions if isinstance(i, MxuMatmul)]
+    streamed = sum(i.lhs.dims[-2] for i in matmuls)
+    assert streamed * cfg.rows == ideal * cfg.rows  # rows x (K tiles of 128) = positions x 9 taps x 128 features
+    assert all(i.lhs.dims == (128, 128) for i in matmuls)
+    busy = [result.trace.busy_cycles(f"chip0.core0.mxu{k}") for k in range(cfg.count)]
+    for b in busy:
+        assert ideal / cfg.count <= b <= 1.3 * ideal / cfg.count, (busy, ideal)
+
+
+def test_instructions_scale_with_tiles_not_elements() -> None:
+    """Four times the batch gives about four times the MXU instructions (more blocks of the same tiles), and
+    the count is ``blocks x K tiles x MXUs``: one instruction per tile pass, whatever the image holds."""
+    counts = []
+    for n in (2, 8):
+        x, w = data((n, 16, 16, 128), BF16), data((3, 3, 128, 128), BF16, 1)
+        compiled = tpusim.simulate(
+            jax_module(lambda x, w: conv(x, w), x, w), [x, w], config="tpu_v5e", timing_only=True
+        ).compiled
+        matmuls = [i for i in compiled.program.streams[0].instructions if isinstance(i, MxuMatmul)]
+        rows = sum(i.lhs.dims[-2] for i in matmuls)
+        assert rows == n * 16 * 16 * ceil(9 * 128 / 128)
+        counts.append(len(matmuls))
+    assert counts[1] == 4 * counts[0]
+
+
+def test_declines_with_reason() -> None:
+    """f16 operands (one MXU pass would round them to bf16) and a kernel too big for the teaching chip's VMEM
+    fall back to the reference semantics, exact, with the reason in the run's fallback list."""
+    x16, w16 = data(X, np.float16), data(W, np.float16, 1)
+    r = check_fallback(jax_module(lambda x, w: conv(x, w), x16, w16), [x16, w16])
+    assert r == "a f16 x f16 convolution (the MXU multiplies bf16, f32 through bf16 passes, and int8)"
+    x, w = data((1, 3, 3, 512)), data((3, 3, 512, 8), seed=1)
+    r = check_fallback(jax_module(lambda x, w: conv(x, w), x, w), [x, w])
+    assert r == "its blocks do not fit in VMEM"
+
+
+def check_fallback(m: Module, args: list[Any]) -> str:
+    checked = run_checked(m, args, config="teaching", options=HIGHEST)
+    checked.assert_ok("fallback")
+    (reason,) = [f[3] for f in checked.result.fallbacks if f[2] == "convolution"]
+    return reason
