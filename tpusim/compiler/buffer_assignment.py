@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from tpusim.errors import TpusimError
-from tpusim.memory import AnyShape, Shape, TupleShape
+from tpusim.memory import AnyShape, Layout, Shape, TupleShape
 
 __all__ = ["ALIGNMENT", "ELEMENTWISE", "Buffer", "BufferAssignment", "OutOfMemoryError", "assign_buffers"]
 
@@ -46,15 +46,17 @@ class OutOfMemoryError(TpusimError):
 
 @dataclass(frozen=True, slots=True)
 class Buffer:
-    """One allocation in HBM.
+    """One allocation, in HBM or (integer scalars) SMEM.
 
     Attributes:
         id: index in :attr:`BufferAssignment.buffers`.
-        offset: byte address.
+        offset: byte address in its memory.
         size: bytes (the shape's byte size, padding included).
-        shape: the array shape with its layout.
+        shape: the array shape with the layout its bytes are stored in.
         kind: ``parameter``, ``constant``, ``output``, ``loop-state`` or ``temporary``.
         label: ``computation/instruction{index}`` of the value that defines it, for messages and traces.
+        space: ``hbm``, or ``smem`` for an integer or pred scalar the scalar unit works on (loop counters,
+            dynamic offsets): stored as plain 4-byte words, not in a tiled 512-byte row.
     """
 
     id: int
@@ -63,6 +65,7 @@ class Buffer:
     shape: Shape
     kind: str
     label: str
+    space: str = "hbm"
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ class BufferAssignment:
     Attributes:
         buffers: all buffers, by id.
         leaves: ``(computation, instruction, index path) -> buffer id`` for every array leaf.
-        hbm_bytes: the highest byte any buffer reaches.
+        hbm_bytes: the highest HBM byte any buffer reaches.
+        smem_bytes: the SMEM bytes scalar buffers take (from address 0; lowerings allocate above).
         copy_back: while loops whose body result leaf does not share the loop state buffer:
             ``(body computation, leaf index path)`` pairs the lowering must copy at the end of an iteration.
         copy_in: while loops whose operand leaf does not share the state buffer: ``(computation, while
@@ -82,6 +86,7 @@ class BufferAssignment:
     buffers: tuple[Buffer, ...]
     leaves: dict[Key, int]
     hbm_bytes: int
+    smem_bytes: int = 0
     copy_back: frozenset[tuple[str, tuple[int, ...]]] = field(default_factory=frozenset)
     copy_in: frozenset[Key] = field(default_factory=frozenset)
 
@@ -170,9 +175,10 @@ class _Class:
 
 
 class _Planner:
-    def __init__(self, module: Module, hbm_capacity: int) -> None:
+    def __init__(self, module: Module, hbm_capacity: int, smem_capacity: int) -> None:
         self.module = module
         self.capacity = hbm_capacity
+        self.smem_capacity = smem_capacity
         self.order = sequential_computations(module)
         self.depth = {name: i for i, name in enumerate(self.order)}
         self.uf = _UnionFind()
@@ -185,6 +191,7 @@ class _Planner:
         self.copy_in: set[Key] = set()
         self.position: dict[tuple[str, str], int] = {}
         self.last_use: dict[tuple[str, str], int] = {}
+        self.leaf_reads: dict[Key, int] = {}  # last position that reads a leaf's data (not forwarding)
         self.buffers: list[Buffer] = []
 
     # ------------------------------------------------------------------ aliases
@@ -198,12 +205,19 @@ class _Planner:
                 self.position[(name, instr.name)] = i
                 for o in instr.operands:
                     self.last_use[(name, o)] = i
+                    # get-tuple-element and tuple only forward leaves (they are members of the leaves'
+                    # classes themselves); anything else reads every leaf of the operand.
+                    if instr.opcode not in ("get-tuple-element", "tuple"):
+                        for path, _ in leaf_paths(comp[o].shape):
+                            self.leaf_reads[(name, o, path)] = i
                 for path, shape in leaf_paths(instr.shape):
                     self.uf.add((name, instr.name, path))
                     self.shapes[(name, instr.name, path)] = shape
                 if instr.opcode == "while":
                     self.loops[instr.attr("body")] = (name, instr.name, i, instr.attr("condition"))
             self.last_use[(name, comp.root)] = len(comp.instructions)
+            for path, _ in leaf_paths(comp.root_instruction.shape):
+                self.leaf_reads[(name, comp.root, path)] = len(comp.instructions)
         entry = self.module.entry_computation
         for p in entry.parameters:
             for key in self.leaves(entry.name, p):
@@ -212,6 +226,10 @@ class _Planner:
             comp = self.module[name]
             for instr in comp.instructions:
                 self._alias(comp, instr)
+        for name in self.order:
+            for instr in self.module[name].instructions:
+                if instr.opcode == "while":
+                    self._alias_loop_results(self.module[name], instr)
 
     def _members(self, key: Key) -> list[Key]:
         root = self.uf.find(key)
@@ -229,7 +247,7 @@ class _Planner:
             if m in self.kinds:
                 return False
             if m[0] == comp:
-                if self.last_use.get((comp, m[1]), -1) > position:
+                if self.leaf_reads.get(m, -1) > position:
                     return False
                 continue
             if loop is None:
@@ -289,23 +307,46 @@ class _Planner:
                 self.uf.union(state, operand)
             elif self.uf.find(operand) != self.uf.find(state):
                 self.copy_in.add(state)
-        # The body's result may be built right in the state buffer when the old state is dead by then.
+
+    def _alias_loop_results(self, comp: Computation, instr: Instruction) -> None:
+        """The body's result may be built right in the loop state's buffer, when the old state is dead by the
+        time it is produced (after every computation's own aliases are known)."""
+        c = comp.name
+        body = self.module[instr.attr("body")]
         for path, _ in leaf_paths(instr.shape):
-            state = self.uf.find((c, instr.name, path))
+            state_key = (c, instr.name, path)
+            state = self.uf.find(state_key)
             if self.uf.find((body.name, body.root, path)) == state:
                 continue
             producer = self._producer(body, body.root, path)
-            if producer is not None and self._overwritable(
-                body.name, (c, instr.name, path), self.position[(body.name, producer)] - 1
-            ):
+            if producer is None:
+                self.copy_back.add((body.name, path))
+                continue
+            at = self.position[(body.name, producer)]
+            # An elementwise producer may read the old state where it writes the new one (XLA's
+            # CanShareOperandBufferWithUser); anything else must find the old state dead before it runs.
+            reads = self._reads_state_elementwise(body, producer, state_key)
+            if self._overwritable(body.name, state_key, at if reads else at - 1):
                 self.uf.union(state, (body.name, producer, ()))
             else:
                 self.copy_back.add((body.name, path))
 
     def _reads_state_elementwise(self, comp: Computation, producer: str, state: Key) -> bool:
-        """True when ``producer`` is elementwise and reads the state leaf only as a same-shaped operand."""
+        """True when ``producer`` computes each output element from the same element of the state leaf: an
+        elementwise op, or a loop fusion of elementwise ops (and broadcast scalars), reading the state only
+        as a same-shaped operand. Such a producer may write the new state where it reads the old."""
         instr = comp[producer]
-        if instr.opcode not in ELEMENTWISE:
+        if instr.opcode == "fusion":
+            fused = self.module[instr.attr("calls")]
+            pointwise = all(
+                i.opcode in ELEMENTWISE
+                or i.opcode in ("parameter", "constant")
+                or (i.opcode == "broadcast" and fused[i.operands[0]].array_shape.rank == 0)
+                for i in fused.instructions
+            )
+            if not pointwise or not isinstance(instr.shape, Shape):
+                return False
+        elif instr.opcode not in ELEMENTWISE:
             return False
         root = self.uf.find(state)
         for o in instr.operands:
@@ -316,16 +357,25 @@ class _Planner:
         return True
 
     def _producer(self, comp: Computation, value: str, path: tuple[int, ...]) -> str | None:
-        """The instruction that computes leaf ``path`` of ``value`` as a fresh array of ``comp`` (through
-        tuples), or None when that leaf is a parameter, constant or other alias."""
+        """The instruction that computes leaf ``path`` of ``value`` as a fresh array of ``comp`` (through tuples
+        and get-tuple-elements of tuples), or None when that leaf is a parameter, constant or other alias."""
         instr = comp[value]
-        while path and instr.opcode == "tuple":
-            instr, path = comp[instr.operands[path[0]]], path[1:]
+        while True:
+            if path and instr.opcode == "tuple":
+                instr, path = comp[instr.operands[path[0]]], path[1:]
+            elif instr.opcode == "get-tuple-element" and comp[instr.operands[0]].opcode == "tuple":
+                instr = comp[comp[instr.operands[0]].operands[instr.attr("index")]]
+            else:
+                break
         if path or instr.opcode in ("parameter", "constant", "get-tuple-element", "tuple", "opt-barrier"):
             return None
         key = (comp.name, instr.name, ())
-        if key not in self.shapes or len(self._members(key)) > 1:
+        if key not in self.shapes:
             return None
+        # Only a buffer of this body's own (not already shared with another loop state, a parameter, ...).
+        for m in self._members(key):
+            if m[0] != comp.name or m in self.kinds or m in self.loop_state:
+                return None
         return instr.name
 
     # ------------------------------------------------------------------ allocation
@@ -346,10 +396,12 @@ class _Planner:
             elif key in self.loop_state and cls.kind == "temporary":
                 cls.kind = "loop-state"
         entry = self.module.entry_computation
+        outputs = set()
         for path, _ in leaf_paths(entry.root_instruction.shape):
-            cls = classes[self.uf.find((entry.name, entry.root, path))]
-            if cls.kind == "temporary":
-                cls.kind = "output"
+            root = self.uf.find((entry.name, entry.root, path))
+            outputs.add(root)
+            if classes[root].kind == "temporary":
+                classes[root].kind = "output"
         offset = 0
         # Entry parameters in parameter order, then constants: live for the whole run.
         for p in entry.parameters:
@@ -359,15 +411,37 @@ class _Planner:
             if cls.kind == "constant" and cls.buffer is None:
                 offset = self._place(cls, offset)
         self.classes = classes
+        smem = self._place_scalars({r: c for r, c in classes.items() if r not in outputs})
         peak = self._allocate_scope(entry.name, offset)
         leaves = {k: classes[self.uf.find(k)].buffer for k in self.shapes}
         return BufferAssignment(
             tuple(self.buffers),
-            leaves,
+            leaves,  # type: ignore[arg-type]
             peak,
+            smem,
             frozenset(self.copy_back),
-            frozenset(self.copy_in),  # type: ignore[arg-type]
+            frozenset(self.copy_in),
         )
+
+    def _place_scalars(self, classes: dict[Key, _Class]) -> int:
+        """Integer and pred scalars the program computes (not its inputs, outputs or constants; ``classes``
+        holds no outputs) live in
+        SMEM, one word each, where the scalar unit reads and writes them directly (as TPUs keep loop counters
+        and offsets). Returns the SMEM bytes used; what does not fit (half of SMEM at most) stays in HBM."""
+        limit = self.smem_capacity // 2
+        at = 0
+        for cls in classes.values():
+            et = cls.shape.element_type
+            scalar = cls.shape.rank == 0 and (et.is_integer or et.name == "pred") and et.bits <= 32
+            if not scalar or cls.kind not in ("temporary", "loop-state") or cls.buffer is not None or at + 4 > limit:
+                continue
+            first = cls.members[0]
+            label = f"{first[0]}/{first[1]}" + (str(list(first[2])) if first[2] else "")
+            shape = cls.shape.with_layout(Layout(()))
+            cls.buffer = len(self.buffers)
+            self.buffers.append(Buffer(cls.buffer, at, shape.byte_size, shape, cls.kind, label, "smem"))
+            at += 4
+        return at
 
     def _place(self, cls: _Class, at: int) -> int:
         if cls.buffer is not None:
@@ -439,8 +513,9 @@ def _align(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
 
-def assign_buffers(module: Module, hbm_capacity_bytes: int) -> BufferAssignment:
-    """Assign HBM buffers to a layout-assigned module (every array shape must carry its final layout)."""
-    planner = _Planner(module, hbm_capacity_bytes)
+def assign_buffers(module: Module, hbm_capacity_bytes: int, smem_capacity_bytes: int = 0) -> BufferAssignment:
+    """Assign buffers to a layout-assigned module (every array shape must carry its final layout): HBM for
+    arrays, SMEM (up to half of ``smem_capacity_bytes``) for integer scalars the program computes."""
+    planner = _Planner(module, hbm_capacity_bytes, smem_capacity_bytes)
     planner.build()
     return planner.allocate()

@@ -187,11 +187,13 @@ def _fuse_computation(comp: Computation) -> tuple[Computation, list[Computation]
 
 
 def _fusible(instr: Instruction) -> bool:
-    return (
-        instr.opcode in FUSIBLE
-        and isinstance(instr.shape, Shape)
-        and instr.shape.element_type.kind not in ("token", "complex")
+    if not isinstance(instr.shape, Shape) or instr.shape.element_type.kind in ("token", "complex"):
+        return False
+    # Integer scalars stay outside fusions: they run on the scalar unit (lowering/scalar.py).
+    integer_scalar = instr.shape.rank == 0 and (
+        instr.shape.element_type.is_integer or instr.shape.element_type.name == "pred"
     )
+    return instr.opcode in FUSIBLE and not integer_scalar
 
 
 def _make_fusion(comp: Computation, leader: str, names: list[str]) -> tuple[Instruction, Computation]:

@@ -88,7 +88,7 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     _debug("layout assignment", lambda: print_module(module))
     if checking:
         verify_module(module)
-    buffers = assign_buffers(module, config.hbm.bytes)  # HBM addresses by liveness, in-place loop state
+    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes)  # by liveness; loop state in place
     lowered = lower_module(module, buffers, config, options, rules)  # tile loops of ISA instructions
     _debug("lowering", lambda: print_program(lowered.program))
     if checking:

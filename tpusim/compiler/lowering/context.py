@@ -129,10 +129,12 @@ class Lowering:
 
     # ------------------------------------------------------------------ HBM buffers
     def hbm(self, comp: str, value: str, index: tuple[int, ...] = ()) -> MemRef:
-        """The HBM array of leaf ``index`` of ``value`` in computation ``comp``."""
+        """The home of leaf ``index`` of ``value`` in computation ``comp``: its HBM array, or, for an integer
+        scalar buffer assignment put in SMEM, its SMEM word."""
         buf = self.buffers.buffer(comp, value, index)
-        shape = self.leaf_shape(comp, value, index)
-        return MemRef(Space.HBM, buf.offset, shape)
+        if buf.space == "smem":
+            return MemRef(Space.SMEM, buf.offset, buf.shape)
+        return MemRef(Space.HBM, buf.offset, self.leaf_shape(comp, value, index))
 
     def leaf_shape(self, comp: str, value: str, index: tuple[int, ...] = ()) -> Shape:
         shape = self.module[comp][value].shape
@@ -160,7 +162,7 @@ class Lowering:
             base + share,
             base,
             scratch_next=outer.scratch_next if outer is not None else self.scratch_base,
-            smem_next=outer.smem_next if outer is not None else 0,
+            smem_next=outer.smem_next if outer is not None else self.buffers.smem_bytes,
         )
         self._scope, self.hlo, self.computation = scope, instr.name, comp
         outer_control, self.control = self.control, (comp.name, instr.name) in self.control_values

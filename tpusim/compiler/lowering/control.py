@@ -14,7 +14,7 @@ from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.registry import lowering
 from tpusim.compiler.lowering.sequential import lower_computation
-from tpusim.isa import Branch, DmaStart, Jump, MemRef, Reg, ScalarAlu, ScalarLoad, SemWait
+from tpusim.isa import Branch, DmaStart, Jump, MemRef, Reg, ScalarAlu, ScalarLoad, SemWait, Space
 from tpusim.memory import Shape
 
 __all__ = ["copy_arrays", "read_scalar"]
@@ -32,7 +32,12 @@ def copy_arrays(ctx: Lowering, pairs: list[tuple[MemRef, MemRef]]) -> None:
 
 
 def read_scalar(ctx: Lowering, src: MemRef) -> Reg:
-    """Load the one integer or pred element of an HBM array into a fresh scalar register."""
+    """Load the one integer or pred element of an array into a fresh scalar register (straight from SMEM when
+    it lives there, else through an SMEM word a DMA fills)."""
+    if src.space is Space.SMEM:
+        reg = ctx.register()
+        ctx.emit(ScalarLoad, dst=reg, src=src, control=True)
+        return reg
     shape = Shape(src.element_type, ())
     slot = ctx.smem(shape)
     sem = ctx.semaphore()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.fallback import lower_fallback
-from tpusim.compiler.lowering.registry import LOWERINGS, NO_CODE, NotLowerable
+from tpusim.compiler.lowering.registry import NO_CODE, NotLowerable, rule_for
 
 __all__ = ["lower_computation", "lower_instruction"]
 
@@ -21,7 +21,7 @@ def lower_instruction(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     """Lower one instruction with its registered rule, or as a fallback when it has none or declines."""
     if instr.opcode in NO_CODE:
         return
-    rule = LOWERINGS.get(instr.opcode)
+    rule = rule_for(ctx, comp, instr)
     with ctx.op(comp, instr):
         if rule is None:
             lower_fallback(ctx, comp, instr, f"no hardware lowering for {instr.opcode}")
