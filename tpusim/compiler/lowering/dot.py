@@ -47,7 +47,7 @@ from tpusim.isa import (
     VpuMap,
     Window,
 )
-from tpusim.memory import Shape
+from tpusim.memory import Shape, element_type
 
 __all__ = ["lower_dot", "matmul_precision"]
 
@@ -226,8 +226,8 @@ class _DotEmitter:
         self.pop_type = et if et in ("f32", "bf16", "s32") else ("s32" if integer else "f32")
 
     # ---------------------------------------------------------------- shapes of the VMEM blocks
-    def _natural(self, like: Shape, dims: tuple[int, ...], etype: str | None = None) -> Shape:
-        plain = Shape(etype or like.element_type, dims)
+    def _natural(self, like: Shape, dims: tuple[int, ...]) -> Shape:
+        plain = Shape(like.element_type, dims)
         return plain.with_layout(self.ctx.rules.layout_for(plain))
 
     def _block_shapes(self, tm: int, tn: int, tk: int) -> dict[str, Shape]:
@@ -240,7 +240,7 @@ class _DotEmitter:
         shapes["b"] = shapes["b_raw"] if self.b_mode else self._natural(rhs, b_dims)
         c_natural = _minor(out) == out.rank - 1
         c_layout = out.layout if c_natural else self.ctx.rules.layout_for(Shape(out.element_type, c_dims))
-        shapes["pop"] = Shape(self.pop_type, c_dims, layout=c_layout)
+        shapes["pop"] = Shape(element_type(self.pop_type), c_dims, layout=c_layout)
         if self.pop_type != out.element_type.name:
             shapes["convert"] = Shape(out.element_type, c_dims, layout=c_layout)
         if not c_natural:

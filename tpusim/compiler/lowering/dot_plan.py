@@ -129,7 +129,7 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
             nm, nn, nk = ceil(p.m / tm), ceil(p.n / tn), ceil(p.k / tk) * p.contracts
             g = len(row_groups(tm, groups, sub))
             rows = max(r for _, r in row_groups(tm, groups, sub))
-            per_tile = max(cfg.weight_load_cycles * p.weight_parts, p.passes * ceil(rows / p.speedup))
+            per_tile = max(cfg.load_cycles * p.weight_parts, p.passes * ceil(rows / p.speedup))
             k_tiles = ceil(p.k / cfg.rows) * p.contracts
             mxu_cycles = p.products * nm * nn * k_tiles * per_tile + cfg.rows + cfg.cols
             bpc = config.hbm_bytes_per_cycle

@@ -493,8 +493,10 @@ def lower_fused(ctx: Lowering, comp: Computation, inputs: dict[str, MemRef], out
             pass
         else:
             operand = comp[comp[split[0]].operands[0]].array_shape
-            big = operand.byte_size > _BLOCK_TARGET_BYTES
-            plans.insert(0, accumulating) if plans[0].extent == 1 and big else plans.append(accumulating)
+            if plans[0].extent == 1 and operand.byte_size > _BLOCK_TARGET_BYTES:
+                plans.insert(0, accumulating)  # one output block: stream the operand instead
+            else:
+                plans.append(accumulating)  # only when the outputs' blocks do not fit
     sems = (ctx.semaphore(), ctx.semaphore(), ctx.semaphore(), ctx.semaphore())
     for plan in plans:
         if _lower_plan(ctx, comp, plan, inputs, outputs, sems):

@@ -80,16 +80,17 @@ def dma_pieces(ctx: Lowering, pairs: list[tuple[MemRef, MemRef]]) -> float:
     cfg = ctx.config
     data = 0.0
     for src, dst in pairs:
-        s_off = src.window.offsets if src.window is not None else None
-        d_off = dst.window.offsets if dst.window is not None else None
-        if (s_off is not None and not src.window.is_static) or (d_off is not None and not dst.window.is_static):
-            s_off = tuple(0 for _ in src.dims) if s_off is not None else None  # dynamic: estimate at the origin
-            d_off = tuple(0 for _ in dst.dims) if d_off is not None else None
-        data += dma_cycles(
-            cfg, DmaSide(src.space, src.shape, s_off), DmaSide(dst.space, dst.shape, d_off), tuple(src.dims)  # type: ignore[arg-type]
-        )
+        sides = [DmaSide(r.space, r.shape, _static_offsets(r)) for r in (src, dst)]
+        data += dma_cycles(cfg, sides[0], sides[1], tuple(src.dims))
     rounds = -(-len(pairs) // cfg.dma.engines)
     return data + rounds * cfg.dma.setup_cycles + cfg.cycles(cfg.hbm.latency_ns)
+
+
+def _static_offsets(ref: MemRef) -> tuple[int, ...] | None:
+    """A window's offsets, with register offsets estimated at 0 (None: the whole array)."""
+    if ref.window is None:
+        return None
+    return tuple(o if isinstance(o, int) else 0 for o in ref.window.offsets)
 
 
 def _vector_estimate(ctx: Lowering, operands: list[MemRef], result: MemRef) -> float:
