@@ -186,3 +186,27 @@ def test_program_text_round_trips_dynamic_windows() -> None:
     text = print_program(checked.result.compiled.program)
     assert "clamp]" in text
     assert not any(isinstance(i, VpuCopy) for i in checked.result.compiled.program.streams[0].instructions)
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_jax_data_movement(chip: str) -> None:
+    """JAX's TPU lowering of flips, pads, concatenations, a traced dynamic slice and update, against JAX."""
+    from tpusim import simulate_jax
+
+    def f(x: jax.Array, i: jax.Array) -> tuple[jax.Array, ...]:
+        window = jax.lax.dynamic_slice(x, (i, 0), (4, 128))
+        return (
+            jnp.flip(x, 0),
+            jnp.flip(x, 1),
+            jnp.pad(x, ((1, 2), (3, 4)), constant_values=-1.0),
+            jnp.concatenate([x, x[:, :64]], axis=1),
+            window,
+            jax.lax.dynamic_update_slice(x, window * 2.0, (i + 3, 0)),
+        )
+
+    x = np.random.default_rng(1).standard_normal((24, 128)).astype(np.float32)
+    i = np.int32(17)
+    result = simulate_jax(f, x, i, config=chip)
+    assert not result.fallbacks, result.fallbacks
+    for got, want in zip(result.outputs, jax.jit(f)(x, i)):
+        np.testing.assert_array_equal(got, np.asarray(want))
