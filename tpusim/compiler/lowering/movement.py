@@ -129,8 +129,9 @@ def _dma_or_vector(ctx: Lowering, comp: Computation, instr: Instruction, pairs: 
 
 # --------------------------------------------------------------------------------------------- scalars
 def read_indices(ctx: Lowering, comp: Computation, names: tuple[str, ...]) -> list[int | Reg]:
-    """Start indices of a dynamic-slice or dynamic-update-slice: constants as immediates, the others read
-    from HBM into scalar registers (one DMA each to SMEM on one semaphore, then ``s.load``).
+    """Start indices of a dynamic-slice or dynamic-update-slice: constants as immediates, the others loaded
+    into scalar registers with ``s.load`` (from their SMEM word, or after one DMA each from HBM to SMEM on
+    one semaphore).
 
     Unsigned 32-bit indices at or above 2^31 load as negative numbers; they are raised to 2^31-1 so the
     window clamp puts them at the end of the dimension, as XLA reads unsigned indices.
@@ -149,12 +150,17 @@ def read_indices(ctx: Lowering, comp: Computation, names: tuple[str, ...]) -> li
             loads.append((i, ctx.hbm(comp.name, name)))
     if not loads:
         return out
-    sem = ctx.semaphore()
+    far = [src for _, src in loads if src.space is not Space.SMEM]  # indices not already in SMEM words
+    sem = ctx.semaphore() if far else None
     slots = []
     for _, src in loads:
+        if src.space is Space.SMEM:
+            slots.append(src)
+            continue
         slots.append(ctx.smem(Shape(src.element_type, ())))
         ctx.emit(DmaStart, src=src, dst=slots[-1], sem=sem, control=True)
-    ctx.emit(SemWait, sem=sem, count=len(loads), control=True)
+    if sem is not None:
+        ctx.emit(SemWait, sem=sem, count=len(far), control=True)
     for (i, src), slot in zip(loads, slots):
         reg = ctx.register()
         ctx.emit(ScalarLoad, dst=reg, src=slot, control=True)
