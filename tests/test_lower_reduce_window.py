@@ -1,7 +1,8 @@
-"""``reduce-window`` on the VPU (tpusim/compiler/lowering/windowed.py) end to end: max and average pools and
-other windows written with jax.lax.reduce_window, simulated on tpu_v5e and on the teaching chip (8x8-word
-vector registers, 64 KiB VMEM: many blocks), compared with the reference interpreter; they must lower (no
-fallback). Also: one VPU instruction per tap and block, and what declines says why.
+"""``reduce-window`` and ``select-and-scatter`` on the VPU (tpusim/compiler/lowering/windowed.py) end to end:
+max and average pools and other windows written with jax.lax.reduce_window, and max-pool gradients,
+simulated on tpu_v5e and on the teaching chip (8x8-word vector registers, 64 KiB VMEM: many blocks), compared
+with the reference interpreter; they must lower (no fallback). Also: one VPU instruction per tap and block,
+and what declines says why.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def test_matches_reference(name: str, chip: str) -> None:
 
 @pytest.mark.parametrize("chip", CHIPS)
 def test_pooling_net_gradient(chip: str) -> None:
-    """A max pool and an average pool and the reduce-windows of their gradients (the average pool's gradient
-    is a reduce-window over a padded, interior-padded cotangent) lower; the program matches the reference."""
+    """A max pool and an average pool, and their gradients: the max pool's is a select-and-scatter, the
+    average pool's a reduce-window over a padded, interior-padded cotangent. The windowed ops lower; the
+    program matches the reference."""
 
     def net(x: Any) -> Any:
         y = jax.lax.reduce_window(x, NEG_INF, jax.lax.max, (1, 2, 2, 1), (1, 1, 1, 1), "SAME")
@@ -101,9 +103,10 @@ def test_pooling_net_gradient(chip: str) -> None:
     m = jax_module(jax.value_and_grad(net), x)
     checked = run_checked(m, [x], config=chip)
     checked.assert_ok(chip)
-    fell = [f for f in checked.result.fallbacks if f[2] == "reduce-window"]
+    fell = [f for f in checked.result.fallbacks if f[2] in ("reduce-window", "select-and-scatter")]
     assert not fell, fell
     assert opcodes(m, "reduce-window") == 3
+    assert opcodes(m, "select-and-scatter") == 1
 
 
 def test_one_vpu_instruction_per_tap_and_block() -> None:
@@ -154,3 +157,84 @@ def test_declines_with_reason() -> None:
     checked.assert_ok("argmax pool")
     (reason,) = [f[3] for f in checked.result.fallbacks if f[2] == "reduce-window"]
     assert reason == "a variadic reduce-window (several operands)"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# select-and-scatter (the gradient of a max pool)
+# ---------------------------------------------------------------------------------------------------------
+def max_pool_grad(size: tuple[int, ...], stride: tuple[int, ...], padding: Any, op: Any = jax.lax.max) -> Any:
+    init = NEG_INF if op is jax.lax.max else jnp.inf
+    return jax.grad(lambda x: jnp.sum(jax.lax.reduce_window(x, init, op, size, stride, padding) ** 2))
+
+
+def ties(shape: tuple[int, ...]) -> np.ndarray:
+    return np.random.default_rng(3).integers(-2, 3, shape).astype(np.float32)
+
+
+SCATTER_CASES: dict[str, tuple[Callable[..., Any], np.ndarray]] = {
+    "2x2_stride2": (max_pool_grad((1, 2, 2, 1), (1, 2, 2, 1), "VALID"), data(NHWC)),
+    "3x3_stride2_same_overlapping": (max_pool_grad((1, 3, 3, 1), (1, 2, 2, 1), "SAME"), data(NHWC)),
+    "3x3_stride1_same": (max_pool_grad((1, 3, 3, 1), (1, 1, 1, 1), "SAME"), data(NHWC)),
+    "2x2_stride3_gaps": (max_pool_grad((1, 2, 2, 1), (1, 3, 3, 1), "VALID"), data((2, 9, 10, 4))),
+    "ties_pick_the_first": (max_pool_grad((1, 3, 3, 1), (1, 2, 2, 1), "SAME"), ties(NHWC)),
+    "min_pool": (max_pool_grad((1, 2, 2, 1), (1, 2, 2, 1), "SAME", jax.lax.min), data((2, 7, 7, 4))),
+    "bf16": (max_pool_grad((1, 2, 2, 1), (1, 2, 2, 1), "VALID"), data(NHWC, BF16)),
+    "overlapping_windows_across_blocks": (max_pool_grad((1, 3, 3, 1), (1, 2, 2, 1), "SAME"), data((2, 21, 19, 16))),
+}
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("name", sorted(SCATTER_CASES))
+def test_select_and_scatter_matches_reference(name: str, chip: str) -> None:
+    fn, x = SCATTER_CASES[name]
+    m = jax_module(fn, x)
+    assert opcodes(m, "select-and-scatter") == 1
+    checked = run_checked(m, [x], config=chip)
+    checked.assert_ok(f"{name} on {chip}")
+    fell = [f for f in checked.result.fallbacks if f[2] in ("select-and-scatter", "reduce-window")]
+    assert not fell, fell
+
+
+def scatter_module(select: str, scatter: str, init: str) -> str:
+    return f"""HloModule sas
+select {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = pred[] {select}
+}}
+scatter {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] {scatter}
+}}
+ENTRY main {{
+  x = f32[2,9,8,3] parameter(0)
+  s = f32[2,5,4,3] parameter(1)
+  i = f32[] constant({init})
+  ROOT r = f32[2,9,8,3] select-and-scatter(x, s, i), window={{size=1x3x2x1 stride=1x2x2x1 pad=0_0x1_1x0_0x0_0}},
+    select=select, scatter=scatter
+}}"""
+
+
+@pytest.mark.parametrize(
+    ("select", "scatter", "init"),
+    [
+        ("compare(a, b), direction=GT", "add(a, b)", "0"),  # ties move the pick to the later element
+        ("compare(b, a), direction=GE", "add(b, a)", "0.5"),  # arguments swapped: keep the pick while b >= a
+        ("compare(a, b), direction=LE", "maximum(a, b)", "-1"),  # min pick, scatter by maximum over an init
+    ],
+)
+def test_select_and_scatter_hlo_forms(select: str, scatter: str, init: str) -> None:
+    m = parse_module(scatter_module(select, scatter, init))
+    args = [ties((2, 9, 8, 3)), data((2, 5, 4, 3))]
+    checked = run_checked(m, args, config="teaching")
+    checked.assert_ok(select)
+    assert not checked.result.fallbacks, checked.result.fallbacks
+
+
+def test_select_and_scatter_declines_with_reason() -> None:
+    m = parse_module(scatter_module("compare(a, a), direction=GE", "add(a, b)", "0"))
+    checked = run_checked(m, [ties((2, 9, 8, 3)), data((2, 5, 4, 3))], config="teaching")
+    checked.assert_ok("fallback")
+    (reason,) = [f[3] for f in checked.result.fallbacks]
+    assert reason == "a select computation that is not one comparison of its two parameters"

@@ -437,19 +437,22 @@ class Outbound:
             [] if self.direct else [ctx.vmem(landing(hbm.shape, to_logical(extent, order))) for _ in range(2)]
         )
 
-    def _source(self, slot: int, extent: Sequence[int], size: Sequence[int]) -> MemRef:
+    def _source(
+        self, slot: int, extent: Sequence[int], size: Sequence[int], local: Sequence[int] | None = None
+    ) -> MemRef:
         view = self.rows.permuted(self.blocks[slot], extent, self.order)
         logical = tuple(to_logical(size, self.order))
+        at = tuple(to_logical(local, self.order)) if local is not None else (0,) * len(logical)
         if logical == view.shape.dimensions:
             return view
-        return MemRef(view.space, view.address, view.shape, Window((0,) * len(logical), logical))
+        return MemRef(view.space, view.address, view.shape, Window(at, logical))
 
-    def finish(self, slot: int, extent: Sequence[int], size: Sequence[int]) -> None:
-        """After a block's results are in ``blocks[slot]`` (canonical ``extent``, valid ``size``): relayout or
-        convert them for the DMA."""
+    def finish(self, slot: int, extent: Sequence[int], size: Sequence[int], local: Sequence[int] | None = None) -> None:
+        """After a block's results are in ``blocks[slot]`` (canonical ``extent``; the part to store is ``size``
+        at ``local``, default the start): relayout or convert them for the DMA."""
         if self.direct:
             return
-        src = self._source(slot, extent, size)
+        src = self._source(slot, extent, size, local)
         land = self.landing[slot]
         dst = MemRef(land.space, land.address, landing(self.hbm.shape, src.dims))
         if self.convert:
@@ -457,11 +460,20 @@ class Outbound:
         else:
             self.ctx.emit(VpuCopy, dst=dst, src=src)
 
-    def store(self, slot: int, sem: int, extent: Sequence[int], first: Sequence[int], size: Sequence[int]) -> int:
-        """DMA block ``slot`` to the output window ``first``/``size`` (canonical order)."""
+    def store(
+        self,
+        slot: int,
+        sem: int,
+        extent: Sequence[int],
+        first: Sequence[int],
+        size: Sequence[int],
+        local: Sequence[int] | None = None,
+    ) -> int:
+        """DMA the part ``size`` at ``local`` of block ``slot`` to the output window ``first``/``size``
+        (canonical order)."""
         dst = hbm_window(self.hbm, to_logical(first, self.order), to_logical(size, self.order))
         if self.direct:
-            src = self._source(slot, extent, size)
+            src = self._source(slot, extent, size, local)
         else:
             land = self.landing[slot]
             src = MemRef(land.space, land.address, landing(self.hbm.shape, dst.dims))
@@ -497,6 +509,16 @@ def _constant(comp: Computation, name: str) -> Const | None:
     if et.is_float:
         return Const(float(value), et)
     return Const(bool(value) if et.name == "pred" else int(value), et)
+
+
+def canonical_order(shape: Shape, axes: Sequence[Axis]) -> tuple[list[int], bool]:
+    """The canonical axis order of an all-windowed operand: its physical order with the lane axis last; the
+    lane axis is the most minor dimension whose windows need no split view (then tiled ``T(lanes)``), or,
+    when every dimension needs one, the minor dimension of an untiled layout. Returns (order, tiled)."""
+    physical = list(reversed(shape.effective_layout.minor_to_major))
+    choices = [d for d in reversed(physical) if not axes[d].split]
+    lane = choices[0] if choices else physical[-1]
+    return [d for d in physical if d != lane] + [lane], bool(choices)
 
 
 @lowering("reduce-window")
@@ -546,11 +568,7 @@ class _ReduceWindow:
 
     def lower(self) -> None:
         ctx, src = self.ctx, self.src
-        physical = list(reversed(src.shape.effective_layout.minor_to_major))
-        lane_choices = [d for d in reversed(physical) if not self.axes_hbm[d].split]
-        tiled = bool(lane_choices)
-        lane = lane_choices[0] if tiled else physical[-1]
-        self.order = [d for d in physical if d != lane] + [lane]  # canonical axis i is operand dimension order[i]
+        self.order, tiled = canonical_order(src.shape, self.axes_hbm)
         self.axes = [self.axes_hbm[d] for d in self.order]
         et = src.element_type
         esize = ctx.rules.layout_for(Shape(et, (8, 8))).element_size_bits
@@ -635,3 +653,229 @@ class _ReduceWindow:
             ctx.emit(VpuCopy, dst=dst, src=win)
         else:
             ctx.emit(VpuMap, fn=self.fn, dst=dst, srcs=(dst, win))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# select-and-scatter
+# ---------------------------------------------------------------------------------------------------------
+_S32 = element_type("s32")
+_PRED = element_type("pred")
+
+
+def _selector(ctx: Lowering, name: str) -> tuple[str, bool] | None:
+    """``(direction, swapped)`` of a select computation ``ROOT compare(p0, p1)`` (``swapped``: ``compare(p1,
+    p0)``), or None for any other computation."""
+    comp = ctx.module[name]
+    root = comp.root_instruction
+    params = [p.name for p in sorted(comp.parameters, key=lambda p: p.attr("parameter_number"))]
+    if root.opcode != "compare" or len(params) != 2 or root.attr("type") == "TOTALORDER":
+        return None
+    if tuple(root.operands) == tuple(params):
+        return root.attr("direction"), False
+    if tuple(root.operands) == tuple(reversed(params)):
+        return root.attr("direction"), True
+    return None
+
+
+@lowering("select-and-scatter")
+def lower_select_and_scatter(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    """Each window's pick is folded tap by tap on the VPU exactly as XLA defines it (the current pick is kept
+    while ``select(pick, candidate)`` holds; taps in the padding are skipped), keeping the pick's value and
+    tap number per window; then one fused instruction per tap adds the source values of the windows that
+    picked that tap into an init-filled result block."""
+    if len(instr.operands) != 3 or not isinstance(instr.shape, Shape):
+        raise NotLowerable("a select-and-scatter with tuple operands")
+    selector = _selector(ctx, instr.attr("select"))
+    if selector is None:
+        raise NotLowerable("a select computation that is not one comparison of its two parameters")
+    fn = combiner(ctx, instr.attr("scatter"))
+    init = _constant(comp, instr.operands[2])
+    operand, source = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.operands[1])
+    out = ctx.hbm(comp.name, instr.name)
+    et = operand.element_type
+    identity = _identity(fn, et) if fn is not None else None
+    if fn is None or identity is None:
+        raise NotLowerable("a scatter computation that is not one add/multiply/maximum/minimum/and/or/xor")
+    if init is None:
+        raise NotLowerable("a select-and-scatter whose init value is not a constant")
+    if et.is_complex or et.dtype is None or et.bits > 32 or operand.shape.rank == 0:
+        raise NotLowerable(f"a {et} select-and-scatter of rank {operand.shape.rank}")
+    window = instr.attr("window")
+    dims = window.dims if window is not None else ()
+    if len(dims) != operand.shape.rank or any(d.lhs_dilate != 1 or d.reversal for d in dims):
+        raise NotLowerable("a select-and-scatter window with base dilation or reversal")
+    axes = [Axis.of(w, n, o) for w, n, o in zip(dims, operand.shape.dimensions, source.shape.dimensions)]
+    taps = prod(a.taps for a in axes)
+    if taps > MAX_TAPS or min(a.out for a in axes) == 0:
+        raise NotLowerable(f"a select-and-scatter window of {taps} taps (at most {MAX_TAPS}) or an empty source")
+    _SelectAndScatter(ctx, axes, operand, source, out, selector, fn, Const(identity, et), init).lower()
+
+
+@dataclass
+class _SelectAndScatter:
+    ctx: Lowering
+    axes_hbm: list[Axis]
+    operand: MemRef
+    source: MemRef
+    out: MemRef
+    selector: tuple[str, bool]
+    fn: str
+    identity: Const
+    init: Const
+
+    def lower(self) -> None:
+        ctx = self.ctx
+        self.order, tiled = canonical_order(self.operand.shape, self.axes_hbm)
+        self.axes = [self.axes_hbm[d] for d in self.order]
+        et = self.operand.element_type
+        lanes = ctx.config.vpu.lanes
+        esize = ctx.rules.layout_for(Shape(et, (8, 8))).element_size_bits
+        self.rows = Rows(et, lanes, esize, tiled)
+        self.idx_rows = Rows(_S32, lanes, 0, tiled)
+        self.pred_rows = Rows(_PRED, lanes, ctx.rules.layout_for(Shape(_PRED, (8, 8))).element_size_bits, tiled)
+        cap = max(1, min(_BLOCK_BYTES, ctx.vmem_free_bytes() // 16) // max(1, et.bits // 8))
+        mark, vmem_mark = ctx.checkpoint(), ctx.scope.vmem_next
+        while True:
+            try:
+                self._emit(cap)
+                return
+            except VmemExhausted:
+                ctx.rollback(mark)
+                ctx.scope.vmem_next = vmem_mark
+                if cap == 1:
+                    raise NotLowerable("its blocks do not fit in VMEM") from None
+                cap = max(1, cap // 2)
+
+    def _region(self, axis: Axis, span: Span) -> tuple[Span, int, int, int, int, bool]:
+        """Along ``axis``, for the block that owns windows ``span``: the windows it folds (every window that
+        touches its result region, so overlapping windows are folded by both neighbours, identically), the
+        staging range, its result region (the regions of consecutive blocks tile the operand), and whether
+        the windows read padding."""
+        a0, n = span.start, span.size
+        reach = (axis.taps - 1) * axis.dilate + 1
+        res_lo = 0 if a0 == 0 else a0 * axis.stride - axis.pad
+        res_hi = axis.size if a0 + n == axis.out else (a0 + n) * axis.stride - axis.pad
+        res_lo, res_hi = min(max(res_lo, 0), axis.size), min(max(res_hi, 0), axis.size)
+        first = max(0, min(a0, (res_lo + axis.pad - reach) // axis.stride + 1))
+        end = min(axis.out, max(a0 + n, -(-(res_hi + axis.pad) // axis.stride)))
+        read_lo = first * axis.stride - axis.pad
+        read_hi = (end - 1) * axis.stride - axis.pad + reach
+        lo, hi = min(read_lo, res_lo), max(read_hi, res_hi)
+        return Span(first, end - first), lo, hi, res_lo, res_hi, read_lo < 0 or read_hi > axis.size
+
+    def _emit(self, cap: int) -> None:
+        ctx, axes, rows = self.ctx, self.axes, self.rows
+        sizes = block_sizes(axes, cap)
+        plans = []
+        for owned in product(*(spans(a, b) for a, b in zip(axes, sizes))):
+            regions = [self._region(a, s) for a, s in zip(axes, owned)]
+            block = tuple(r[0] for r in regions)
+            lo = tuple(r[1] for r in regions)
+            extent = tuple(
+                -(-(r[2] - r[1]) // a.step) * a.step if a.split else r[2] - r[1] for a, r in zip(axes, regions)
+            )
+            data = tuple((max(r[1], 0), min(r[2], a.size)) for a, r in zip(axes, regions))
+            st = Stage(lo, extent, data, any(r[5] for r in regions))
+            plans.append((block, st, [(r[3], r[4]) for r in regions]))
+        blocks = [p[0] for p in plans]
+        rank = len(axes)
+        stage_max = [max(p[1].extent[j] for p in plans) for j in range(rank)]
+        data_max = [max(max(1, p[1].data[j][1] - p[1].data[j][0]) for p in plans) for j in range(rank)]
+        work = [max(b[j].size for b in blocks) for j in range(rank)]  # most windows a block folds, per axis
+        values = Inbound(ctx, self.operand, rows, self.order, stage_max, data_max)
+        sources = Inbound(ctx, self.source, rows, self.order, work, work)
+        results = Outbound(ctx, self.out, rows, self.order, stage_max)
+        masked = any(p[1].fill for p in plans)
+        mask = ctx.vmem(self.pred_rows.shape(stage_max)) if masked else None
+        pick = ctx.vmem(rows.shape(_window_dims(axes, work)))
+        pick_tap = ctx.vmem(self.idx_rows.shape(_window_dims(axes, work)))
+        have, take = (ctx.vmem(self.pred_rows.shape(_window_dims(axes, work))) for _ in range(2))
+        kernel = list(product(*(range(a.taps) for a in axes)))
+
+        def load(i: int, slot: int, sem: int) -> int:
+            block, st, _ = plans[i]
+            first = [a for a, _ in st.data]
+            size = [b - a for a, b in st.data]
+            local = [f - lo for f, lo in zip(first, st.lo)]
+            n = values.load(slot, sem, first, size, local, st.extent, Const(0, rows.etype) if st.fill else None)
+            counts = [s.size for s in block]
+            return n + sources.load(slot, sem, [s.start for s in block], counts, [0] * rank, counts, None)
+
+        def compute(i: int, slot: int) -> None:
+            block, st, result = plans[i]
+            counts = [s.size for s in block]
+            wdims = _window_dims(axes, counts)
+            staged = rows.ref(values.stage(slot), rows.split_dims(axes, st.extent, per_phase=False))
+            src = rows.ref(sources.stage(slot), wdims)
+            acc = rows.ref(results.blocks[slot], rows.split_dims(axes, st.extent, per_phase=False))
+            ctx.emit(VpuBroadcast, dst=rows.ref(results.blocks[slot], st.extent), src=self.init, dims=())
+            valid = None
+            if st.fill:
+                assert mask is not None
+                local = [a - lo for (a, _), lo in zip(st.data, st.lo)]
+                size = [b - a for a, b in st.data]
+                ctx.emit(VpuBroadcast, dst=self.pred_rows.ref(mask, st.extent), src=Const(False, _PRED), dims=())
+                inside = self.pred_rows.ref(mask, st.extent, Window(tuple(local), tuple(size)))
+                ctx.emit(VpuBroadcast, dst=inside, src=Const(True, _PRED), dims=())
+                valid = self.pred_rows.ref(mask, self.pred_rows.split_dims(axes, st.extent, per_phase=False))
+            p_val, p_tap = rows.ref(pick, wdims), self.idx_rows.ref(pick_tap, wdims)
+            p_have, p_take = self.pred_rows.ref(have, wdims), self.pred_rows.ref(take, wdims)
+            windows = [tap_window(axes, st, block, [0] * rank, k) for k in kernel]
+            for t, win in enumerate(windows):
+                cand = MemRef(staged.space, staged.address, staged.shape, win)
+                ok = MemRef(valid.space, valid.address, valid.shape, win) if valid is not None else None
+                if t == 0:
+                    ctx.emit(VpuCopy, dst=p_val, src=cand)
+                    ctx.emit(VpuBroadcast, dst=p_tap, src=Const(0, _S32), dims=())
+                    if ok is not None:
+                        ctx.emit(VpuCopy, dst=p_have, src=ok)
+                    continue
+                direction, swapped = self.selector
+                ctx.emit(
+                    VpuMap,
+                    fn="compare",
+                    dst=p_take,
+                    srcs=(cand, p_val) if swapped else (p_val, cand),
+                    direction=direction,
+                )
+                if ok is None:  # take the candidate unless select(pick, candidate) keeps the pick
+                    ctx.emit(VpuMap, fn="not", dst=p_take, srcs=(p_take,))
+                else:  # ... and only in-bounds candidates, and any in-bounds one while nothing is picked
+                    steps = (
+                        FusedOp("not", _PRED, (0,)),
+                        FusedOp("not", _PRED, (1,)),
+                        FusedOp("or", _PRED, (3, 4)),
+                        FusedOp("and", _PRED, (2, 5)),
+                    )
+                    ctx.emit(VpuFused, dst=p_take, srcs=(p_take, p_have, ok), ops=steps)
+                    ctx.emit(VpuMap, fn="or", dst=p_have, srcs=(p_have, ok))
+                ctx.emit(VpuMap, fn="select", dst=p_val, srcs=(p_take, cand, p_val))
+                ctx.emit(VpuMap, fn="select", dst=p_tap, srcs=(p_take, Const(t, _S32), p_tap))
+            if valid is not None:  # windows entirely in the padding pick nothing
+                ctx.emit(VpuMap, fn="select", dst=p_tap, srcs=(p_have, p_tap, Const(-1, _S32)))
+            steps = (
+                FusedOp("compare", _PRED, (1, 3), direction="EQ"),
+                FusedOp("select", rows.etype, (5, 2, 4)),
+                FusedOp(self.fn, rows.etype, (0, 6)),
+            )
+            for t, win in enumerate(windows):
+                dst = MemRef(acc.space, acc.address, acc.shape, win)
+                ctx.emit(VpuFused, dst=dst, srcs=(dst, p_tap, src, Const(t, _S32), self.identity), ops=steps)
+            size = [hi - lo for lo, hi in result]
+            results.finish(slot, st.extent, size, [lo - s for (lo, _), s in zip(result, st.lo)])
+
+        def store(i: int, slot: int, sem: int) -> int:
+            _, st, result = plans[i]
+            size = [hi - lo for lo, hi in result]
+            local = [lo - s for (lo, _), s in zip(result, st.lo)]
+            return results.store(slot, sem, st.extent, [lo for lo, _ in result], size, local)
+
+        run_blocks(ctx, len(blocks), load, compute, store)
+
+
+def _window_dims(axes: Sequence[Axis], counts: Sequence[int]) -> list[int]:
+    """The dims of one tap's window over ``counts`` outputs, as :func:`tap_window` makes them."""
+    dims: list[int] = []
+    for axis, n in zip(axes, counts):
+        dims += [n, 1] if axis.split else [n]
+    return dims
