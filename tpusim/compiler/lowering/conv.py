@@ -8,7 +8,7 @@ innermost whole, at most what the MXU result buffers hold); for each block:
 1. The input region the block reads, padding included, is DMA'd into a VMEM *staging block* laid out
    ``[batch, spatial..., features]`` whatever the operand's layout (the DMA relayouts). Only the feature axis
    is tiled, so each axis can be viewed split ``[n/step, step]`` for free, and the positions one tap reads
-   for the whole block are one window of that view (see :mod:`.windowed`). Padding is a zero-filled region.
+   for the whole block are one window of that view (see :mod:`.staging`). Padding is a zero-filled region.
 2. For each chunk of the contraction ``(tap, feature)``, one VPU instruction per tap copies the tap's window
    into a VMEM *LHS block* ``[M, Kc]`` (rows: the block's output positions; columns: consecutive taps'
    features side by side, so small feature counts fill the MXU's K). Two LHS blocks alternate, so the VPU
@@ -41,7 +41,7 @@ from tpusim.compiler.hlo.ir import Window as HloWindow
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.dot import matmul_precision
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
-from tpusim.compiler.lowering.windowed import (
+from tpusim.compiler.lowering.staging import (
     Axis,
     Inbound,
     Outbound,
@@ -408,8 +408,8 @@ class _ConvEmitter:
             self.kernel_dmas[buf] = len(pieces)
             return []
         src = hbm_window(self.rhs, to_logical(fetch_first, order), to_logical(fetch_size, order))
-        at = self.kernel_landings[buf]
-        land = MemRef(at.space, at.address, landing(self.rhs.shape, src.dims))
+        base = self.kernel_landings[buf]
+        land = MemRef(base.space, base.address, landing(self.rhs.shape, src.dims))
         ctx.emit(DmaStart, src=src, dst=land, sem=self.kernel_sems[buf])
         self.kernel_dmas[buf] = 1
         return [(window(view, to, size), window(land, at, size)) for at, size, to in pieces]
