@@ -256,3 +256,12 @@ def test_facts_from_the_program_equal_facts_parsed_from_the_trace(run: dict[str,
     for name in ("kind", "hbm_read", "hbm_write", "data_end", "dst_chip", "dst_core"):
         assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
     assert fast.reads == slow.reads and fast.writes == slow.writes and fast.mnemonic == slow.mnemonic
+
+
+def test_trace_view_draws_the_trace(run: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    out = run["dir"]
+    assert main(["report", str(out), "--trace-view", f"0:{run['summary']['totals']['cycles'] // 2}"]) == 0
+    img = imread(out / "trace_view.png")[..., :3]
+    assert img.shape[0] > 400 and 0.02 < (img < 0.9).any(axis=-1).mean() < 0.9
+    assert main(["report", str(out), "--trace-view", "soon"]) == 1
+    assert "--trace-view takes START:END in cycles" in capsys.readouterr().err

@@ -39,6 +39,9 @@ def configure_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("directory", type=Path, nargs="?", help="a report folder written by 'tpusim run --report'")
     p.add_argument("--schema", action="store_true", help="print the JSON Schema of summary.json and exit")
     p.add_argument("--dpi", type=int, default=110, help="resolution of the plots (default 110)")
+    p.add_argument("--trace-view", nargs="?", const=":", metavar="START:END",
+                   help="also draw trace.json as a trace viewer lays it out (tracks, slices, flow arrows, counters) "
+                        "into trace_view.png, between cycles START and END (default: the whole run)")  # fmt: skip
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -53,4 +56,29 @@ def run_report(args: argparse.Namespace) -> int:
         raise ReportError("give a report folder (or --schema)")
     for path in render_report(args.directory, dpi=args.dpi):
         print(f"wrote {path}", file=sys.stderr)
+    if args.trace_view is not None:
+        print(f"wrote {_trace_view(args.directory, args.trace_view, args.dpi)}", file=sys.stderr)
     return 0
+
+
+def _trace_view(directory: Path, window: str, dpi: int) -> Path:
+    from tpusim.report.trace_view import trace_view_figure
+    from tpusim.report.writer import ReportError
+
+    lo, sep, hi = window.partition(":")
+    try:
+        start, end = (float(lo) if lo else None), (float(hi) if hi else None)
+    except ValueError:
+        start = end = None
+        sep = ""
+    if not sep:
+        raise ReportError(f"--trace-view takes START:END in cycles (either may be left out), not {window!r}")
+    try:
+        doc = json.loads((directory / "trace.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ReportError(f"cannot read {directory / 'trace.json'}: {e}") from None
+    out = directory / "trace_view.png"
+    title = (f"{doc.get('otherData', {}).get('program', '')}: trace.json drawn by tpusim's trace view "
+             "(not a Perfetto screenshot)")  # fmt: skip
+    trace_view_figure(doc, start, end, title).savefig(out, dpi=dpi)
+    return out

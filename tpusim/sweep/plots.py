@@ -43,6 +43,11 @@ def scaled(column: str, value: Any) -> Any:
     return value * _SCALE[column] if column in _SCALE and isinstance(value, (int, float)) else value
 
 
+def _order(values: Sequence[Any]) -> tuple[tuple[int, Any], ...]:
+    """A sort key that orders numbers by value and anything else by its text."""
+    return tuple((0, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, str(v)) for v in values)
+
+
 def _numeric(values: Sequence[Any]) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
@@ -56,13 +61,13 @@ def metric_figure(rows: Sequence[dict[str, Any]], metric: str, axes_names: Seque
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
     for ax, group in zip(axes, groups):
         p = group[0]
-        xs_all = sorted({r[p] for r in ok}, key=lambda v: (str(type(v)), v))
+        xs_all = sorted({r[p] for r in ok}, key=lambda v: _order([v]))
         numeric = _numeric(xs_all)
         others = [q for g in groups if g is not group for q in g]
         series: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
         for r in ok:
             series[tuple(r[q] for q in others)].append(r)
-        for key, members in sorted(series.items(), key=lambda kv: str(kv[0])):
+        for key, members in sorted(series.items(), key=lambda kv: _order(kv[0])):
             members.sort(key=lambda r: xs_all.index(r[p]))
             xs = [scaled(p, r[p]) if numeric else xs_all.index(r[p]) for r in members]
             ys = [scaled(metric, r[metric]) for r in members]
