@@ -23,7 +23,7 @@ from tpusim.config import ChipConfig
 from tpusim.isa import FallbackKernel, MemRef, Reg, Space, StreamBuilder
 from tpusim.memory import Shape
 
-__all__ = ["CompileOptions", "Lowering", "OpScope", "control_slice"]
+__all__ = ["CompileOptions", "Lowering", "Mark", "OpScope", "control_slice"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +48,19 @@ class CompileOptions:
             raise CompileError(f"matmul precision must be default, high or highest, not {self.matmul_precision!r}")
         if not 0.0 < self.vmem_fraction <= 1.0:
             raise CompileError(f"vmem_fraction must be in (0, 1], not {self.vmem_fraction}")
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What :meth:`Lowering.checkpoint` remembers."""
+
+    instructions: int
+    labels: int
+    kernels: int
+    vmem_next: int
+    smem_next: int
+    semaphores: int
+    registers: int
 
 
 @dataclass
@@ -111,14 +124,36 @@ class Lowering:
         self.stream.emit(instr)
         return instr
 
-    def checkpoint(self) -> tuple[int, int, int]:
-        """A mark :meth:`rollback` can return the stream to (when a lowering rule declines halfway)."""
-        return len(self.stream.instructions), len(self.stream.labels), len(self.kernels)
+    def checkpoint(self) -> Mark:
+        """A mark :meth:`rollback` returns to when a lowering rule declines halfway: the stream, the
+        kernels, and the current instruction's VMEM, SMEM, semaphores and registers."""
+        scope = self.scope
+        return Mark(
+            len(self.stream.instructions),
+            len(self.stream.labels),
+            len(self.kernels),
+            scope.vmem_next,
+            scope.smem_next,
+            len(scope.semaphores),
+            len(scope.registers),
+        )
 
-    def rollback(self, mark: tuple[int, int, int]) -> None:
-        del self.stream.instructions[mark[0] :]
-        del self.stream.labels[mark[1] :]
-        del self.kernels[mark[2] :]
+    def rollback(self, mark: Mark) -> None:
+        """Take back everything emitted and allocated since ``mark``."""
+        scope = self.scope
+        del self.stream.instructions[mark.instructions :]
+        del self.stream.labels[mark.labels :]
+        del self.kernels[mark.kernels :]
+        scope.vmem_next, scope.smem_next = mark.vmem_next, mark.smem_next
+        self._free_sems.extend(scope.semaphores[mark.semaphores :])
+        del scope.semaphores[mark.semaphores :]
+        self._free_regs.extend(scope.registers[mark.registers :])
+        del scope.registers[mark.registers :]
+
+    def release_semaphore(self, sem: int) -> None:
+        """Give back a semaphore before the instruction ends (its waits have all been emitted)."""
+        self.scope.semaphores.remove(sem)
+        self._free_sems.append(sem)
 
     def label(self, hint: str) -> str:
         self._labels += 1

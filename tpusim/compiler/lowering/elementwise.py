@@ -532,14 +532,12 @@ def _lower_plan(
     block = min(extent, max(granule, min(extent, target // row_bytes) // granule * granule))
     scalars = _scalar_inputs(ctx, comp, plan, inputs)
     mark = ctx.checkpoint()
-    vmem_mark = ctx.scope.vmem_next
     while True:
         try:
             _Emitter(ctx, comp, plan, inputs, outputs, block, scalars=scalars, sems=sems).run()
             return True
         except VmemExhausted:
             ctx.rollback(mark)
-            ctx.scope.vmem_next = vmem_mark
             if block <= 1 or extent == 1:
                 return False
             # whole tiles while possible, then fewer rows than a tile holds

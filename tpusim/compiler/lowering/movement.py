@@ -104,16 +104,12 @@ def _vector_estimate(ctx: Lowering, operands: list[MemRef], result: MemRef) -> f
 
 def _try(ctx: Lowering, rule: Callable[[], None]) -> bool:
     """Run ``rule``; when it declines, take back what it emitted and allocated and return False."""
-    mark, vmem, sems = ctx.checkpoint(), ctx.scope.vmem_next, len(ctx.scope.semaphores)
+    mark = ctx.checkpoint()
     try:
         rule()
         return True
     except (NotLowerable, VmemExhausted):
         ctx.rollback(mark)
-        ctx.scope.vmem_next = vmem
-        for sem in ctx.scope.semaphores[sems:]:
-            ctx._free_sems.append(sem)  # the context has no public way to give a semaphore back
-        del ctx.scope.semaphores[sems:]
         return False
 
 

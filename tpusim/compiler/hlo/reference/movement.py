@@ -123,7 +123,7 @@ def _dynamic_slice(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) ->
     for start, size, dim in zip(starts, sizes, x.shape):
         s = min(max(start, 0), dim - size)  # XLA clamps so the slice stays inside the operand
         index.append(slice(s, s + size))
-    return x[tuple(index)].copy()
+    return np.array(x[tuple(index)])  # (a copy; indexing a 0-d array with () would give a scalar)
 
 
 @register("dynamic-update-slice")
