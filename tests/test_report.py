@@ -28,6 +28,8 @@ def _colours(rgb: np.ndarray) -> int:
     """Distinct colours of an image (8 bits per channel)."""
     q = (rgb[..., :3] * 255).round().astype(np.uint32)
     return len(np.unique((q[..., 0] << 16) | (q[..., 1] << 8) | q[..., 2]))
+
+
 MLP = ROOT / "tests" / "hlo_samples" / "jax_mlp_short.hlo"
 BLOCK = ROOT / "configs" / "sweeps" / "programs" / "transformer_block.hlo"
 
