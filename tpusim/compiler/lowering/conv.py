@@ -234,14 +234,13 @@ class _ConvEmitter:
         ctx, mxu = self.ctx, self.ctx.config.mxu
         widest = max(c.co for c in self.conv.chunks)
         total = prod(-(-a.out // a.phases) for a in self.conv.axes)
-        mark, vmem_mark = ctx.checkpoint(), ctx.scope.vmem_next
+        mark = ctx.checkpoint()
         for cap, kc, fc in _plans(mxu.result_buffer_rows // 2, mxu.count, mxu.rows, mxu.cols, widest, total):
             try:
                 self._emit(cap, kc, fc)
                 return
             except VmemExhausted:
                 ctx.rollback(mark)
-                ctx.scope.vmem_next = vmem_mark
         raise NotLowerable("its blocks do not fit in VMEM")
 
     # ------------------------------------------------------------------ planning

@@ -153,14 +153,13 @@ class _ReduceWindow:
         self.acc_rows = Rows(_F32, lanes, 0, tiled) if wide else self.rows
         self.acc_init = Const(float(self.init.value), _F32) if wide else self.init
         cap = max(1, min(_BLOCK_BYTES, ctx.vmem_free_bytes() // 8) // max(1, et.bits // 8))
-        mark, vmem_mark = ctx.checkpoint(), ctx.scope.vmem_next
+        mark = ctx.checkpoint()
         while True:
             try:
                 self._emit(cap)
                 return
             except VmemExhausted:
                 ctx.rollback(mark)
-                ctx.scope.vmem_next = vmem_mark
                 if cap == 1:
                     raise NotLowerable("its blocks do not fit in VMEM") from None
                 cap = max(1, cap // 2)
@@ -309,14 +308,13 @@ class _SelectAndScatter:
         self.idx_rows = Rows(_S32, lanes, 0, tiled)
         self.pred_rows = Rows(_PRED, lanes, ctx.rules.layout_for(Shape(_PRED, (8, 8))).element_size_bits, tiled)
         cap = max(1, min(_BLOCK_BYTES, ctx.vmem_free_bytes() // 16) // max(1, et.bits // 8))
-        mark, vmem_mark = ctx.checkpoint(), ctx.scope.vmem_next
+        mark = ctx.checkpoint()
         while True:
             try:
                 self._emit(cap)
                 return
             except VmemExhausted:
                 ctx.rollback(mark)
-                ctx.scope.vmem_next = vmem_mark
                 if cap == 1:
                     raise NotLowerable("its blocks do not fit in VMEM") from None
                 cap = max(1, cap // 2)
