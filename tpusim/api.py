@@ -31,7 +31,7 @@ from tpusim.config import ChipConfig, load_config
 from tpusim.devices import Chip, RunResult, Trace
 from tpusim.errors import TpusimError
 
-__all__ = ["InputError", "SimulationResult", "load_program", "simulate", "simulate_jax"]
+__all__ = ["InputError", "SimulationResult", "load_program", "simulate", "simulate_chips", "simulate_jax"]
 
 
 class InputError(TpusimError):
@@ -138,6 +138,8 @@ def simulate(
     timing_only: bool = False,
     seed: int = DEFAULT_SEED,
     host: Host | None = None,
+    chips: int | None = None,
+    topology: str | tuple[int, ...] | None = None,
 ) -> SimulationResult:
     """Compile ``program`` for ``config`` and simulate it.
 
@@ -152,15 +154,32 @@ def simulate(
         seed: seed of the random inputs.
         host: the host side of infeed, outfeed, send and recv (a
             :class:`tpusim.compiler.hlo.reference.core.Host`; its queues are consumed and filled by the run).
+        chips: run on this many chips (an SPMD-partitioned module, or one module as replicas); every input
+            and output then has a leading chip axis (see :func:`simulate_chips`).
+        topology: the chips' grid, ``"2x4"`` or ``(2, 4)`` (default: the config's ``ici.shape``, or one
+            chosen for ``chips``).
 
     Returns:
         Outputs, cycles, the compiled program and the device run (trace, memories).
     """
+    if chips is not None or topology is not None:
+        if host is not None:
+            raise InputError("host transfers are not supported in a run of several chips")
+        return simulate_chips(
+            program, inputs, chips=chips, topology=topology, config=config, overrides=overrides,
+            options=options, timing_only=timing_only, seed=seed,
+        )  # fmt: skip
     if isinstance(program, CompiledProgram):
         compiled = program
     else:
         compiled = compile_module(load_program(program), _config(config, overrides), options)
     module = compiled.source
+    declared = module.replica_count * module.num_partitions
+    if declared > 1:
+        raise InputError(
+            f"{module.name} runs on {declared} devices (replica_count x num_partitions); simulate it with "
+            f"chips={declared}"
+        )
     if inputs is None:
         inputs = random_inputs(module, seed)[0]
     placed = _flatten_inputs(module, inputs)
@@ -196,3 +215,98 @@ def simulate_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Simulatio
     result = simulate(module, leaves, **kwargs)
     tree = jax.tree.unflatten(lowered.out_tree, list(result.outputs)) if result.outputs else None
     return SimulationResult(result.outputs, result.cycles, result.compiled, result.run, tree)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Many chips
+# ---------------------------------------------------------------------------------------------------------
+def simulate_chips(
+    program: str | Path | Module | CompiledProgram,
+    inputs: Sequence[Any] | None = None,
+    *,
+    chips: int | None = None,
+    topology: str | tuple[int, ...] | None = None,
+    config: ChipConfig | str | Path = "tpu_v5e",
+    overrides: Sequence[str] = (),
+    options: CompileOptions | None = None,
+    timing_only: bool = False,
+    seed: int = DEFAULT_SEED,
+) -> SimulationResult:
+    """Compile ``program`` for a system of chips and run every chip's copy of it in one simulation.
+
+    Chip ``d`` runs device ``d`` of the module (``replica * num_partitions + partition``, XLA's flattened
+    id): a per-device module of an SPMD-partitioned program, or one module as ``chips`` replicas.
+
+    Args:
+        inputs: one value per entry parameter, each with a leading chip axis (``x[d]`` is chip ``d``'s);
+            None: seeded random inputs per chip, or, for a timing-only run, zeroed memory (pass inputs when
+            control flow depends on them).
+        chips: number of chips (default: the topology's, else the module's replica_count x num_partitions).
+        topology: the grid, ``"2x4"`` or ``(2, 4)`` (default: ``ici.shape`` of the config, or chosen).
+        Others as for :func:`simulate`.
+
+    Returns:
+        Outputs with a leading chip axis; ``compiled.config.ici.shape`` is the topology used.
+
+    Raises:
+        ConfigError: a topology that does not hold ``chips`` chips or is not a slice of the chip.
+        InputError: inputs without the chip axis or of the wrong shape or type.
+    """
+    from tpusim.config import with_overrides
+    from tpusim.devices import System
+    from tpusim.topology import parse_topology, system_topology
+
+    if isinstance(program, CompiledProgram):
+        compiled = program
+        cfg = compiled.config
+        module = compiled.source
+        shape = cfg.ici.shape
+        if shape is None:
+            raise InputError("a compiled program for many chips must be compiled with ici.shape set")
+        topo = system_topology(cfg.ici, chips, shape)
+    else:
+        module = load_program(program)
+        cfg = _config(config, overrides)
+        shape = parse_topology(topology) if isinstance(topology, str) else topology
+        if chips is None and shape is None:
+            chips = module.replica_count * module.num_partitions
+        topo = system_topology(cfg.ici, chips, shape)
+        cfg = with_overrides(cfg, {"ici.shape": topo.shape})
+        compiled = compile_module(module, cfg, options)
+    n = topo.chips
+    placed: dict[str, Any] = {}
+    if inputs is not None or not timing_only:  # NOTE: a timing-only run without inputs starts from zeroed memory
+        per_device = random_inputs(module, seed, n) if inputs is None else _split_chips(module, inputs, n)
+        flat = [_flatten_inputs(module, per_device[d]) for d in range(n)]
+        placed = {k: [f[k] for f in flat] for k in (flat[0] if flat else {})}
+    placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
+    system = System(compiled.config, n, topo.shape)
+    system.topology = topo  # per-axis wraparound and routing order (tpusim.topology)
+    run = system.run(compiled.program, placed, timing_only=timing_only)
+    outputs: tuple[np.ndarray, ...] = ()
+    if not timing_only:
+        outputs = tuple(
+            np.stack([run.read(f"out{j}", chip=d) for d in range(n)]) for j in range(len(compiled.outputs))
+        )
+    return SimulationResult(outputs, run.cycles, compiled, run)
+
+
+def _split_chips(module: Module, inputs: Sequence[Any], n: int) -> list[list[Any]]:
+    """Inputs with a leading chip axis -> per chip, its inputs."""
+    params = module.entry_computation.parameters
+    if len(inputs) != len(params):
+        raise InputError(f"the program takes {len(params)} inputs, {len(inputs)} were given")
+
+    def take(value: Any, d: int, where: str) -> Any:
+        if isinstance(value, (tuple, list)):
+            return type(value)(take(v, d, f"{where}[{i}]") for i, v in enumerate(value))
+        if value is TOKEN:
+            return value
+        array = np.asarray(value)
+        if array.ndim == 0 or array.shape[0] != n:
+            raise InputError(
+                f"{where} has shape {array.shape}; with {n} chips every input needs a leading chip axis of {n}"
+            )
+        return array[d]
+
+    return [[take(v, d, f"input {i} ({p.name})") for i, (v, p) in enumerate(zip(inputs, params))] for d in range(n)]

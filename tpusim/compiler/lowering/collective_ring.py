@@ -1,0 +1,411 @@
+"""Ring algorithms as real data movement: reduce-scatter and all-gather phases over one ring of chips.
+
+A phase works on ``L`` equal *chunks* of an HBM array along dimension ``dim``: chunk ``c`` is the window
+``[base + c*size, base + (c+1)*size)``. With two *pieces* per chunk (halves, along ``dim`` or, for
+one-row chunks, the longest other dimension), the first piece travels the + direction of the ring and the
+second the - direction: a bidirectional ring, which loads every link in both directions.
+
+Reduce-scatter (``L - 1`` stages; a chip at ring position ``p`` ends with the sum of chunk ``p``):
+stage 0 pushes chunk ``p - 1`` (+ direction; ``p + 1`` for -) of the chip's own data into slot 0 of its
+neighbour; stage ``k`` waits for slot ``k - 1``, adds (on the VPU, block by block through VMEM) the
+chip's own part of chunk ``p - k - 1`` and pushes the sum into slot ``k`` of the neighbour; the last
+stage writes chunk ``p`` to the result instead. Slots are private to the phase (HBM scratch), so no slot
+is reused and a sender never waits for its receiver. Stages ``1 .. L - 2`` are one loop in the stream.
+
+All-gather (``L - 1`` stages): every chip owns chunk ``p`` of the array; stage 0 pushes it to the
+neighbour's copy of the array; stage ``k`` forwards chunk ``p - k`` (the one that arrived last).
+
+Ordering: a chip issues the pushes of stage ``k`` only after those of stage ``k - 1`` landed (it waits for
+their local completion signal), so a receiver counting arrivals on one semaphore sees them stage by stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import ceil
+
+from tpusim.compiler.lowering.collective_sync import Facts
+from tpusim.compiler.lowering.context import Lowering
+from tpusim.isa import Branch, DmaStart, MemRef, Reg, ScalarAlu, SemWait, Space, VpuMap, Window
+from tpusim.memory import Shape
+
+__all__ = ["Piece", "Ring", "RingWork", "all_gather_phase", "pieces", "reduce_scatter_phase", "window"]
+
+MIN_BLOCK_BYTES = 64 * 1024
+"""Smallest reduce-scatter block (bytes), so tiny chunks do not turn into many tiny transfers."""
+
+FIRST_BLOCK_FRACTION = 32
+"""The first block of a reduce-scatter stage is about this fraction of its piece; blocks then double."""
+
+BUFFER_SETS = 4
+"""VMEM block sets a reduce-scatter stage cycles through (block ``j`` loads into set ``j % 4`` while up to
+three earlier blocks may still be pushed from theirs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """The part of every chunk one direction carries: ``length`` along ``dim`` from ``offset``."""
+
+    dim: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ring:
+    """One ring of a collective as seen from this chip.
+
+    Attributes:
+        length: chips on the ring (``L``).
+        pos: register holding this chip's position on the ring (stages count positions).
+        coord: register holding the index of this chip's own chunk (its coordinate or rank).
+        to: per direction (+1 / -1), the register holding the chip pushed to.
+        arrive: per direction, the reserved semaphore data of that direction lands on.
+        zigzag: positions run ``0, 2, 4, .., 5, 3, 1`` along a line (no wraparound), so every ring step is
+            at most two hops and each directed link carries one step; chunk of position ``q`` is the
+            coordinate at ``q``. Otherwise position and chunk index are equal.
+    """
+
+    length: int
+    pos: Reg
+    coord: Reg
+    to: dict[int, Reg]
+    arrive: dict[int, int]
+    zigzag: bool = False
+
+
+class RingWork:
+    """Semaphores and registers the phases of one collective share (allocated once per collective).
+
+    Args:
+        facts: the collective's per-chip registers.
+        sent: the local semaphore pushes (and final writes) signal; default a fresh one (an async collective
+            passes its bank's, which outlives the ``-start`` instruction).
+    """
+
+    def __init__(self, facts: Facts, sent: int | None = None) -> None:
+        ctx = facts.ctx
+        self.facts = facts
+        self.sent = sent if sent is not None else ctx.semaphore()
+        self.load = [ctx.semaphore(), ctx.semaphore()]
+        self.tmp = [facts.reg(), facts.reg()]
+        self.c = {1: facts.reg(), -1: facts.reg()}
+        self.cs = {1: facts.reg(), -1: facts.reg()}
+        self.k = facts.reg()
+
+
+def zigzag_coordinate(facts: Facts, q: Reg, out: Reg, length: int) -> Reg:
+    """``out = 2q`` for ``q < ceil(L/2)``, else ``2(L-1-q) + 1`` (branch-free; ``out`` is not ``q``)."""
+    t = facts.reg()
+    facts.alu("ge", t, q, (length + 1) // 2)
+    facts.alu("mul", out, q, -4)
+    facts.alu("add", out, out, 2 * length - 1)
+    facts.alu("mul", out, out, t)
+    facts.alu("add", out, out, q)
+    facts.alu("add", out, out, q)
+    facts.ctx.release_register(t)
+    return out
+
+
+def _chunk_start(facts: Facts, ring: Ring, c: Reg, cs: Reg, base: Reg | int, size: int) -> None:
+    """``cs = base + chunk(c) * size`` for ring position ``c``."""
+    if ring.zigzag:
+        zigzag_coordinate(facts, c, cs, ring.length)
+        facts.alu("mul", cs, cs, size)
+    else:
+        facts.alu("mul", cs, c, size)
+    if base != 0:
+        facts.alu("add", cs, cs, base)
+
+
+def pieces(dims: Sequence[int], dim: int, size: int, split: bool = True) -> list[Piece]:
+    """The pieces of a chunk of ``size`` along ``dim`` of an array of ``dims``: two halves if it can be
+    cut (along ``dim``, else along the longest other dimension), else the whole chunk."""
+    if split and size >= 2:
+        h = ceil(size / 2)
+        return [Piece(dim, 0, h), Piece(dim, h, size - h)]
+    others = [d for d in range(len(dims)) if d != dim and dims[d] >= 2]
+    if split and others:
+        d = max(others, key=lambda i: (dims[i], -i))
+        h = ceil(dims[d] / 2)
+        return [Piece(d, 0, h), Piece(d, h, dims[d] - h)]
+    return [Piece(dim, 0, size)]
+
+
+def window(
+    ctx: Lowering,
+    ref: MemRef,
+    dim: int,
+    start: Reg | int,
+    size: int,
+    piece: Piece,
+    block: tuple[int, int] | None,
+    tmp: Reg,
+) -> MemRef:
+    """The window of ``ref``: chunk ``[start, start + size)`` along ``dim``, then ``piece``, then ``block``
+    ``(offset, length)`` within the piece. A register start plus a static offset is added into ``tmp``."""
+    dims = list(ref.shape.dimensions)
+    b_off, b_len = block if block is not None else (0, piece.length)
+    offsets: list[Reg | int] = [0] * len(dims)
+    sizes = list(dims)
+    sizes[dim] = size
+    extra = piece.offset + b_off if piece.dim == dim else 0
+    if piece.dim == dim:
+        sizes[dim] = b_len
+    else:
+        offsets[piece.dim] = piece.offset + b_off
+        sizes[piece.dim] = b_len
+    if isinstance(start, Reg):
+        if extra:
+            ctx.emit(ScalarAlu, fn="add", dst=tmp, a=start, b=extra)
+            offsets[dim] = tmp
+        else:
+            offsets[dim] = start
+    else:
+        offsets[dim] = start + extra
+    if all(isinstance(o, int) and o == 0 for o in offsets) and tuple(sizes) == ref.shape.dimensions:
+        return MemRef(ref.space, ref.address, ref.shape, None, ref.base)
+    return MemRef(ref.space, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes)), ref.base)
+
+
+def _piece_dims(dims: Sequence[int], dim: int, size: int, piece: Piece, length: int) -> tuple[int, ...]:
+    out = list(dims)
+    out[dim] = size
+    out[piece.dim] = length
+    return tuple(out)
+
+
+def _blocks(ctx: Lowering, shape: Shape, dim: int, size: int, piece: Piece, sets: int) -> list[int]:
+    """Block lengths of a piece: growing geometrically from about 1/32 of it (so the first push of a stage
+    starts early and every later block loads while the previous ones are being pushed), each at most what
+    VMEM holds when ``sets`` sets of blocks (a partial sum and an own part per direction) live at once."""
+
+    def nbytes(length: int) -> int:
+        dims = _piece_dims(shape.dimensions, dim, size, piece, length)
+        return Shape(shape.element_type, dims, layout=shape.layout).byte_size
+
+    budget = max(ctx.vmem_free_bytes() // sets, 1)
+    per_unit = max(nbytes(piece.length) / piece.length, 1e-9)
+    cap = max(1, min(piece.length, int(budget // per_unit)))
+    while cap > 1 and nbytes(cap) > budget:
+        cap -= max(1, cap // 8)
+    first = max(1, min(cap, piece.length, max(piece.length // FIRST_BLOCK_FRACTION, ceil(MIN_BLOCK_BYTES / per_unit))))
+    out: list[int] = []
+    left, length = piece.length, first
+    while left > 0:
+        out.append(min(length, left, cap))
+        left -= out[-1]
+        length = min(cap, 2 * out[-1]) if len(out) > 1 else length
+    return out
+
+
+def _advance(facts: Facts, ring: Ring, c: Reg, cs: Reg, step: int, base: Reg | int, size: int) -> None:
+    """Move ``c`` one position against direction ``step`` and recompute its chunk start ``cs``."""
+    facts.alu("add", c, c, (-step) % ring.length)
+    facts.alu("rem", c, c, ring.length)
+    _chunk_start(facts, ring, c, cs, base, size)
+
+
+def reduce_scatter_phase(
+    work: RingWork,
+    ring: Ring,
+    src: MemRef,
+    fin: MemRef,
+    fin_start: Reg | int,
+    dim: int,
+    base: Reg | int,
+    size: int,
+    fn: str,
+    split: bool = True,
+) -> None:
+    """One reduce-scatter phase (see the module docstring).
+
+    A stage waits for its arrivals and for its own previous pushes; then, block by block (blocks grow
+    geometrically), it loads the received partial sum and its own part into VMEM, adds in place on the
+    VPU and pushes the sum (the last stage writes it to ``fin``); the next block's loads are issued right
+    after this block's push, so they run while it crosses the link.
+
+    Args:
+        work: the collective's semaphores and registers.
+        ring: the ring (``length >= 2``).
+        src: the chip's own contributions (HBM); chunk ``c`` is ``[base + c*size, +size)`` along ``dim``.
+        fin: where this chip's reduced chunk goes (HBM), at ``fin_start`` along ``dim``.
+        fn: the VPU function that combines two values (``add``, ``maximum`` ...).
+        split: use both directions (two pieces per chunk) when the chunk can be cut.
+    """
+    facts = work.facts
+    ctx = facts.ctx
+    L = ring.length
+    shape = src.shape
+    et = shape.element_type
+    parts = pieces(shape.dimensions, dim, size, split)
+    steps = [1, -1][: len(parts)]
+    part = dict(zip(steps, parts))
+    sets = min(BUFFER_SETS, 1 + len(_blocks(ctx, shape, dim, size, parts[0], 1)))
+    lens = {s: _blocks(ctx, shape, dim, size, part[s], 2 * len(parts) * sets) for s in steps}
+    count = max(len(v) for v in lens.values())
+    blocks = {s: [(sum(v[:j]), v[j]) for j in range(len(v))] for s, v in lens.items()}
+    slot: dict[int, MemRef] = {}
+    vm: dict[tuple[int, str, int], MemRef] = {}
+    for s in steps:
+        p = part[s]
+        slot_dims = list(_piece_dims(shape.dimensions, dim, size, p, p.length))
+        slot_dims[p.dim] = p.length * (L - 1)
+        slot[s] = ctx.scratch(Shape(et, tuple(slot_dims), layout=shape.layout))
+        longest = max(lens[s])
+        block_shape = Shape(et, _piece_dims(shape.dimensions, dim, size, p, longest), layout=shape.layout)
+        for j in range(min(sets, len(lens[s]))):
+            for role in ("sum", "own"):
+                vm[(s, role, j)] = ctx.vmem(block_shape)
+
+    def vblock(s: int, role: str, j: int) -> MemRef:
+        ref = vm[(s, role, j % sets)]
+        dims = _piece_dims(shape.dimensions, dim, size, part[s], blocks[s][j][1])
+        if dims == ref.shape.dimensions:
+            return ref
+        return MemRef(Space.VMEM, ref.address, Shape(et, dims, layout=shape.layout))
+
+    sent, load, tmp, c, cs, k = work.sent, work.load, work.tmp, work.c, work.cs, work.k
+    pushes = sum(len(b) for b in blocks.values())
+
+    def slot_window(s: int, stage: Reg | int, delta: int, j: int) -> MemRef:
+        """Block ``j`` of slot ``stage + delta`` (a register ``stage`` is evaluated into ``tmp[1]``)."""
+        p = part[s]
+        off, length = blocks[s][j]
+        sizes = list(slot[s].shape.dimensions)
+        sizes[p.dim] = length
+        offsets: list[Reg | int] = [0] * len(sizes)
+        if isinstance(stage, Reg):
+            facts.alu("mul", tmp[1], stage, p.length)
+            facts.alu("add", tmp[1], tmp[1], delta * p.length + off)
+            offsets[p.dim] = tmp[1]
+        else:
+            offsets[p.dim] = (stage + delta) * p.length + off
+        return MemRef(Space.HBM, slot[s].address, slot[s].shape, Window(tuple(offsets), tuple(sizes)))
+
+    def own(s: int, j: int) -> MemRef:
+        return window(ctx, src, dim, cs[s], size, part[s], blocks[s][j], tmp[0])
+
+    # stage 0: push this chip's part of the chunk at position pos - step into slot 0 of the next chip
+    for s in steps:
+        facts.alu("mov", c[s], ring.pos)
+        _advance(facts, ring, c[s], cs[s], s, base, size)
+    for j in range(count):
+        for s in steps:
+            if j < len(blocks[s]):
+                ctx.emit(
+                    DmaStart, src=own(s, j), dst=slot_window(s, 0, 0, j), chip=ring.to[s], dst_sem=ring.arrive[s],
+                    sem=sent,
+                )  # fmt: skip
+
+    def stage(stage_reg: Reg | int, last: bool) -> None:
+        for s in steps:
+            ctx.emit(SemWait, sem=ring.arrive[s], count=len(blocks[s]))
+        ctx.emit(SemWait, sem=sent, count=pushes)
+        for s in steps:
+            _advance(facts, ring, c[s], cs[s], s, base, size)
+
+        def loads(j: int) -> int:
+            n = 0
+            for s in steps:
+                if j < len(blocks[s]):
+                    ctx.emit(DmaStart, src=slot_window(s, stage_reg, -1, j), dst=vblock(s, "sum", j), sem=load[j % 2])
+                    ctx.emit(DmaStart, src=own(s, j), dst=vblock(s, "own", j), sem=load[j % 2])
+                    n += 2
+            return n
+
+        pending = loads(0)
+        for j in range(count):
+            ctx.emit(SemWait, sem=load[j % 2], count=pending)
+            for s in steps:
+                if j >= len(blocks[s]):
+                    continue
+                acc = vblock(s, "sum", j)
+                ctx.emit(VpuMap, fn=fn, dst=acc, srcs=(acc, vblock(s, "own", j)))
+                if last:
+                    dst = window(ctx, fin, dim, fin_start, size, part[s], blocks[s][j], tmp[0])
+                    ctx.emit(DmaStart, src=acc, dst=dst, sem=sent)
+                else:
+                    ctx.emit(
+                        DmaStart, src=acc, dst=slot_window(s, stage_reg, 0, j), chip=ring.to[s],
+                        dst_sem=ring.arrive[s], sem=sent,
+                    )  # fmt: skip
+            # the next block loads while this one is pushed (pushes first: DMA engines serve in order)
+            pending = loads(j + 1) if j + 1 < count else 0
+
+    if L > 2:
+        top = ctx.label("rs_stage")
+        facts.alu("mov", k, 1)
+        ctx.place_label(top)
+        stage(k, last=False)
+        facts.alu("add", k, k, 1)
+        ctx.emit(Branch, cond="lt", a=k, b=L - 1, target=top)
+    stage(L - 1, last=True)
+    ctx.emit(SemWait, sem=sent, count=pushes)
+
+
+def all_gather_phase(
+    work: RingWork,
+    ring: Ring,
+    arr: MemRef,
+    dim: int,
+    base: Reg | int,
+    size: int,
+    first: MemRef | None = None,
+    split: bool = True,
+    stages: tuple[int, int] | None = None,
+) -> None:
+    """One all-gather phase over ``arr`` (HBM): this chip's chunk is there, the others arrive.
+
+    Args:
+        first: where stage 0 reads this chip's chunk (default: its window of ``arr``); a whole array of the
+            chunk's dimensions.
+        stages: the range ``[from, to)`` of stages to emit (default all, ``0 .. L - 1``); stage ``L - 1``
+            only waits for the last arrivals. An async all-gather emits stage 0 at its start and the rest at
+            its done.
+    """
+    facts = work.facts
+    ctx = facts.ctx
+    L = ring.length
+    parts = pieces(arr.shape.dimensions, dim, size, split)
+    steps = [1, -1][: len(parts)]
+    sent, tmp, c, cs, k = work.sent, work.tmp, work.c, work.cs, work.k
+    lo, hi = stages if stages is not None else (0, L)
+    for s in steps:  # the position whose chunk is pushed at stage lo: pos - lo (+ direction), pos + lo (-)
+        facts.alu("add", c[s], ring.pos, (-s * lo) % L)
+        facts.alu("rem", c[s], c[s], L)
+        _chunk_start(facts, ring, c[s], cs[s], base, size)
+
+    def push(first_stage: bool) -> None:
+        for s, p in zip(steps, parts):
+            dst = window(ctx, arr, dim, cs[s], size, p, None, tmp[0])
+            if first_stage and first is not None:
+                src = window(ctx, first, dim, 0, size, p, None, tmp[1])
+            else:
+                src = window(ctx, arr, dim, cs[s], size, p, None, tmp[1])
+            ctx.emit(DmaStart, src=src, dst=dst, chip=ring.to[s], dst_sem=ring.arrive[s], sem=sent)
+
+    def wait_previous() -> None:
+        for s in steps:
+            ctx.emit(SemWait, sem=ring.arrive[s], count=1)
+        ctx.emit(SemWait, sem=sent, count=len(steps))
+
+    if lo == 0 and hi > 0:
+        push(first_stage=True)
+        for s in steps:
+            _advance(facts, ring, c[s], cs[s], s, base, size)
+        lo = 1
+    loop_hi = min(hi, L - 1)
+    if loop_hi > lo:
+        top = ctx.label("ag_stage")
+        facts.alu("mov", k, lo)
+        ctx.place_label(top)
+        wait_previous()
+        push(first_stage=False)
+        for s in steps:
+            _advance(facts, ring, c[s], cs[s], s, base, size)
+        facts.alu("add", k, k, 1)
+        ctx.emit(Branch, cond="lt", a=k, b=loop_hi, target=top)
+    if hi >= L:
+        wait_previous()

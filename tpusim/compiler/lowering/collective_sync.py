@@ -1,0 +1,216 @@
+"""What every collective lowering shares: the system it runs on, reserved semaphores, per-chip facts in
+scalar registers, and the entry handshake.
+
+Semaphores other chips signal. Pushes from another chip must never land on a semaphore this chip uses for
+something else, so collectives use semaphores taken out of the pool for the whole program (the highest
+numbers), in *banks*: one per level of async collectives open at once. A bank holds
+
+* ``ready``: a receiver signals each of its senders on entering a collective ("my buffers are yours");
+  a sender waits for one signal per receiver before its first push. A receiver cannot finish a
+  collective without the sender's data, so a signal of a later collective cannot arrive early;
+* ``arrive[2k + (0 | 1)]``: data pushed in the + / - direction of ring axis ``k`` (direct exchanges use
+  channel 0). Each has one sender per collective, which issues a stage only after its previous stage
+  landed, so counts arrive in stage order.
+
+Per-chip facts (ring position, neighbours, partners) are scalar arithmetic on ``s.chip_id`` for structured
+groups, or a branch-free table select (``v = v0 + sum_c (chip == c) * (v_c - v0)``) otherwise, so every
+chip runs the same stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+from tpusim.compiler.errors import CompileError
+from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.lowering.collective_plan import GroupAxis, Participants
+from tpusim.compiler.lowering.context import Lowering
+from tpusim.isa import DmaStart, Reg, ScalarAlu, SemSignal, SemWait
+from tpusim.topology import Topology, system_topology
+
+__all__ = ["ASYNC_STARTS", "Bank", "CollectiveState", "Facts", "collective_state"]
+
+ASYNC_STARTS = frozenset({"all-reduce-start", "all-gather-start", "collective-permute-start"})
+_COLLECTIVES = frozenset(
+    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", *ASYNC_STARTS}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Bank:
+    """Reserved semaphores of one level of open async collectives."""
+
+    ready: int
+    arrive: tuple[int, ...]
+    local: int | None = None  # completions of this chip's pushes of an async collective (outlives its -start)
+
+
+@dataclass
+class CollectiveState:
+    """Per-compilation facts of the system (kept on the lowering context).
+
+    Attributes:
+        who: replicas x partitions of the run.
+        topology: the chips' grid.
+        banks: reserved semaphores, by async nesting level.
+        open_async: ``-start`` instructions whose ``-done`` is not lowered yet: (bank, split in two parts).
+    """
+
+    who: Participants
+    topology: Topology
+    banks: list[Bank]
+    open_async: dict[str, tuple[int, bool]] = field(default_factory=dict)
+
+    def channel(self, axis: int, step: int) -> int:
+        """The arrive-semaphore index of ring traffic along topology ``axis`` in direction ``step``."""
+        axes = [a for a, n in enumerate(self.topology.shape) if n > 1] or [0]
+        k = axes.index(axis) if axis in axes else 0
+        return 2 * k + (0 if step > 0 else 1)
+
+
+def participants(module: Module, config_shape: tuple[int, ...] | None) -> Participants:
+    """Replicas and partitions of a run: the system's chips (``ici.shape``) or the module's own counts."""
+    partitions = module.num_partitions
+    declared = module.replica_count * partitions
+    devices = prod(config_shape) if config_shape is not None else declared
+    if devices % partitions:
+        raise CompileError(
+            f"{module.name}: {devices} chips cannot hold num_partitions={partitions} (need a multiple of it)"
+        )
+    if declared > 1 and module.replica_count > 1 and devices != declared:
+        raise CompileError(
+            f"{module.name}: the module runs on replica_count x num_partitions = {declared} devices, "
+            f"but the system has {devices} chips"
+        )
+    return Participants(devices // partitions, partitions)
+
+
+def _banks_needed(module: Module) -> tuple[int, bool]:
+    """(banks: the most collectives in flight at once, whether any is async)."""
+    depth, any_async = 1, False
+    for comp in module.computations:
+        open_now = 0
+        for instr in comp.instructions:
+            if is_collective(instr.opcode):
+                depth = max(depth, open_now + 1)
+            if instr.opcode in ASYNC_STARTS:
+                open_now += 1
+                any_async = True
+            elif instr.opcode.endswith("-done") and instr.opcode.replace("-done", "-start") in ASYNC_STARTS:
+                open_now = max(0, open_now - 1)
+    return depth, any_async
+
+
+def collective_state(ctx: Lowering) -> CollectiveState:
+    """The collective state of this compilation, created (and the semaphores reserved) on first use.
+
+    Raises:
+        CompileError: too few semaphores, or an earlier instruction already used the reserved ones.
+    """
+    # NOTE: kept as an attribute of the context object: the lowering context has no slot for per-rule state.
+    found = ctx.__dict__.get("_collective_state")
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    who = participants(ctx.module, ctx.config.ici.shape)
+    topology = system_topology(ctx.config.ici, who.devices)
+    axes = max(1, sum(1 for n in topology.shape if n > 1))
+    banks, any_async = _banks_needed(ctx.module)
+    per_bank = 1 + 2 * axes + (1 if any_async else 0)
+    total = ctx.config.core.semaphores
+    need = banks * per_bank
+    if need + 4 > total:
+        raise CompileError(
+            f"{ctx.hlo}: collectives on a {topology} system need {need} semaphores reserved for pushes from "
+            f"other chips plus 4 for local transfers, but a core has {total} (core.semaphores)"
+        )
+    reserved = list(range(total - 1, total - 1 - need, -1))
+    for i, ins in enumerate(ctx.stream.instructions):
+        used = {getattr(ins, "sem", None), getattr(ins, "dst_sem", None)}
+        clash = used & set(reserved)
+        if clash:
+            raise CompileError(
+                f"{ctx.hlo}: semaphore {min(clash)} is reserved for collectives, but instruction {i} before it "
+                f"({ins.hlo}) uses it; lower the program's semaphore pressure"
+            )
+    free: list[int] = ctx.__dict__["_free_sems"]
+    missing = [s for s in reserved if s not in free]
+    if missing:
+        raise CompileError(f"{ctx.hlo}: semaphores {missing} are held while collectives reserve them")
+    for s in reserved:
+        free.remove(s)
+    bank_list = []
+    for b in range(banks):
+        nums = reserved[b * per_bank : (b + 1) * per_bank]
+        bank_list.append(Bank(nums[0], tuple(nums[1 : 1 + 2 * axes]), nums[-1] if any_async else None))
+    state = CollectiveState(who, topology, bank_list)
+    ctx.__dict__["_collective_state"] = state
+    return state
+
+
+def is_collective(opcode: str) -> bool:
+    return opcode in _COLLECTIVES
+
+
+class Facts:
+    """Scalar registers holding per-chip facts for one collective (all chips run the same code)."""
+
+    def __init__(self, ctx: Lowering, state: CollectiveState) -> None:
+        self.ctx = ctx
+        self.state = state
+        self.me = ctx.register()
+        ctx.emit(ScalarAlu, fn="chip_id", dst=self.me)
+
+    def reg(self) -> Reg:
+        return self.ctx.register()
+
+    def alu(self, fn: str, dst: Reg, a: Reg | int, b: Reg | int | None = None) -> Reg:
+        self.ctx.emit(ScalarAlu, fn=fn, dst=dst, a=a, b=b)
+        return dst
+
+    def table(self, values: list[int], dst: Reg | None = None) -> Reg:
+        """A register holding ``values[chip]`` on each chip: affine in the chip id when it is, else a
+        branch-free select over the chips whose value differs from chip 0's."""
+        out = dst if dst is not None else self.reg()
+        n = len(values)
+        if n > 1 and all(values[c] - values[0] == c * (values[1] - values[0]) for c in range(n)):
+            self.alu("mul", out, self.me, values[1] - values[0])
+            return self.alu("add", out, out, values[0])
+        self.alu("mov", out, values[0])
+        t = self.reg()
+        for c, v in enumerate(values):
+            if c and v != values[0]:
+                self.alu("eq", t, self.me, c)
+                self.alu("mul", t, t, v - values[0])
+                self.alu("add", out, out, t)
+        self.ctx.release_register(t)
+        return out
+
+    def axis_position(self, ax: GroupAxis, dst: Reg | None = None) -> Reg:
+        """This chip's position on the ring of ``ax`` (its coordinate within the group's segment)."""
+        out = dst if dst is not None else self.reg()
+        self.alu("div", out, self.me, ax.stride)
+        self.alu("rem", out, out, ax.size)
+        return self.alu("rem", out, out, ax.length)
+
+    def axis_neighbor(self, ax: GroupAxis, pos: Reg, step: int, dst: Reg | None = None) -> Reg:
+        """The chip ``step`` places further along the ring of ``ax`` (modulo the segment)."""
+        out = dst if dst is not None else self.reg()
+        self.alu("add", out, pos, step % ax.length)
+        self.alu("rem", out, out, ax.length)
+        self.alu("sub", out, out, pos)
+        self.alu("mul", out, out, ax.stride)
+        return self.alu("add", out, out, self.me)
+
+    def handshake(self, bank: Bank, upstream: list[Reg], receivers: int) -> None:
+        """Tell each chip that will push to this one that it may (``ready``), then wait until every chip
+        this one pushes to (``receivers`` of them) has said so."""
+        for u in upstream:
+            self.ctx.emit(SemSignal, sem=bank.ready, count=1, chip=u)
+        if receivers:
+            self.ctx.emit(SemWait, sem=bank.ready, count=receivers)
+
+
+def push(ctx: Lowering, src: object, dst: object, chip: Reg, arrive: int, sem: int) -> None:
+    """A DMA into another chip's memory that signals ``arrive`` there and ``sem`` here when it lands."""
+    ctx.emit(DmaStart, src=src, dst=dst, chip=chip, dst_sem=arrive, sem=sem)
