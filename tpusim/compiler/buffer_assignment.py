@@ -2,7 +2,8 @@
 
 Which values share one buffer (an *alias class*):
 
-- a ``get-tuple-element``, ``tuple`` or ``opt-barrier`` result and the array leaves it forwards;
+- a ``get-tuple-element``, ``tuple`` or ``opt-barrier`` result and the array leaves it forwards, and a
+  ``reshape`` whose two layouts hold the elements at the same bytes;
 - the parameters of a ``call`` or ``conditional`` branch and the caller's operands;
 - a ``while`` loop's state: the loop result, the body's and the condition's parameters, and, when it is
   safe, the loop operand (if the loop is its last use) and the body's result (if the state it replaces
@@ -28,6 +29,7 @@ from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape, Layout, Shape, TupleShape
+from tpusim.memory.reinterpret import bytes_agree
 
 __all__ = ["ALIGNMENT", "ELEMENTWISE", "Buffer", "BufferAssignment", "OutOfMemoryError", "assign_buffers"]
 
@@ -275,6 +277,9 @@ class _Planner:
             for i, o in enumerate(instr.operands):
                 for path, _ in leaf_paths(comp[o].shape):
                     self.uf.union((c, o, path), (c, instr.name, (i, *path)))
+        elif op == "reshape" and bytes_agree(comp[instr.operands[0]].array_shape, instr.array_shape, row_major=True):
+            # A reshape that moves no byte (dimensions above the tiles merged or split): one buffer.
+            self.uf.union((c, instr.operands[0], ()), (c, instr.name, ()))
         elif op == "opt-barrier":
             for path, _ in leaf_paths(instr.shape):
                 self.uf.union((c, instr.operands[0], path), (c, instr.name, path))
@@ -432,7 +437,8 @@ class _Planner:
         at = 0
         for cls in classes.values():
             et = cls.shape.element_type
-            scalar = cls.shape.rank == 0 and (et.is_integer or et.name == "pred") and et.bits <= 32
+            scalar = all(self.shapes[m].rank == 0 for m in cls.members) and (et.is_integer or et.name == "pred")
+            scalar = scalar and et.bits <= 32
             if not scalar or cls.kind not in ("temporary", "loop-state") or cls.buffer is not None or at + 4 > limit:
                 continue
             first = cls.members[0]

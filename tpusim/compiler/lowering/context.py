@@ -21,7 +21,7 @@ from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.isa import FallbackKernel, MemRef, Reg, Space, StreamBuilder
-from tpusim.memory import Shape
+from tpusim.memory import Layout, Shape
 
 __all__ = ["CompileOptions", "Lowering", "Mark", "OpScope", "control_slice"]
 
@@ -167,9 +167,10 @@ class Lowering:
         """The home of leaf ``index`` of ``value`` in computation ``comp``: its HBM array, or, for an integer
         scalar buffer assignment put in SMEM, its SMEM word."""
         buf = self.buffers.buffer(comp, value, index)
-        if buf.space == "smem":
-            return MemRef(Space.SMEM, buf.offset, buf.shape)
-        return MemRef(Space.HBM, buf.offset, self.leaf_shape(comp, value, index))
+        shape = self.leaf_shape(comp, value, index)
+        if buf.space == "smem":  # a plain word, whatever the tiled layout the value was given
+            return MemRef(Space.SMEM, buf.offset, shape.with_layout(Layout.default(shape.rank)))
+        return MemRef(Space.HBM, buf.offset, shape)
 
     def leaf_shape(self, comp: str, value: str, index: tuple[int, ...] = ()) -> Shape:
         shape = self.module[comp][value].shape

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from math import prod
 
 import numpy as np
@@ -41,16 +40,13 @@ from tpusim.isa import (
     Window,
 )
 from tpusim.memory import Layout, Shape, geometry
+from tpusim.memory.reinterpret import bytes_agree, untiled
 
 __all__ = ["MAX_DMAS", "dma_pieces", "read_indices", "scalar_operand"]
 
 MAX_DMAS = 4096
 """Most DMAs one data-movement instruction may issue (a reverse of every lane, a stride-2 slice of a
 long dimension ...); beyond that the instruction falls back rather than flood the DMA queue."""
-
-_MEANING_CHECK_ELEMENTS = 1 << 22
-"""Bitcasts up to this many elements have their byte meaning compared element by element."""
-
 
 # --------------------------------------------------------------------------------------------- helpers
 def _window(ref: MemRef, offsets: tuple[int | Reg, ...], sizes: tuple[int, ...], clamp: bool = False) -> MemRef:
@@ -227,46 +223,6 @@ def lower_copy(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     _issue(ctx, pairs)
 
 
-def _untiled(shape: Shape, row_major: bool = False) -> Shape:
-    """``shape`` with only its dimension order (or the row-major order): the layout that defines what a
-    bitcast (or a reshape) means when no tiles are involved."""
-    order = Layout.default(shape.rank).minor_to_major if row_major else shape.effective_layout.minor_to_major
-    return shape.with_layout(Layout(order))
-
-
-def _same_tiling(src: Shape, dst: Shape) -> bool:
-    """Both row-major with the same tiles and the same tiled (most minor) dimensions: only dimensions major
-    to the tiles are merged or split, which leaves every byte in place."""
-    ls, ld = src.effective_layout, dst.effective_layout
-    if ls.tiles != ld.tiles or not ls.tiles or ls != replace(ld, minor_to_major=ls.minor_to_major):
-        return False
-    k = len(ls.tiles[0].dimensions)
-    default = Layout.default
-    return (
-        ls.minor_to_major == default(src.rank).minor_to_major
-        and ld.minor_to_major == default(dst.rank).minor_to_major
-        and min(src.rank, dst.rank) >= k
-        and src.dimensions[src.rank - k :] == dst.dimensions[dst.rank - k :]
-    )
-
-
-def _bytes_agree(src: Shape, dst: Shape, row_major: bool = False) -> bool | None:
-    """Whether reading ``src``'s tiled bytes as ``dst`` gives what the operation means: a bitcast of the
-    untiled layouts (their dimension orders only), or with ``row_major`` a reshape. None: too big to
-    compare element by element."""
-    gs, gd = geometry(src), geometry(dst)
-    if gs.element_bits != gd.element_bits or src.byte_size != dst.byte_size:
-        return False
-    same_physical = gs.physical_dims == gd.physical_dims and src.effective_layout.tiles == dst.effective_layout.tiles
-    if (same_physical and not row_major) or (src.element_type == dst.element_type and _same_tiling(src, dst)):
-        return True
-    if dst.element_count > _MEANING_CHECK_ELEMENTS:
-        return None
-    slot = geometry(_untiled(dst, row_major)).linear_map().reshape(-1)  # where each dst element sits untiled
-    source_index, _ = geometry(_untiled(src, row_major)).logical_index(slot)  # the src element at that slot
-    return bool(np.array_equal(gs.linear_index(source_index), gd.linear_map().reshape(-1)))
-
-
 def _rule_tiled(ctx: Lowering, shape: Shape) -> bool:
     layout = shape.effective_layout
     return ctx.rules.layout_for(shape.with_layout(Layout(layout.minor_to_major))) == layout
@@ -283,12 +239,12 @@ def lower_bitcast(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
     if _same_buffer(ctx, comp.name, instr.operands[0], instr.name):
         return
-    agree = _bytes_agree(src.shape, dst.shape)
+    agree = bytes_agree(src.shape, dst.shape)
     from_text = not (_rule_tiled(ctx, src.shape) and _rule_tiled(ctx, dst.shape))
     if agree or (from_text and src.shape.byte_size == dst.shape.byte_size):
         _issue(ctx, [(src, MemRef(Space.HBM, dst.address, src.shape))])  # the same bytes, byte for byte
         return
-    us, ud = _untiled(src.shape), _untiled(dst.shape)
+    us, ud = untiled(src.shape), untiled(dst.shape)
     if us.byte_size != ud.byte_size or geometry(us).element_bits % 8:
         raise NotLowerable(f"a bitcast from {src.shape} to {dst.shape} changes the byte size")
     gs, gd = geometry(us), geometry(ud)
@@ -309,14 +265,14 @@ def lower_reshape(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
     if _same_buffer(ctx, comp.name, instr.operands[0], instr.name):
         return
-    if _bytes_agree(src.shape, dst.shape, row_major=True):
+    if bytes_agree(src.shape, dst.shape, row_major=True):
         _issue(ctx, [(src, MemRef(Space.HBM, dst.address, src.shape))])
         return
     if _try(ctx, lambda: lower_vector(ctx, comp, instr)):
         return
-    scratch = ctx.scratch(_untiled(src.shape, row_major=True))
+    scratch = ctx.scratch(untiled(src.shape, row_major=True))
     _issue(ctx, [(src, scratch)])
-    _issue(ctx, [(MemRef(Space.HBM, scratch.address, _untiled(dst.shape, row_major=True)), dst)])
+    _issue(ctx, [(MemRef(Space.HBM, scratch.address, untiled(dst.shape, row_major=True)), dst)])
 
 
 # --------------------------------------------------------------------------------------------- reverse

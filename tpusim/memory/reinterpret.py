@@ -1,0 +1,60 @@
+"""When two shapes hold their elements at the same bytes: reshapes and bitcasts that move no byte.
+
+A reshape (row-major meaning) or a bitcast (the meaning the layouts' dimension orders give) between two
+tiled layouts is free when reading the first array's bytes as the second gives what the operation means.
+Buffer assignment then lets the two values share one buffer, and the lowering emits nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from tpusim.memory.shape import Layout, Shape
+from tpusim.memory.tiling import geometry
+
+__all__ = ["MEANING_CHECK_ELEMENTS", "bytes_agree", "same_tiling", "untiled"]
+
+MEANING_CHECK_ELEMENTS = 1 << 22
+"""Shapes up to this many elements have their byte meaning compared element by element."""
+
+
+def untiled(shape: Shape, row_major: bool = False) -> Shape:
+    """``shape`` with only its dimension order (or the row-major order): the layout that defines what a
+    bitcast (or a reshape) means when no tiles are involved."""
+    order = Layout.default(shape.rank).minor_to_major if row_major else shape.effective_layout.minor_to_major
+    return shape.with_layout(Layout(order))
+
+
+def same_tiling(src: Shape, dst: Shape) -> bool:
+    """Both row-major with the same tiles and the same tiled (most minor) dimensions: only dimensions major
+    to the tiles are merged or split, which leaves every byte in place."""
+    ls, ld = src.effective_layout, dst.effective_layout
+    if ls.tiles != ld.tiles or not ls.tiles or ls != replace(ld, minor_to_major=ls.minor_to_major):
+        return False
+    k = len(ls.tiles[0].dimensions)
+    default = Layout.default
+    return (
+        ls.minor_to_major == default(src.rank).minor_to_major
+        and ld.minor_to_major == default(dst.rank).minor_to_major
+        and min(src.rank, dst.rank) >= k
+        and src.dimensions[src.rank - k :] == dst.dimensions[dst.rank - k :]
+    )
+
+
+def bytes_agree(src: Shape, dst: Shape, row_major: bool = False) -> bool | None:
+    """Whether reading ``src``'s tiled bytes as ``dst`` gives what the operation means: a bitcast of the
+    untiled layouts (their dimension orders only), or with ``row_major`` a reshape. None: too big to compare
+    element by element."""
+    gs, gd = geometry(src), geometry(dst)
+    if gs.element_bits != gd.element_bits or src.byte_size != dst.byte_size:
+        return False
+    same_physical = gs.physical_dims == gd.physical_dims and src.effective_layout.tiles == dst.effective_layout.tiles
+    if (same_physical and not row_major) or (src.element_type == dst.element_type and same_tiling(src, dst)):
+        return True
+    if dst.element_count > MEANING_CHECK_ELEMENTS:
+        return None
+    slot = geometry(untiled(dst, row_major)).linear_map().reshape(-1)  # where each dst element sits untiled
+    source_index, _ = geometry(untiled(src, row_major)).logical_index(slot)  # the src element at that slot
+    return bool(np.array_equal(gs.linear_index(source_index), gd.linear_map().reshape(-1)))
