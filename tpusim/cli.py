@@ -110,6 +110,10 @@ def _run_run(args: argparse.Namespace) -> int:
     from tpusim.compiler.hlo.reference.io import run_reference_command
 
     if args.reference:
+        clash = [flag for flag, on in (("--report", args.report is not None), ("--check", args.check),
+                                        ("--timing-only", args.timing_only)) if on]  # fmt: skip
+        if clash:
+            raise TpusimError(f"--reference runs only the numpy oracle; it cannot be combined with {', '.join(clash)}")
         return run_reference_command(args)
     import time
 
@@ -230,6 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
         print(f"tpusim {args.command}: cannot open {err.filename}: {err.strerror}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (`tpusim run ... | head`): stop quietly
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -56,7 +56,26 @@ def _cubic(instr: Instruction, operands: list[AnyShape]) -> int:
     return _elements(shape) * n
 
 
+def _dot_flops(instr: Instruction, operands: list[AnyShape]) -> int:
+    """2 x (result elements) x (contracted length): a multiply and an add per product."""
+    lhs = operands[0]
+    assert isinstance(lhs, Shape)
+    k = prod(lhs.dimensions[d] for d in instr.attr("lhs_contracting_dims", ()))
+    return 2 * _elements(instr.shape) * k
+
+
+def _conv_flops(instr: Instruction, operands: list[AnyShape]) -> int:
+    """2 x (result elements) x (kernel elements per output feature)."""
+    kernel = operands[1]
+    assert isinstance(kernel, Shape)
+    labels = instr.attr("dim_labels")
+    out_features = kernel.dimensions[labels.kernel_output_feature] if labels is not None else 1
+    return 2 * _elements(instr.shape) * (kernel.element_count // max(1, out_features))
+
+
 FLOP_ESTIMATES: dict[str, Callable[[Instruction, list[AnyShape]], int]] = {
+    "dot": _dot_flops,
+    "convolution": _conv_flops,
     "sort": _sort_flops,
     "topk": _sort_flops,
     "fft": _fft_flops,
