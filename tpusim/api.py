@@ -13,8 +13,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ class SimulationResult:
         compiled: the compiled program (module as lowered, buffers, fallbacks, relayouts).
         run: the device model's result (trace, memories, events).
         tree: for :func:`simulate_jax`, the outputs in the function's own structure.
+        compile_seconds: wall time compiling (0 when given a compiled program).
+        run_seconds: wall time simulating (placing inputs, running the device model, reading outputs).
     """
 
     outputs: tuple[np.ndarray, ...]
@@ -55,6 +58,8 @@ class SimulationResult:
     compiled: CompiledProgram
     run: RunResult
     tree: Any = field(default=None, compare=False)
+    compile_seconds: float = 0.0
+    run_seconds: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -169,10 +174,12 @@ def simulate(
             program, inputs, chips=chips, topology=topology, config=config, overrides=overrides,
             options=options, timing_only=timing_only, seed=seed,
         )  # fmt: skip
+    began = time.perf_counter()
     if isinstance(program, CompiledProgram):
         compiled = program
     else:
         compiled = compile_module(load_program(program), _config(config, overrides), options)
+    compiled_at = time.perf_counter()
     module = compiled.source
     declared = module.replica_count * module.num_partitions
     if declared > 1:
@@ -188,7 +195,9 @@ def simulate(
         compiled.program, placed, timing_only=timing_only, fallback_evaluator=_evaluator(host or Host())
     )
     outputs = () if timing_only else tuple(run.read(f"out{j}") for j in range(len(compiled.outputs)))
-    return SimulationResult(outputs, run.cycles, compiled, run)
+    done = time.perf_counter()
+    compile_seconds = compiled_at - began if not isinstance(program, CompiledProgram) else 0.0
+    return SimulationResult(outputs, run.cycles, compiled, run, None, compile_seconds, done - compiled_at)
 
 
 def _evaluator(host: Host) -> Callable[[str, list[np.ndarray]], list[np.ndarray]]:
@@ -214,7 +223,7 @@ def simulate_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Simulatio
     leaves = [np.asarray(a) for a in jax.tree.leaves(args)]
     result = simulate(module, leaves, **kwargs)
     tree = jax.tree.unflatten(lowered.out_tree, list(result.outputs)) if result.outputs else None
-    return SimulationResult(result.outputs, result.cycles, result.compiled, result.run, tree)
+    return replace(result, tree=tree)
 
 
 # ---------------------------------------------------------------------------------------------------------

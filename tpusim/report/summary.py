@@ -40,8 +40,10 @@ def format_summary(result: SimulationResult, wall_seconds: float, checks: Sequen
     lines = [
         f"program {compiled.source.name} on {cfg.name} ({cfg.clock_hz / 1e9:.2f} GHz): {result.cycles:,} cycles "
         f"= {result.seconds * 1e6:,.2f} us; {result.instructions:,} instructions executed "
-        f"({compiled.program.instruction_count:,} in the program); simulated in {wall_seconds:.2f} s "
-        f"({result.instructions / max(wall_seconds, 1e-9):,.0f} instructions/s)",
+        f"({compiled.program.instruction_count:,} in the program)",
+        f"compiled in {result.compile_seconds:.2f} s, simulated in {result.run_seconds:.2f} s "
+        f"({result.instructions / max(result.run_seconds, 1e-9):,.0f} instructions/s); "
+        f"{wall_seconds:.2f} s in all",
         "",
         f"units (busy share of {result.cycles:,} cycles):",
     ]
