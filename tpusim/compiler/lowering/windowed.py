@@ -363,7 +363,10 @@ class _SelectAndScatter:
         pick = ctx.vmem(rows.shape(_window_dims(axes, work)))
         pick_tap = ctx.vmem(self.idx_rows.shape(_window_dims(axes, work)))
         have, take = (ctx.vmem(self.pred_rows.shape(_window_dims(axes, work))) for _ in range(2))
-        kernel = list(product(*(range(a.taps) for a in axes)))
+        # Taps in XLA's order (row-major over the operand's own dimensions), which decides ties; each as
+        # canonical-order offsets.
+        logical = product(*(range(a.taps) for a in self.axes_hbm))
+        kernel = [tuple(k[d] for d in self.order) for k in logical]
 
         def load(i: int, slot: int, sem: int) -> int:
             block, st, _ = plans[i]
@@ -435,11 +438,14 @@ class _SelectAndScatter:
                 dst = MemRef(acc.space, acc.address, acc.shape, win)
                 ctx.emit(VpuFused, dst=dst, srcs=(dst, p_tap, src, Const(t, _S32), self.identity), ops=steps)
             size = [hi - lo for lo, hi in result]
-            results.finish(slot, st.extent, size, [lo - s for (lo, _), s in zip(result, st.lo)])
+            if min(size) > 0:  # (a block whose windows all lie in the padding owns no part of the result)
+                results.finish(slot, st.extent, size, [lo - s for (lo, _), s in zip(result, st.lo)])
 
         def store(i: int, slot: int, sem: int) -> int:
             _, st, result = plans[i]
             size = [hi - lo for lo, hi in result]
+            if min(size) == 0:
+                return 0
             local = [lo - s for (lo, _), s in zip(result, st.lo)]
             return results.store(slot, sem, st.extent, [lo for lo, _ in result], size, local)
 
