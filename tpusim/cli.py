@@ -94,6 +94,10 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="compare the outputs with the reference interpreter")
     p.add_argument("--reference", action="store_true", help="run only the reference interpreter (the numpy oracle)")
     p.add_argument("--replicas", type=int, default=None, help="with --reference: devices to run (replicas/partitions)")
+    p.add_argument("--chips", type=int, default=None,
+                   help="run on N chips (an SPMD per-device module or N replicas); inputs and outputs get a leading "
+                        "axis of N")
+    p.add_argument("--topology", default=None, help="the chips' grid, e.g. 2x4 (default: ici.shape or one for --chips)")
     from tpusim.report.command import add_report_argument
 
     add_report_argument(p)
@@ -115,6 +119,8 @@ def _run_run(args: argparse.Namespace) -> int:
         if clash:
             raise TpusimError(f"--reference runs only the numpy oracle; it cannot be combined with {', '.join(clash)}")
         return run_reference_command(args)
+    if args.chips is not None or args.topology is not None:
+        return _run_chips(args)
     import time
 
     import numpy as np
@@ -147,6 +153,58 @@ def _run_run(args: argparse.Namespace) -> int:
         from tpusim.report.command import write_run_report
 
         write_run_report(args, result, wall)
+    if args.out is not None and result.outputs:
+        save_outputs(args.out, [np.asarray(o) for o in result.outputs])
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 1 if checks is not None and not all(c.ok for c in checks) else 0
+
+
+def _run_chips(args: argparse.Namespace) -> int:
+    """``tpusim run PROGRAM --chips N [--topology AxB]``: every input and output has a leading chip axis."""
+    import time
+
+    import numpy as np
+
+    from tpusim.api import load_program, simulate
+    from tpusim.compiler.hlo.reference import evaluate_spmd
+    from tpusim.compiler.hlo.reference.io import load_inputs, random_inputs, save_outputs, stack_devices
+    from tpusim.config import load_config
+    from tpusim.report.links import format_links
+    from tpusim.report.summary import format_summary, program_precision
+    from tpusim.topology import parse_topology, system_topology
+
+    module = load_program(args.program)
+    config = load_config(args.config, overrides=args.overrides)
+    shape = parse_topology(args.topology) if args.topology else None
+    declared = module.replica_count * module.num_partitions
+    topo = system_topology(config.ici, args.chips or (None if shape else declared), shape)
+    n = topo.chips
+    per_device = load_inputs(args.inputs, module, n) if args.inputs else random_inputs(module, args.seed, n)
+
+    def stack(values: list):  # type: ignore[no-untyped-def,type-arg]
+        first = values[0]
+        return tuple(stack([v[j] for v in values]) for j in range(len(first))) if isinstance(first, tuple) else (
+            np.stack([np.asarray(v) for v in values]))  # fmt: skip
+
+    inputs = [stack([d[i] for d in per_device]) for i in range(len(per_device[0]))]
+    began = time.perf_counter()
+    result = simulate(
+        module, inputs, config=config, options=_options(args), timing_only=args.timing_only, chips=n,
+        topology=topo.shape,
+    )  # fmt: skip
+    wall = time.perf_counter() - began
+    checks = None
+    if args.check and not args.timing_only:
+        from tpusim.check import compare_outputs, emulate_one_pass
+
+        precision = program_precision(result.compiled)
+        exact = frozenset(name for _, name, opcode, _ in result.compiled.fallbacks if opcode in ("dot", "convolution"))
+        oracle = emulate_one_pass(module, exact) if precision == "bf16" else module
+        reference = stack_devices(evaluate_spmd(oracle, per_device, num_devices=n))
+        checks = compare_outputs(result.outputs, reference, precision)
+    print(format_summary(result, wall, checks))
+    print()
+    print(format_links(result))
     if args.out is not None and result.outputs:
         save_outputs(args.out, [np.asarray(o) for o in result.outputs])
         print(f"wrote {args.out}", file=sys.stderr)
