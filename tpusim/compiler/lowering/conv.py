@@ -11,12 +11,15 @@ innermost whole, at most what the MXU result buffers hold); for each block:
    for the whole block are one window of that view (see :mod:`.staging`). Padding is a zero-filled region.
 2. For each chunk of the contraction ``(tap, feature)``, one VPU instruction per tap copies the tap's window
    into a VMEM *LHS block* ``[M, Kc]`` (rows: the block's output positions; columns: consecutive taps'
-   features side by side, so small feature counts fill the MXU's K). Two LHS blocks alternate, so the VPU
-   builds the next chunk while the MXUs stream this one.
-3. Each ``rows x cols`` weight tile of the kernel (staged once in VMEM as ``[taps * features, out features]``)
-   is latched and the LHS rows stream through, accumulating all chunks in the MXU result buffer. Output
-   feature tiles go to different MXUs; when there are fewer tiles than MXUs, the rows are split across them.
-4. The results are popped into a VMEM output block and DMA'd to the output in its layout.
+   features side by side, so small feature counts fill the MXU's K). Three LHS blocks rotate, so the VPU
+   builds the next chunks while the MXUs stream (and drain) this one.
+3. Each ``rows x cols`` weight tile of the kernel (staged once per group in VMEM as ``[taps * features, out
+   features]``, the next group's while this one runs) is latched and the LHS rows stream through,
+   accumulating all chunks in the MXU result buffer. Output feature tiles go to different MXUs; when there
+   are fewer tiles than MXUs, the rows are split across them.
+4. The results are popped into a 2-D VMEM block, moved into the output block and DMA'd to the output in its
+   layout. The next block's first LHS chunk is emitted before these pops, so the VPU builds it while the
+   MXUs drain.
 
 Base (lhs) dilation: outputs ``o = q + L*a`` of one *phase* ``q`` see a fixed subset of taps (the others
 land in holes), so each phase is its own matmul with only its taps (and a packed copy of their kernel
@@ -124,6 +127,8 @@ class _Conv:
 
 
 def _parse(instr: Instruction, lhs: Shape, rhs: Shape, out: Shape, rows: int, cols: int) -> _Conv:
+    """The geometry of ``instr`` and its chunks (groups packed block-diagonally when that takes fewer MXU
+    passes of a ``rows x cols`` array than one convolution per group)."""
     dn = instr.attr("dim_labels")
     if not isinstance(dn, ConvDims):
         raise NotLowerable("a convolution without dim_labels")
