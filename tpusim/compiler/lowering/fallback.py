@@ -73,8 +73,18 @@ def _conv_flops(instr: Instruction, operands: list[AnyShape]) -> int:
     return 2 * _elements(instr.shape) * (kernel.element_count // max(1, out_features))
 
 
+def _window_flops(instr: Instruction, operands: list[AnyShape]) -> int:
+    """One operation per window tap per output (select-and-scatter: per source element, a select and an add)."""
+    window = instr.attr("window")
+    taps = prod(d.size for d in window.dims) if window is not None else 1
+    counted = operands[1] if instr.opcode == "select-and-scatter" else instr.shape
+    return taps * _elements(counted) * (2 if instr.opcode == "select-and-scatter" else 1)
+
+
 FLOP_ESTIMATES: dict[str, Callable[[Instruction, list[AnyShape]], int]] = {
     "dot": _dot_flops,
+    "reduce-window": _window_flops,
+    "select-and-scatter": _window_flops,
     "convolution": _conv_flops,
     "sort": _sort_flops,
     "topk": _sort_flops,
