@@ -129,3 +129,28 @@ def test_a_body_result_in_another_layout_gets_a_relayout_copy() -> None:
     copy = body[relayout.name]
     assert copy.opcode == "copy" and str(copy.shape) == "f32[16,256]{1,0:T(8,128)}"
     assert body.root_instruction.shape == result.module["main"]["w"].shape
+
+
+def test_dot_operands_put_batch_dimensions_most_major() -> None:
+    # JAX prints the default order on every shape of a module not yet laid out; like XLA's layout assignment,
+    # tpusim chooses those orders: per-head attention operands keep each head's rows in whole tiles.
+    text = """
+HloModule heads
+ENTRY main {
+  q = bf16[2,128,4,64]{3,2,1,0} parameter(0)
+  k = bf16[2,128,4,64]{3,2,1,0} parameter(1)
+  qn = bf16[2,128,4,64]{3,2,1,0} negate(q)
+  kn = bf16[2,128,4,64]{3,2,1,0} negate(k)
+  ROOT s = f32[2,4,128,128]{3,2,1,0} dot(qn, kn), lhs_batch_dims={0,2}, rhs_batch_dims={0,2},
+      lhs_contracting_dims={3}, rhs_contracting_dims={3}
+}
+"""
+    module = assign_layouts(parse_module(text), RULES).module
+    main = module["main"]
+    assert str(main["qn"].shape) == "bf16[2,128,4,64]{3,1,2,0:T(8,128)(2,1)}"
+    assert str(main["kn"].shape) == "bf16[2,128,4,64]{3,1,2,0:T(8,128)(2,1)}"
+    assert str(main["q"].shape) == "bf16[2,128,4,64]{3,2,1,0:T(4,128)(2,1)}"  # parameters keep the header's order
+    # A module with tiles has been laid out already: its orders are kept.
+    tiled = text.replace("{3,2,1,0} negate", "{3,2,1,0:T(4,128)(2,1)} negate")
+    kept = assign_layouts(parse_module(tiled), RULES).module["main"]
+    assert str(kept["qn"].shape) == "bf16[2,128,4,64]{3,2,1,0:T(4,128)(2,1)}"

@@ -4,7 +4,11 @@ Rules, in order of precedence:
 
 1. A layout written in the HLO text with tiles is kept as written; one with only ``minor_to_major`` keeps
    that order and takes its tiles from the rule set. The entry computation's parameters and result follow
-   the module header's ``entry_computation_layout`` where it gives tiles.
+   the module header's ``entry_computation_layout`` where it gives tiles. In a module not yet laid out (no
+   tiles anywhere: JAX's lowering, which prints the default order on every shape as a placeholder), the
+   order of the other values is the compiler's to choose, as in XLA's layout assignment: the default order,
+   except that an operand of ``dot`` puts its batch dimensions most major (the per-head arrays of attention
+   then keep each head's rows and columns in whole tiles).
 2. Values that are the same buffer share one layout: a ``get-tuple-element`` has its tuple element's layout,
    a ``tuple`` its operands'; the parameters of a ``while`` body and condition, of ``call`` and
    ``conditional`` branches and of fusion computations take their caller's operand layouts.
@@ -23,7 +27,7 @@ from dataclasses import dataclass, replace
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, ProgramShape
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.errors import TpusimError
-from tpusim.memory import AnyShape, Shape, TupleShape
+from tpusim.memory import AnyShape, Layout, Shape, TupleShape
 
 __all__ = ["LayoutAssignment", "Relayout", "assign_layouts"]
 
@@ -93,6 +97,9 @@ class _Assigner:
         self.root_shapes: dict[str, AnyShape] = {}
         self.relayouts: list[Relayout] = []
         self.done: dict[str, Computation] = {}
+        # A module without any tile has not been laid out: its intermediate orders are placeholders.
+        self.free_orders = not any(_has_tiles(i.shape) for c in module.computations for i in c.instructions)
+        self.preferred = _dot_operand_orders(module) if self.free_orders else {}
 
     def run(self) -> LayoutAssignment:
         entry = self.module.entry_computation
@@ -128,6 +135,7 @@ class _Assigner:
         return [self.module[n] for n in reversed(order)]
 
     def _assign(self, comp: Computation) -> Computation:
+        self.current = comp.name
         shapes: dict[str, AnyShape] = {}
         out: list[Instruction] = []
         required_params = self.param_shapes.get(comp.name)
@@ -163,6 +171,9 @@ class _Assigner:
             return TupleShape(tuple(shapes[o] for o in instr.operands))
         if op == "while":
             return shapes[instr.operands[0]]
+        if self.free_orders and isinstance(instr.shape, Shape) and op != "parameter":
+            order = self.preferred.get((self.current, instr.name), Layout.default(instr.shape.rank).minor_to_major)
+            return instr.shape.with_layout(self.rules.layout_for(instr.shape, order))
         return _with_rule_layout(instr.shape, self.rules)
 
     def _match_callees(
@@ -217,6 +228,33 @@ class _Assigner:
         out.append(Instruction(name, "tuple", want, tuple(parts), Attributes()))
         shapes[name] = want
         return name
+
+
+def _has_tiles(shape: AnyShape) -> bool:
+    if isinstance(shape, TupleShape):
+        return any(_has_tiles(e) for e in shape.elements)
+    return shape.layout is not None and bool(shape.layout.tiles)
+
+
+def _dot_operand_orders(module: Module) -> dict[tuple[str, str], tuple[int, ...]]:
+    """``minor_to_major`` for values used as dot operands: batch dimensions most major, the others in their
+    order. A value two dots want in different orders keeps the default."""
+    wanted: dict[tuple[str, str], tuple[int, ...] | None] = {}
+    for comp in module.computations:
+        for instr in comp.instructions:
+            if instr.opcode != "dot":
+                continue
+            for operand, batch in zip(
+                instr.operands, (instr.attr("lhs_batch_dims", ()), instr.attr("rhs_batch_dims", ()))
+            ):
+                shape = comp[operand].shape
+                if not isinstance(shape, Shape) or not batch:
+                    continue
+                physical = (*batch, *(d for d in range(shape.rank) if d not in batch))
+                order = tuple(reversed(physical))
+                key = (comp.name, operand)
+                wanted[key] = order if wanted.get(key, order) == order else None
+    return {k: v for k, v in wanted.items() if v is not None}
 
 
 def _prefer_tiled(header: AnyShape, text: AnyShape) -> AnyShape:
