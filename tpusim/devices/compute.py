@@ -14,39 +14,45 @@ from typing import TYPE_CHECKING, Any
 from tpusim.devices.units import Access
 
 if TYPE_CHECKING:
-    from tpusim.devices.core import Core, Decoded
+    from tpusim.devices.core import Core
+    from tpusim.devices.decode import Decoded
 
 __all__ = ["issue_compute", "issue_mxu_fast", "issue_vpu_static"]
 
 
 def issue_compute(core: Core, d: Decoded, t: int) -> Any:
     ins = d.ins
+    numeric = d.numeric
+    reads: tuple[Access, ...] = ()
+    writes: tuple[Access, ...] = ()
     if d.static:
-        reads, writes, rr, rw, cost = d.reads, d.writes, d.rr, d.rw, d.cost
-    elif d.extra is not None and not (core.numeric or ins.control):
+        rr, rw, cost = d.rr, d.rw, d.cost
+        if numeric:
+            reads, writes = core.bind(d)
+    elif d.extra is not None and not numeric:
         # NOTE: speed. Operands that differ only by base registers, no numbers needed: ranges in place.
         regs = core.regs
         rl: list[Any] = []
         wl: list[Any] = []
-        for store, address, base, lo, hi, top, is_write in d.extra:
+        for key, address, base, lo, hi, top, is_write in d.extra:
             a = address if base < 0 else address + regs[base]
             if a < 0 or a > top:
                 core.resolve_all(d)  # raises the addressing error
-            (wl if is_write else rl).append((store, a + lo, a + hi))
-        rr, rw, reads, writes, cost = tuple(rl), tuple(wl), (), (), d.cost
+            (wl if is_write else rl).append((key, a + lo, a + hi))
+        rr, rw, cost = tuple(rl), tuple(wl), d.cost
     else:
         i = d.index
         cost = d.cost
-        need_access = cost is None or core.numeric or ins.control
+        need_access = cost is None or numeric
         rl, wl, ra, wa = [], [], [], []  # type: ignore[var-annotated]
         for p in d.plans_r:
             store, address, offsets, lo, hi, _, _ = core.resolve(p, i)
-            rl.append((store, lo, hi))
+            rl.append((p.key, lo, hi))
             if need_access:
                 ra.append(Access(store, p.space, address, p.shape, offsets, p.sizes, lo, hi))
         for p in d.plans_w:
             store, address, offsets, lo, hi, _, _ = core.resolve(p, i)
-            wl.append((store, lo, hi))
+            wl.append((p.key, lo, hi))
             if need_access:
                 wa.append(Access(store, p.space, address, p.shape, offsets, p.sizes, lo, hi))
         rr, rw, reads, writes = tuple(rl), tuple(wl), tuple(ra), tuple(wa)
@@ -54,7 +60,7 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
             cost = d.cost_fn(core.cfg, ins, reads, writes)
     need, dma = core.scoreboard.check(t, rr, rw)
     if dma is not None:
-        return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
+        return core.block(d, "waits for {}, which touches its operands", dma.wait_event(), dma)
     assert cost is not None
     kind = cost.unit
     flops = cost.flops
@@ -88,50 +94,58 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
         core.max_end = end
     core.scoreboard.add(rr, rw, end)
     core.records.append((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))
-    if core.numeric or ins.control:
+    if numeric:
         d.spec.execute(core, ins, reads, writes)  # type: ignore[union-attr]
     core.pc = d.index + 1
     return t + 1
 
 
 def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Any:
-    """``issue_compute`` for an MXU instruction in a timing-only run whose operand needs at most a base register
-    (chosen at decode; instructions flagged ``control`` keep the generic handler).
+    """``issue_compute`` for an MXU instruction whose one operand needs at most a base register (chosen at
+    decode).
 
     NOTE: speed. MXU instructions dominate matmul loops; same rules as issue_compute, fewer branches.
     """
-    ins = d.ins
     if d.static:
-        rr, rw = d.rr, d.rw
+        key, lo, hi, is_write, rng = d.fast
     else:
-        store, address, base, lo, hi, top, is_write = d.extra[0]
+        key, address, base, lo, hi, top, is_write = d.extra[0]
         a = address if base < 0 else address + core.regs[base]
         if a < 0 or a > top:
             core.resolve_all(d)  # raises the addressing error
-        rng = ((store, a + lo, a + hi),)
-        rr, rw = ((), rng) if is_write else (rng, ())
+        lo += a
+        hi += a
+        rng = (key, lo, hi)
     sb = core.scoreboard
     if sb.horizon <= t and not sb.dmas:
         need = t
     else:
-        need, dma = sb.check(t, rr, rw)
+        need, dma = sb.check_one(t, key, lo, hi, is_write)
         if dma is not None:
-            return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
-    q = d.queue
+            return core.block(d, "waits for {}, which touches its operands", dma.wait_event(), dma)
+    mxu, q, unit = core.mxu_ctx[d.mxu]
     if len(q) == q.maxlen and q[0] > t:
         t = q[0]
     cost = d.cost
-    start, end, flops = d.sched(ins, t, need, cost, core, d.index)
+    start, end, flops = d.sched(mxu, d.mx, t, need, cost, core, d.index)
     q.append(start)
     if end > core.max_end:
         core.max_end = end
     # sb.add, inlined: the one range this instruction reads or writes
     if end > sb.horizon:
         sb.horizon = end
-    table, key = (sb.writers, rw[0]) if rw else (sb.readers, rr[0])
-    if table.get(key, -1) < end:
-        table[key] = end
-    core.records.append((core.stream_id, d.index, d.unit_id, core.first_try, start, end, cost.nbytes, flops))  # type: ignore[union-attr]
+    table = sb.writers if is_write else sb.readers
+    if table.get(rng, -1) < end:
+        table[rng] = end
+    core.records.append((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))  # type: ignore[union-attr]
+    if d.numeric:
+        if d.static:
+            reads, writes = core.bind(d)
+        else:
+            p = (d.plans_w or d.plans_r)[0]
+            acc = (Access(core.stores[p.space], p.space, a, p.shape, p.offsets, p.sizes, lo, hi),)
+            reads, writes = ((), acc) if is_write else (acc, ())
+        d.spec.execute(core, d.ins, reads, writes)  # type: ignore[union-attr]
     core.pc = d.index + 1
     return t + 1
 
@@ -148,7 +162,7 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Any:
     else:
         need, dma = sb.check(t, rr, rw)
         if dma is not None:
-            return core.block(d, f"waits for {dma.describe()}, which touches its operands", dma.wait_event())
+            return core.block(d, "waits for {}, which touches its operands", dma.wait_event(), dma)
     q = core.vpu_queue
     if len(q) == q.maxlen and q[0] > t:
         t = q[0]
@@ -176,7 +190,8 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Any:
             cost.flops,  # type: ignore[union-attr]
         )
     )
-    if core.numeric or d.ins.control:
-        d.spec.execute(core, d.ins, d.reads, d.writes)  # type: ignore[union-attr]
+    if d.numeric:
+        reads, writes = core.bind(d)
+        d.spec.execute(core, d.ins, reads, writes)  # type: ignore[union-attr]
     core.pc = d.index + 1
     return t + 1

@@ -30,71 +30,24 @@ from tpusim.devices import mxu as _mxu  # noqa: F401  (registers the MXU specs)
 from tpusim.devices import scalar as _scalar  # noqa: F401  (registers scalar and control handlers)
 from tpusim.devices import sync as _sync  # noqa: F401  (registers semaphore and barrier handlers)
 from tpusim.devices import vpu as _vpu  # noqa: F401  (registers the VPU and XLU specs)
-from tpusim.devices.compute import issue_compute, issue_mxu_fast, issue_vpu_static
+from tpusim.devices.compute import issue_compute
+from tpusim.devices.decode import Decoded, DecodedStream, OperandPlan, decoded_stream
 from tpusim.devices.dma import DmaEngines, issue_dma
-from tpusim.devices.fallback import fallback_cost
 from tpusim.devices.hazards import Scoreboard
-from tpusim.devices.memory import affine, window_extent
+from tpusim.devices.memory import window_extent
 from tpusim.devices.mxu import MxuState
-from tpusim.devices.units import COMPUTE, HANDLERS, Access, Cost, ExecutionError, Handler, handles
-from tpusim.isa import DmaStart, Fallback, MemRef, Reg, Space, format_instruction
+from tpusim.devices.units import COMPUTE, Access, ExecutionError, handles
+from tpusim.isa import DmaStart, MemRef, Space, format_instruction
 
 if TYPE_CHECKING:
     from tpusim.devices.chip import ChipState
-    from tpusim.isa import Instruction, Stream
+    from tpusim.isa import Stream
 
 __all__ = ["Core", "DeadlockError", "Decoded"]
 
 
 class DeadlockError(ExecutionError):
     """The event queue ran dry while a core still had instructions to run."""
-
-
-class Decoded:
-    """One instruction prepared for issue: its handler and whatever can be computed before the run."""
-
-    __slots__ = (
-        "cost",
-        "cost_fn",
-        "extra",
-        "handler",
-        "index",
-        "ins",
-        "plans_r",
-        "plans_w",
-        "queue",
-        "read_refs",
-        "reads",
-        "rr",
-        "rw",
-        "sched",
-        "spec",
-        "static",
-        "unit_id",
-        "write_refs",
-        "writes",
-    )
-
-    def __init__(self, ins: Instruction, index: int) -> None:
-        self.ins: Any = ins  # (Any: each handler knows its instruction class)
-        self.index = index
-        self.handler: Handler = HANDLERS[type(ins)]
-        self.spec = COMPUTE.get(type(ins))
-        self.static = False
-        self.reads: tuple[Access, ...] = ()
-        self.writes: tuple[Access, ...] = ()
-        self.rr: tuple[Any, ...] = ()
-        self.rw: tuple[Any, ...] = ()
-        self.read_refs: tuple[MemRef, ...] = ()
-        self.write_refs: tuple[MemRef, ...] = ()
-        self.plans_r: tuple[_OperandPlan, ...] = ()
-        self.plans_w: tuple[_OperandPlan, ...] = ()
-        self.cost: Cost | None = None
-        self.cost_fn: Any = None
-        self.extra: Any = None  # a handler's per-instruction cache
-        self.sched: Any = None  # MXU instructions: the bound timing method of their MXU
-        self.queue: Any = None  # MXU instructions: their MXU's FIFO of start cycles
-        self.unit_id = -1
 
 
 class Core:
@@ -108,12 +61,14 @@ class Core:
     """
 
     __slots__ = (
-        "_operands",
         "barrier_event",
         "blocked",
+        "bound",
+        "cache",
         "cfg",
         "chip",
         "decoded",
+        "decoding",
         "dma",
         "env",
         "fallback_free",
@@ -123,6 +78,7 @@ class Core:
         "index",
         "jumps",
         "max_end",
+        "mxu_ctx",
         "mxu_queues",
         "mxu_units",
         "mxus",
@@ -140,7 +96,6 @@ class Core:
         "stream",
         "stream_id",
         "system",
-        "texts",
         "unit",
         "vmem",
         "vpu_free",
@@ -184,17 +139,21 @@ class Core:
         self.scalar_unit = self.unit["scalar"]
         self.xlu_units = [system.unit_id(f"{name}.xlu{i}") for i in range(cfg.xlu.count)]
         self.mxu_units = [system.unit_id(f"{name}.mxu{i}") for i in range(cfg.mxu.count)]
+        # per MXU: its state, its FIFO of start cycles and its trace unit id (for issue_mxu_fast)
+        self.mxu_ctx = list(zip(self.mxus, self.mxu_queues, self.mxu_units))
         self.dma = DmaEngines(self)
         self.pc = 0
         self.first_try = 0  # cycle the current instruction was first tried (for stalls in the trace)
-        self.blocked: tuple[int, str] | None = None
+        self.blocked: tuple[int, str, tuple[Any, ...]] | None = None  # see block
         self.finished = False
         self.final_cycle = 0
         self.jumps = 0
         self.barrier_event: Any = None
-        self.texts: dict[int, str] = {}
-        self._operands: dict[int, _OperandPlan] = {}
-        self.decoded = [self.decode(ins, i) for i, ins in enumerate(stream.instructions)]
+        self.cache: dict[Any, Any] = {}  # handlers' per-run facts (e.g. a DMA's destination memory)
+        self.bound: dict[int, tuple[tuple[Access, ...], tuple[Access, ...]]] = {}  # see bind
+        self.decoding: DecodedStream | None = None
+        self.decoding = decoded_stream(self)
+        self.decoded = self.decoding.decoded
 
     # ------------------------------------------------------------------ naming and errors
     @property
@@ -202,10 +161,8 @@ class Core:
         return f"chip {self.chip.index} core {self.index}"
 
     def text(self, index: int) -> str:
-        t = self.texts.get(index)
-        if t is None:
-            t = self.texts[index] = format_instruction(self.stream.instructions[index])
-        return t
+        ds = self.decoding
+        return ds.texts[index] if ds is not None else format_instruction(self.stream.instructions[index])
 
     def error(self, where: Any, message: str, cls: type[ExecutionError] = ExecutionError) -> ExecutionError:
         """An error naming this core, the instruction (an index; anything else means the one issuing now)
@@ -216,13 +173,10 @@ class Core:
         return cls(f"{self.name}, instruction {index} `{self.text(index)}`{origin}: {message}")
 
     # ------------------------------------------------------------------ operands
-    def plan(self, ref: MemRef) -> _OperandPlan:
-        p = self._operands.get(id(ref))
-        if p is None:
-            p = self._operands[id(ref)] = _OperandPlan(ref)
-        return p
+    def plan(self, ref: MemRef) -> OperandPlan:
+        return self.decoding.plan(ref)
 
-    def resolve(self, p: _OperandPlan, index: int, store: Any = None) -> tuple[Any, int, Any, int, int, Any, int]:
+    def resolve(self, p: OperandPlan, index: int, store: Any = None) -> tuple[Any, int, Any, int, int, Any, int]:
         """Read the registers of an operand, clamp or check its window, check its bounds.
 
         Returns:
@@ -274,7 +228,7 @@ class Core:
             raise self.error(index, f"operand {p.ref} at {address:#x}: {problem}")
         return store, address, offsets, address + lo, address + hi, norm, shift
 
-    def _window_error(self, p: _OperandPlan, index: int, dim: int, v: int) -> ExecutionError:
+    def _window_error(self, p: OperandPlan, index: int, dim: int, v: int) -> ExecutionError:
         s = p.sizes[dim]  # type: ignore[index]
         src = p.ref.window.offsets[dim]  # type: ignore[union-attr]
         return self.error(
@@ -294,61 +248,16 @@ class Core:
         store, address, offsets, lo, hi, _, _ = self.resolve(p, index, store)
         return Access(store, p.space, address, p.shape, offsets, p.sizes, lo, hi)
 
-    def decode(self, ins: Instruction, index: int) -> Decoded:
-        """Check ``ins`` against the config and precompute what does not depend on registers."""
-        cfg = self.cfg
-        d = Decoded(ins, index)
-        for reg in _registers(ins):
-            if reg.index >= cfg.core.scalar_registers:
-                raise self.error(index, f"register {reg} does not exist (the core has {cfg.core.scalar_registers})")
-        for sem in (getattr(ins, "sem", None), getattr(ins, "dst_sem", None)):
-            if isinstance(sem, int) and sem >= cfg.core.semaphores:
-                raise self.error(index, f"semaphore {sem} does not exist (the core has {cfg.core.semaphores})")
-        spec = d.spec
-        if spec is None:
-            return d
-        problem = spec.check(cfg, ins)
-        if problem:
-            raise self.error(index, problem)
-        d.read_refs, d.write_refs = spec.refs(ins)
-        d.plans_r = tuple(self.plan(r) for r in d.read_refs)
-        d.plans_w = tuple(self.plan(r) for r in d.write_refs)
-        d.cost_fn = spec.cost
-        if isinstance(ins, Fallback):
-            kernel = self.system.program.fallback(ins.kernel)
-            d.cost_fn = lambda cfg, i, r, w: fallback_cost(kernel, r, w)
-        if all(r.is_static for r in d.read_refs + d.write_refs):
-            d.static = True
-            d.reads = tuple(self.access(r, index) for r in d.read_refs)
-            d.writes = tuple(self.access(r, index) for r in d.write_refs)
-            d.rr = tuple((a.key, a.lo, a.hi) for a in d.reads)
-            d.rw = tuple((a.key, a.lo, a.hi) for a in d.writes)
-            d.cost = d.cost_fn(cfg, ins, d.reads, d.writes)
-            if d.cost.unit == "vpu":
-                d.handler = issue_vpu_static
-        elif all(p.dynamic == () for p in d.plans_r + d.plans_w):
-            # only base registers vary: the cost (a function of layouts and windows) is the same every time
-            d.cost = d.cost_fn(cfg, ins, tuple(_template(p) for p in d.plans_r), tuple(_template(p) for p in d.plans_w))
-            d.extra = tuple(
-                (
-                    self.stores[p.space],
-                    p.address,
-                    p.base,
-                    p.extent[0],
-                    p.extent[1],
-                    self.stores[p.space].capacity - p.nbytes,
-                    w,
-                )
-                for w, plans in ((False, d.plans_r), (True, d.plans_w))
-                for p in plans
+    def bind(self, d: Decoded) -> tuple[tuple[Access, ...], tuple[Access, ...]]:
+        """The static operands of ``d`` as Accesses into this core's memories (for numeric effects)."""
+        b = self.bound.get(d.index)
+        if b is None:
+            stores = self.stores
+            b = self.bound[d.index] = (
+                tuple(a.at(stores[a.space]) for a in d.reads),
+                tuple(a.at(stores[a.space]) for a in d.writes),
             )
-        fast = not (self.numeric or ins.control)
-        if fast and d.cost is not None and d.cost.unit == "mxu" and (d.static or len(d.extra or ()) == 1):
-            d.handler = issue_mxu_fast
-            d.sched = self.mxus[ins.mxu].scheduler(ins)  # type: ignore[union-attr]
-            d.queue = self.mxu_queues[ins.mxu]  # type: ignore[union-attr]
-            d.unit_id = self.mxu_units[ins.mxu]  # type: ignore[union-attr]
-        return d
+        return b
 
     # ------------------------------------------------------------------ the sequencer process
     def run(self) -> Any:
@@ -375,81 +284,19 @@ class Core:
         self.finished = True
         self.final_cycle = max(t, self.max_end)
 
-    def block(self, d: Decoded, reason: str, event: Any) -> Any:
-        """Record why the sequencer waits (for deadlock reports) and return the event to wait for."""
-        self.blocked = (d.index, reason)
+    def block(self, d: Decoded, reason: str, event: Any, *args: Any) -> Any:
+        """Record why the sequencer waits (for deadlock reports) and return the event to wait for.
+
+        ``reason`` is a ``str.format`` template of ``args`` (formatted only for a report: most waits end)."""
+        self.blocked = (d.index, reason, args)
         return event
 
-
-def _template(p: _OperandPlan) -> Access:
-    """An Access with the operand's static facts (for costs that do not depend on the address)."""
-    lo, hi = p.extent
-    return Access(None, p.space, p.address, p.shape, p.offsets, p.sizes, p.address + lo, p.address + hi)  # type: ignore[arg-type]
-
-
-class _OperandPlan:
-    """What access() needs of one MemRef, computed once per program."""
-
-    __slots__ = (
-        "address",
-        "affine",
-        "base",
-        "clamp",
-        "dims",
-        "dynamic",
-        "extent",
-        "extents",
-        "nbytes",
-        "offsets",
-        "ref",
-        "shape",
-        "sizes",
-        "space",
-        "wspec",
-    )
-
-    def __init__(self, ref: MemRef) -> None:
-        self.ref = ref
-        self.shape = ref.shape
-        self.space = ref.space
-        self.address = ref.address
-        self.base = ref.base.index if ref.base is not None else -1
-        self.nbytes = ref.shape.byte_size
-        self.dims = ref.shape.dimensions
-        w = ref.window
-        self.sizes = w.sizes if w is not None else None
-        self.clamp = w.clamp if w is not None else False
-        self.offsets: tuple[int, ...] | None = None
-        self.dynamic: tuple[int, ...] = ()
-        self.extents: dict[tuple[int, ...], tuple[int, int]] = {}  # by offsets modulo the layout's periods
-        self.affine = affine(ref.shape) if w is not None and not w.is_static else None
-        self.extent = (0, self.nbytes)
-        if w is not None:
-            if w.is_static:
-                self.offsets = w.offsets  # type: ignore[assignment]
-                self.extent = window_extent(ref.shape, self.offsets, w.sizes)
-            else:
-                # register index, or -(immediate + 1) for an immediate offset
-                self.dynamic = tuple(o.index if isinstance(o, Reg) else -o - 1 for o in w.offsets)
-                aff = self.affine
-                periods = aff.periods if aff is not None else (1,) * len(w.sizes)
-                strides = aff.strides if aff is not None else (0,) * len(w.sizes)
-                # per dimension: offset source, largest valid start, period and slot stride (see resolve)
-                self.wspec = tuple(
-                    (o, d - s, per, g) for o, d, s, per, g in zip(self.dynamic, self.dims, w.sizes, periods, strides)
-                )
-
-
-def _registers(ins: Any) -> list[Reg]:
-    out: list[Reg] = []
-    for name in getattr(ins, "__dataclass_fields__", {}):
-        v = getattr(ins, name)
-        for x in v if isinstance(v, tuple) else (v,):
-            if isinstance(x, Reg):
-                out.append(x)
-            elif isinstance(x, MemRef):
-                out.extend(x.registers)
-    return out
+    def blocked_reason(self) -> tuple[int, str]:
+        """The instruction the sequencer waits at and why (see :meth:`block`)."""
+        if self.blocked is None:
+            return self.pc, "is stuck"
+        index, reason, args = self.blocked
+        return index, reason.format(*args)
 
 
 handles(*COMPUTE)(issue_compute)

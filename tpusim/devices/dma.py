@@ -27,13 +27,22 @@ from typing import Any
 
 import numpy as np
 
-from tpusim.devices.flows import Flow
+from tpusim.devices.flows import Flow, resource
 from tpusim.devices.memory import read_value, window_slots, write_value
 from tpusim.devices.units import Access
 from tpusim.isa import Reg, Space
 from tpusim.memory import Shape, geometry
 
-__all__ = ["DmaEngines", "Transfer", "TransferPlan", "burst_bytes", "flow_uses", "issue_dma", "transfer_plan"]
+__all__ = [
+    "DmaEngines",
+    "Transfer",
+    "TransferFacts",
+    "TransferPlan",
+    "burst_bytes",
+    "flow_specs",
+    "issue_dma",
+    "transfer_plan",
+]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -99,6 +108,26 @@ def burst_bytes(runs: tuple[np.ndarray, np.ndarray], base: int, burst: int) -> i
     return int(((a + lengths + burst - 1) // burst - a // burst).sum()) * burst
 
 
+class TransferFacts:
+    """What a transfer of one instruction costs, by the alignment of its windows (kept across runs).
+
+    Attributes:
+        plan: the layout facts.
+        latency: cycles from the last byte moved to completion.
+        uses, cap: the flow's ``(resource, weight)`` pairs and its own rate cap (:func:`flow_specs`).
+        shape: :meth:`Flow.shape_of` of them.
+    """
+
+    __slots__ = ("cap", "latency", "plan", "shape", "uses")
+
+    def __init__(self, plan: TransferPlan, latency: int, uses: list[Any], cap: float) -> None:
+        self.plan = plan
+        self.latency = latency
+        self.uses = uses
+        self.cap = cap
+        self.shape = Flow.shape_of(uses, cap)
+
+
 class Transfer(Flow):
     """One DMA in flight: its flow through the network plus what completion must do."""
 
@@ -107,12 +136,14 @@ class Transfer(Flow):
         "core",
         "done",
         "dst",
+        "dst_bank",
+        "dst_sem",
         "event",
         "index",
         "issue",
         "latency",
         "plan",
-        "sems",
+        "sem",
         "shifts",
         "src",
         "start",
@@ -124,37 +155,37 @@ class Transfer(Flow):
         core: Any,
         index: int,
         issue: int,
-        src: Access | None,
-        dst: Access | None,
-        shifts: tuple[int, int],
-        plan: TransferPlan,
-        sems: list[tuple[Any, int]],
-        latency: int,
-        copy_bytes: bool,
-        uses: list[Any],
-        cap: float,
-        shape: tuple[float, tuple[int, ...]],
-        stream: int,
+        facts: TransferFacts,
+        sem: int | None,
+        dst_bank: Any,
+        dst_sem: int | None,
+        copy: tuple[Access, Access, tuple[int, int]] | None,
     ) -> None:
         # NOTE: speed. Flow's fields are set here directly (no super().__init__ call on this hot path).
+        plan = facts.plan
         self.remaining = float(plan.payload)
-        self.uses = uses
-        self.cap = cap
+        self.uses = facts.uses
+        self.cap = facts.cap
         self.on_done = None  # (finish() is overridden: no bound method is stored, so no reference cycle)
         self.rate = 0.0
         self.seq = 0
-        self.solo, self.sig = shape
+        self.solo, self.sig = facts.shape
         self.core = core
-        self.stream = stream
+        self.stream = core.stream_id
         self.index = index
         self.issue = issue
-        self.src = src  # None when the bytes need not move (timing-only)
-        self.dst = dst
-        self.shifts = shifts  # slot shifts of the actual windows from the plan's normalized ones
         self.plan = plan
-        self.sems = sems  # (semaphore bank, number) pairs incremented at completion
-        self.latency = latency
-        self.copy_bytes = copy_bytes
+        self.latency = facts.latency
+        self.sem = sem  # incremented at completion on the issuing core, and dst_sem on dst_bank
+        self.dst_bank = dst_bank
+        self.dst_sem = dst_sem
+        self.copy_bytes = copy is not None
+        if copy is None:  # timing-only: the bytes need not move
+            self.src = self.dst = None
+            self.shifts = (0, 0)
+        else:
+            # shifts: slot shifts of the actual windows from the plan's normalized ones
+            self.src, self.dst, self.shifts = copy
         self.start = 0
         self.done = False
         self.event: Any = None
@@ -178,6 +209,8 @@ class Transfer(Flow):
 
     def describe(self) -> str:
         return f"DMA {self.core.text(self.index)} (instruction {self.index})"
+
+    __str__ = describe
 
     def copy(self) -> None:
         """Move the bytes (at completion)."""
@@ -242,9 +275,8 @@ class DmaEngines:
             self.free += 1
 
 
-def flow_uses(
+def flow_specs(
     cfg: Any,
-    net: Any,
     plan: TransferPlan,
     src_space: Space,
     src_address: int,
@@ -253,14 +285,15 @@ def flow_uses(
     src_port: tuple[int, int],
     dst_port: tuple[int, int],
     hops: list[Any],
-) -> tuple[list[Any], float]:
-    """The resources a transfer crosses with their weights, and its own rate cap (payload bytes/cycle).
+) -> tuple[list[tuple[Any, str, float, float]], float]:
+    """The resources a transfer crosses, as ``(key, name, capacity, weight)``, and its own rate cap (payload
+    bytes per cycle).
 
     The addresses are where the plan's (normalized) windows start; ``src_port`` / ``dst_port`` are the
-    (chip, core) of each side's memory.
+    (chip, core) of each side's memory. :meth:`FlowNetwork.resource` turns a key into the run's resource.
     """
     payload = max(plan.payload, 1)
-    uses: list[Any] = []
+    specs: list[tuple[Any, str, float, float]] = []
     cap = cfg.dma.runs_per_cycle * payload / max(plan.runs, 1)
     hbm_bytes: dict[int, int] = {}
     sides = ((src_space, src_address, plan.src_runs, src_port), (dst_space, dst_address, plan.dst_runs, dst_port))
@@ -268,114 +301,143 @@ def flow_uses(
         if space is Space.HBM:
             hbm_bytes[chip] = hbm_bytes.get(chip, 0) + burst_bytes(runs, address, cfg.dma.burst_bytes)
         else:
-            r = net.resource(("local", chip, core), f"chip{chip}.core{core}.dma_port", cfg.dma.local_bytes_per_cycle)
-            uses.append((r, 1.0))
+            specs.append((("local", chip, core), f"chip{chip}.core{core}.dma_port", cfg.dma.local_bytes_per_cycle, 1.0))
     for chip, b in hbm_bytes.items():
-        r = net.resource(("hbm", chip), f"chip{chip}.hbm", cfg.hbm_bytes_per_cycle)
         weight = b / payload
-        uses.append((r, weight))
+        specs.append((("hbm", chip), f"chip{chip}.hbm", cfg.hbm_bytes_per_cycle, weight))
         channels = min(cfg.hbm.channels, max(1, ceil(b / cfg.hbm.interleave_bytes)))
         cap = min(cap, channels * cfg.hbm_bytes_per_cycle / cfg.hbm.channels / weight)
     for chip, axis, step in hops:
         name = f"chip{chip}.ici{axis}{'+' if step > 0 else '-'}"
-        uses.append((net.resource(("link", chip, axis, step), name, cfg.link_bytes_per_cycle), 1.0))
-    return uses, cap
+        specs.append((("link", chip, axis, step), name, cfg.link_bytes_per_cycle, 1.0))
+    return specs, cap
+
+
+def _facts(core: Any, d: Any, key: tuple[Any, ...], dst_chip: Any, dst_core: int, s_at: int, d_at: int) -> Any:
+    """The :class:`TransferFacts` of a transfer of ``d`` whose windows start at ``s_at`` / ``d_at`` (their
+    normalized offsets are ``key[-4]`` and ``key[-3]``)."""
+    sp, dp = d.plans_r[0], d.plans_w[0]
+    cfg = core.cfg
+    sizes = sp.sizes if sp.sizes is not None else sp.dims
+    plan = transfer_plan(sp.shape, key[-4], dp.shape, key[-3], sizes)
+    hops = core.system.topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
+    latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (sp.space, dp.space) else 0
+    latency += len(hops) * cfg.cycles(cfg.ici.hop_latency_ns)
+    src_port, dst_port = (core.chip.index, core.index), (dst_chip.index, dst_core)
+    specs, cap = flow_specs(cfg, plan, sp.space, s_at, dp.space, d_at, src_port, dst_port, hops)
+    return TransferFacts(plan, latency, [(resource(k, name, c), w) for k, name, c, w in specs], cap)
 
 
 def issue_dma(core: Any, d: Any, t: int) -> Any:
-    """Issue handler of ``dma.start`` (registered by the core)."""
+    """Issue handler of ``dma.start`` (registered by the core).
+
+    A transfer's facts depend only on the layouts, the windows' offsets modulo the layouts' periods and
+    their alignment, and which chip and cores it connects: for transfers within a chip they are kept on the
+    decoded instruction (so later runs of the program reuse them), for other chips in the run's cache (the
+    route depends on the system's topology). A transfer between fixed windows of the core's own memories
+    keeps its scoreboard ranges there too.
+    """
     ins = d.ins
-    system = core.system
     i = d.index
-    cache = d.extra
-    if cache is None:
-        cache = d.extra = {}
-        d.plans_r = (core.plan(ins.src),)
-        d.plans_w = (core.plan(ins.dst),)
-        if ins.chip is None:  # the destination never changes: resolve it once
-            dst_core = core.index if ins.dst_core is None else ins.dst_core
-            if dst_core >= core.cfg.core.count:
-                raise core.error(i, f"destination core {dst_core} does not exist (the chip has {core.cfg.core.count})")
-            cache[None] = (core.chip, dst_core, core.chip.store(ins.dst.space, dst_core))
-    sp, dp = d.plans_r[0], d.plans_w[0]
-    local = cache.get(None)
-    if local is not None:
-        dst_chip, dst_core, dst_store = local
+    fixed = d.extra.get((core.chip.index, core.index)) if d.static else None
+    if fixed is not None:
+        # NOTE: speed. Fixed windows (the common case): everything but the memories is known.
+        facts, rr, rw, dst_core = fixed
+        dst_chip = core.chip
+        copy = None
+        if core.numeric or ins.control:
+            sp, dp = d.plans_r[0], d.plans_w[0]
+            src = Access(core.stores[sp.space], sp.space, sp.address, sp.shape, sp.offsets, sp.sizes, *rr[0][1:])
+            dst_store = dst_chip.store(dp.space, dst_core)
+            dst = Access(dst_store, dp.space, dp.address, dp.shape, dp.offsets, dp.sizes, *rw[0][1:])
+            copy = (src, dst, (0, 0))
     else:
-        c = core.regs[ins.chip.index] if isinstance(ins.chip, Reg) else ins.chip
-        if not 0 <= c < len(system.chips):
-            raise core.error(i, f"destination chip {c} does not exist (the system has {len(system.chips)})")
-        dst_chip = system.chips[c]
-        dst_core = core.index if ins.dst_core is None else ins.dst_core
-        if dst_core >= core.cfg.core.count:
-            raise core.error(i, f"destination core {dst_core} does not exist (the chip has {core.cfg.core.count})")
-        dst_store = dst_chip.store(dp.space, dst_core)
-    s_store, s_addr, s_off, s_lo, s_hi, s_key, s_shift = core.resolve(sp, i)
-    d_store, d_addr, d_off, d_lo, d_hi, d_key, d_shift = core.resolve(dp, i, dst_store)
-    cfg = core.cfg
-    burst = cfg.dma.burst_bytes
-    key = (dst_chip.index, dst_core, s_key, d_key, (s_addr + s_shift) % burst, (d_addr + d_shift) % burst)
-    hit = cache.get(key)
-    if hit is None:
-        sizes = sp.sizes if sp.sizes is not None else sp.dims
-        plan = transfer_plan(sp.shape, s_key, dp.shape, d_key, sizes)
-        hops = system.topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
-        latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (sp.space, dp.space) else 0
-        latency += len(hops) * cfg.cycles(cfg.ici.hop_latency_ns)
-        uses, cap = flow_uses(
-            cfg,
-            core.network,
-            plan,
-            sp.space,
-            s_addr + s_shift,
-            dp.space,
-            d_addr + d_shift,
-            (core.chip.index, core.index),
-            (dst_chip.index, dst_core),
-            hops,
-        )
-        sems = []
-        if ins.sem is not None:
-            sems.append((core.sems, ins.sem))
-        if ins.dst_sem is not None:
-            sems.append((dst_chip.sems[dst_core], ins.dst_sem))
-        hit = cache[key] = (plan, uses, cap, latency, sems, Flow.shape_of(uses, cap))
-    plan, uses, cap, latency, sems, shape = hit
-    rr = ((s_store, s_lo, s_hi),)
-    rw = ((d_store, d_lo, d_hi),)
-    need, busy = core.scoreboard.check(t, rr, rw)
+        facts, rr, rw, dst_chip, dst_core, copy = _prepare(core, d)
+    need, busy = core.scoreboard.check_copy(t, rr[0], rw[0])
     if busy is not None:
-        return core.block(d, f"waits for {busy.describe()}, which touches the same memory", busy.wait_event())
+        return core.block(d, "waits for {}, which touches the same memory", busy.wait_event(), busy)
     engines = core.dma
     if len(engines.queue) >= engines.depth:
         if engines.space_event is None:
             engines.space_event = core.env.event()
         return core.block(d, "waits for room in the DMA queue", engines.space_event)
-    copy = core.numeric or ins.control
-    if copy:
-        src = Access(s_store, sp.space, s_addr, sp.shape, s_off, sp.sizes, s_lo, s_hi)
-        dst = Access(d_store, dp.space, d_addr, dp.shape, d_off, dp.sizes, d_lo, d_hi)
-        eb_s = max(1, geometry(sp.shape).element_bits // 8)
-        eb_d = max(1, geometry(dp.shape).element_bits // 8)
-        shifts = (s_shift // eb_s, d_shift // eb_d)
-    else:
-        src = dst = None  # type: ignore[assignment]
-        shifts = (0, 0)
-    tr = Transfer(
-        core, i, core.first_try, src, dst, shifts, plan, sems, latency, copy, uses, cap, shape, core.stream_id
-    )
+    dst_bank = dst_chip.sems[dst_core] if ins.dst_sem is not None else None
+    tr = Transfer(core, i, core.first_try, facts, ins.sem, dst_bank, ins.dst_sem, copy)
     core.scoreboard.add_dma(tr, rr[0], rw[0])
     engines.submit(tr, max(t, need))
     core.pc = i + 1
     return t + 1
 
 
+def _prepare(core: Any, d: Any) -> tuple[TransferFacts, tuple[Any, ...], tuple[Any, ...], Any, int, Any]:
+    """Resolve the operands of ``d``: ``(facts, read range, write range, destination chip and core, what
+    copying needs or None)``."""
+    ins = d.ins
+    i = d.index
+    sp, dp = d.plans_r[0], d.plans_w[0]
+    dest = core.cache.get(i) if ins.chip is None else None
+    if dest is None:
+        dest = _destination(core, d)
+        if ins.chip is None:  # the destination never changes: resolve it once per run
+            core.cache[i] = dest
+    dst_chip, dst_core, dst_store, dst_key, facts_cache = dest
+    s_store, s_addr, s_off, s_lo, s_hi, s_key, s_shift = core.resolve(sp, i)
+    d_store, d_addr, d_off, d_lo, d_hi, d_key, d_shift = core.resolve(dp, i, dst_store)
+    burst = core.cfg.dma.burst_bytes
+    s_at, d_at = s_addr + s_shift, d_addr + d_shift
+    key = (core.chip.index, core.index, dst_chip.index, s_key, d_key, s_at % burst, d_at % burst)
+    facts = facts_cache.get(key)
+    if facts is None:
+        facts = facts_cache[key] = _facts(core, d, key, dst_chip, dst_core, s_at, d_at)
+    rr = ((sp.key, s_lo, s_hi),)
+    rw = ((dst_key, d_lo, d_hi),)
+    if d.static and dst_key is dp.key:
+        d.extra[(core.chip.index, core.index)] = (facts, rr, rw, dst_core)
+    copy = None
+    if core.numeric or ins.control:
+        src = Access(s_store, sp.space, s_addr, sp.shape, s_off, sp.sizes, s_lo, s_hi)
+        dst = Access(d_store, dp.space, d_addr, dp.shape, d_off, dp.sizes, d_lo, d_hi)
+        eb_s = max(1, geometry(sp.shape).element_bits // 8)
+        eb_d = max(1, geometry(dp.shape).element_bits // 8)
+        copy = (src, dst, (s_shift // eb_s, d_shift // eb_d))
+    return facts, rr, rw, dst_chip, dst_core, copy
+
+
+def _destination(core: Any, d: Any) -> tuple[Any, int, Any, Any, dict[Any, TransferFacts]]:
+    """``(chip, core, memory, scoreboard key, facts cache)`` of the destination of ``d``."""
+    ins, i = d.ins, d.index
+    system = core.system
+    if ins.chip is None:
+        dst_chip = core.chip
+    else:
+        c = core.regs[ins.chip.index] if isinstance(ins.chip, Reg) else ins.chip
+        if not 0 <= c < len(system.chips):
+            raise core.error(i, f"destination chip {c} does not exist (the system has {len(system.chips)})")
+        dst_chip = system.chips[c]
+    dst_core = core.index if ins.dst_core is None else ins.dst_core
+    if dst_core >= core.cfg.core.count:
+        raise core.error(i, f"destination core {dst_core} does not exist (the chip has {core.cfg.core.count})")
+    dp = d.plans_w[0]
+    store = dst_chip.store(dp.space, dst_core)
+    # scoreboard ranges name the core's own memories by their space, any other memory by itself
+    own = dst_chip is core.chip and (dst_core == core.index or dp.space is Space.HBM)
+    if dst_chip is core.chip:
+        facts = d.extra  # kept across runs
+    else:
+        facts = core.cache.get(("remote", i))
+        if facts is None:
+            facts = core.cache[("remote", i)] = {}
+    return dst_chip, dst_core, store, dp.key if own else store, facts
+
+
 def _complete(tr: Transfer) -> None:
     core = tr.core
     if tr.copy_bytes:
         tr.copy()
-    for bank, sem in tr.sems:
-        bank.signal(sem, 1)
+    if tr.sem is not None:
+        core.sems.signal(tr.sem, 1)
+    if tr.dst_sem is not None:
+        tr.dst_bank.signal(tr.dst_sem, 1)
     tr.done = True
     core.scoreboard.dma_done(tr)
     core.records.append((tr.stream, tr.index, core.unit["dma"], tr.issue, tr.start, core.env.now, tr.plan.payload, 0))

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from math import ceil
 from typing import Any
 
-__all__ = ["Flow", "FlowNetwork", "Resource"]
+__all__ = ["Flow", "FlowNetwork", "Resource", "resource"]
 
 _EPS = 1e-6  # bytes: a flow with less left is finished (float rounding)
 _INF = float("inf")
@@ -39,6 +39,19 @@ class Resource:
 
     def __repr__(self) -> str:
         return f"Resource({self.name!r}, {self.capacity})"
+
+
+_RESOURCES: dict[tuple[Any, str, float], Resource] = {}
+
+
+def resource(key: Any, name: str, capacity: float) -> Resource:
+    """The resource ``key`` (one object per key, name and capacity: a resource holds no state of a run, so
+    facts that name resources can be kept across runs)."""
+    k = (key, name, capacity)
+    r = _RESOURCES.get(k)
+    if r is None:
+        r = _RESOURCES[k] = Resource(name, capacity)
+    return r
 
 
 class Flow:
@@ -93,13 +106,6 @@ class FlowNetwork:
         self.timer_at: int | None = None
         self.busy = False
         self.sigs: dict[tuple[int, ...], int] = {}  # resource sets of active and pending flows -> count
-        self.resources: dict[Any, Resource] = {}
-
-    def resource(self, key: Any, name: str, capacity: float) -> Resource:
-        r = self.resources.get(key)
-        if r is None:
-            r = self.resources[key] = Resource(name, capacity)
-        return r
 
     def add(self, flow: Flow, start: int) -> None:
         """Start ``flow`` at cycle ``start`` (not before the current cycle)."""

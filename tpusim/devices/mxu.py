@@ -37,7 +37,7 @@ from tpusim.isa import PRECISION_PASSES, MxuLoadWeights, MxuMatmul, MxuPop
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
 
-__all__ = ["MxuState", "matmul_f32", "split_bf16"]
+__all__ = ["MxuState", "matmul_f32", "split_bf16", "timing_facts"]
 
 _FLOAT_INPUTS = ("bf16", "f32", "f16")
 _INT_INPUTS = ("s8", "u8")
@@ -48,6 +48,7 @@ class MxuState:
     """One MXU: its timing state (next-free counters) and its numeric state (weights, result buffer)."""
 
     __slots__ = (
+        "_result",
         "active_ready",
         "cfg",
         "double_buffered",
@@ -56,7 +57,6 @@ class MxuState:
         "pending",
         "pop_free",
         "pops",
-        "result",
         "staged_ready",
         "staging_free",
         "stream_free",
@@ -75,7 +75,14 @@ class MxuState:
         self.weights: np.ndarray | None = None
         self.weights_dims: tuple[int, int] | None = None
         self.weights_parts = 1
-        self.result = np.zeros((cfg.mxu.result_buffer_rows, cfg.mxu.cols), np.uint32)
+        self._result: np.ndarray | None = None
+
+    @property
+    def result(self) -> np.ndarray:
+        """The result buffer's 32-bit words (allocated when a numeric run first touches it)."""
+        if self._result is None:
+            self._result = np.zeros((self.cfg.mxu.result_buffer_rows, self.cfg.mxu.cols), np.uint32)
+        return self._result
 
     # ------------------------------------------------------------------ timing
     def schedule(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
@@ -91,23 +98,26 @@ class MxuState:
         Returns:
             (start, end, flops); a matmul's flops use the width of the weights latched at that point.
         """
-        return self.scheduler(ins)(ins, t, need, cost, core, index)
+        return MxuState.scheduler_of(ins)(self, timing_facts(ins), t, need, cost, core, index)
 
-    def scheduler(self, ins: Any) -> Any:
-        """The bound timing method for ``ins``'s class (the core binds it once per instruction)."""
+    @staticmethod
+    def scheduler_of(ins: Any) -> Any:
+        """The timing method for ``ins``'s class, unbound: ``(mxu, timing_facts(ins), t, need, cost, core,
+        index) -> (start, end, flops)`` (decode keeps it with the facts)."""
         if isinstance(ins, MxuMatmul):
-            return self.schedule_matmul
-        return self.schedule_load if isinstance(ins, MxuLoadWeights) else self.schedule_pop
+            return MxuState.schedule_matmul
+        return MxuState.schedule_load if isinstance(ins, MxuLoadWeights) else MxuState.schedule_pop
 
-    def schedule_matmul(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
+    def schedule_matmul(
+        self, mx: tuple[int, ...], t: int, need: int, cost: Cost, core: Any, index: int
+    ) -> tuple[int, int, int]:
         dims = self.weights_dims
         if dims is None:
             raise core.error(index, "mxu.matmul before any mxu.load_weights on this MXU")
         k, n = dims
-        if ins.lhs.dims[-1] != k:
-            raise core.error(
-                index, f"left operand has {ins.lhs.dims[-1]} columns but the latched weights have {k} rows"
-            )
+        cols, rows, acc = mx
+        if cols != k:
+            raise core.error(index, f"left operand has {cols} columns but the latched weights have {k} rows")
         start = self.stream_free
         if start < t:
             start = t
@@ -122,7 +132,7 @@ class MxuState:
         elif start < self.active_ready:
             start = self.active_ready
         if self.pop_free > start:  # a pop may still be reading rows this matmul overwrites
-            lo, hi = ins.acc, ins.acc + ins.lhs.dims[-2]
+            lo, hi = acc, acc + rows
             for p_lo, p_hi, p_end in self.pops:
                 if p_lo < hi and lo < p_hi and p_end > start:
                     start = p_end
@@ -133,9 +143,10 @@ class MxuState:
             self.last_end = end
         return start, end, cost.flops * n
 
-    def schedule_load(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
-        d = ins.src.dims
-        self.weights_dims = (d[-1], d[-2]) if ins.transpose else (d[-2], d[-1])
+    def schedule_load(
+        self, mx: tuple[int, int], t: int, need: int, cost: Cost, core: Any, index: int
+    ) -> tuple[int, int, int]:
+        self.weights_dims = mx
         occ = cost.occupancy
         if self.double_buffered:
             start = max(t, need, self.load_free, self.staging_free)
@@ -147,13 +158,27 @@ class MxuState:
         self.load_free = start + occ
         return start, start + occ, 0
 
-    def schedule_pop(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
+    def schedule_pop(
+        self, mx: tuple[int, int], t: int, need: int, cost: Cost, core: Any, index: int
+    ) -> tuple[int, int, int]:
         start = max(t, need, self.pop_free, self.last_end)
         end = start + cost.occupancy
         self.pop_free = end
-        rows = ins.dst.dims[-2]
-        self.pops = [*[p for p in self.pops if p[2] > t][-7:], (ins.acc, ins.acc + rows, end)]
+        acc, rows = mx
+        self.pops = [*[p for p in self.pops if p[2] > t][-7:], (acc, acc + rows, end)]
         return start, end, 0
+
+
+def timing_facts(ins: Any) -> tuple[int, ...]:
+    """What the MXU's timing methods need of an instruction: a matmul's ``(columns, rows, acc)``, the
+    ``(K, N)`` of loaded weights, a pop's ``(acc, rows)``."""
+    if isinstance(ins, MxuMatmul):
+        d = ins.lhs.dims
+        return d[-1], d[-2], ins.acc
+    if isinstance(ins, MxuLoadWeights):
+        d = ins.src.dims
+        return (d[-1], d[-2]) if ins.transpose else (d[-2], d[-1])
+    return ins.acc, ins.dst.dims[-2]
 
 
 # ---------------------------------------------------------------------------------------------------------

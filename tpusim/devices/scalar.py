@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tpusim.devices.hazards import OWN
 from tpusim.devices.memory import read_value, write_value
 from tpusim.devices.units import handles
 from tpusim.isa import Branch, Halt, Jump, Reg, ScalarAlu, ScalarLoad, ScalarStore, Space
@@ -72,12 +73,21 @@ def _record(core: Any, d: Any, start: int, end: int, unit: str = "scalar") -> No
     core.records.append((core.stream_id, d.index, core.unit[unit], core.first_try, start, end, 0, 0))
 
 
-def _prepare_alu(core: Any, ins: ScalarAlu) -> tuple[Any, int, int, int, int, int, bool]:
-    """(function, dst, a register or -1, a immediate, b register or -1, b immediate, checks for zero)."""
+_CORE_FACTS = {
+    "chip_id": lambda core: core.chip.index,
+    "core_id": lambda core: core.index,
+    "num_chips": lambda core: len(core.system.chips),
+}
+
+
+def _prepare_alu(ins: ScalarAlu) -> tuple[Any, int, int, int, int, int, bool]:
+    """(function, dst, a register or -1, a immediate, b register or -1, b immediate, checks for zero).
+
+    The function of ``chip_id``, ``core_id`` and ``num_chips`` takes the core (decoded streams are shared by
+    the cores that run them)."""
     fn = ins.fn
-    if fn in ("chip_id", "core_id", "num_chips"):
-        value = {"chip_id": core.chip.index, "core_id": core.index, "num_chips": len(core.system.chips)}[fn]
-        return (lambda a, b: value), ins.dst.index, -1, 0, -1, 0, False
+    if fn in _CORE_FACTS:
+        return _CORE_FACTS[fn], ins.dst.index, -2, 0, -1, 0, False
     a, b = ins.a, ins.b
     ar, av = (a.index, 0) if isinstance(a, Reg) else (-1, a or 0)
     br, bv = (b.index, 0) if isinstance(b, Reg) else (-1, b or 0)
@@ -88,14 +98,17 @@ def _prepare_alu(core: Any, ins: ScalarAlu) -> tuple[Any, int, int, int, int, in
 def issue_scalar_alu(core: Any, d: Any, t: int) -> int:
     prep = d.extra
     if prep is None:
-        prep = d.extra = _prepare_alu(core, d.ins)
+        prep = d.extra = _prepare_alu(d.ins)
     fn, dst, ar, av, br, bv, zero_check = prep
     regs = core.regs
-    a = regs[ar] if ar >= 0 else av
-    b = regs[br] if br >= 0 else bv
-    if zero_check and b == 0:
-        raise core.error(d.index, f"s.{d.ins.fn} by zero")
-    regs[dst] = ((fn(a, b) + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+    if ar == -2:
+        regs[dst] = wrap32(fn(core))
+    else:
+        a = regs[ar] if ar >= 0 else av
+        b = regs[br] if br >= 0 else bv
+        if zero_check and b == 0:
+            raise core.error(d.index, f"s.{d.ins.fn} by zero")
+        regs[dst] = ((fn(a, b) + 0x80000000) & 0xFFFFFFFF) - 0x80000000
     core.records.append((core.stream_id, d.index, core.scalar_unit, core.first_try, t, t + 1, 0, 0))
     core.pc = d.index + 1
     return t + 1
@@ -103,9 +116,10 @@ def issue_scalar_alu(core: Any, d: Any, t: int) -> int:
 
 def _scalar_access(core: Any, d: Any, ref: Any) -> Any:
     if ref.is_static:
-        if not d.reads:
-            d.reads = (core.access(ref, d.index),)
-        return d.reads[0]
+        b = core.bound.get(d.index)
+        if b is None:
+            b = core.bound[d.index] = ((core.access(ref, d.index),), ())
+        return b[0][0]
     return core.access(ref, d.index)
 
 
@@ -113,9 +127,9 @@ def _scalar_access(core: Any, d: Any, ref: Any) -> Any:
 def issue_scalar_load(core: Any, d: Any, t: int) -> Any:
     ins = d.ins
     a = _scalar_access(core, d, ins.src)
-    need, dma = core.scoreboard.check(t, ((a.key, a.lo, a.hi),), ())
+    need, dma = core.scoreboard.check(t, ((OWN[a.space], a.lo, a.hi),), ())
     if dma is not None:
-        return core.block(d, f"waits for {dma.describe()}, which writes the value it loads", dma.wait_event())
+        return core.block(d, "waits for {}, which writes the value it loads", dma.wait_event(), dma)
     start = max(t, need)
     value = read_value(a.store, a.address, a.shape, a.offsets, a.sizes).reshape(-1)[0]
     core.regs[ins.dst.index] = wrap32(int(value))
@@ -131,10 +145,10 @@ def issue_scalar_load(core: Any, d: Any, t: int) -> Any:
 def issue_scalar_store(core: Any, d: Any, t: int) -> Any:
     ins = d.ins
     a = _scalar_access(core, d, ins.dst)
-    rng = ((a.key, a.lo, a.hi),)
+    rng = ((OWN[a.space], a.lo, a.hi),)
     need, dma = core.scoreboard.check(t, (), rng)
     if dma is not None:
-        return core.block(d, f"waits for {dma.describe()}, which touches the value it stores", dma.wait_event())
+        return core.block(d, "waits for {}, which touches the value it stores", dma.wait_event(), dma)
     start = max(t, need)
     src = ins.src
     v = core.regs[src.index] if src.__class__ is Reg else src

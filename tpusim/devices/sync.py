@@ -63,10 +63,9 @@ def issue_sem_wait(core: Any, d: Any, t: int) -> Any:
     ev = core.env.event()
     bank.waiting = (ins.sem, ins.count, ev)
     return core.block(
-        d,
-        f"waits for semaphore {ins.sem} to reach {ins.count} (it holds {v}) and nothing left to run can signal it",
-        ev,
-    )
+        d, "waits for semaphore {} to reach {} (it holds {}) and nothing left to run can signal it", ev, ins.sem,
+        ins.count, v,
+    )  # fmt: skip
 
 
 @handles(SemSignal)
@@ -105,7 +104,7 @@ def issue_barrier(core: Any, d: Any, t: int) -> Any:
     if ev is None:
         dma = core.scoreboard.pending_dma()
         if dma is not None:
-            return core.block(d, f"drains before the barrier: waits for {dma.describe()}", dma.wait_event())
+            return core.block(d, "drains before the barrier: waits for {}", dma.wait_event(), dma)
         ready = max(t, core.max_end)
         key = (ins.scope, ins.id, core.chip.index if ins.scope == "chip" else None)
         state = core.system.barrier(key)

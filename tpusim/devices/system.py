@@ -31,7 +31,7 @@ from tpusim.devices.memory import ByteStore, MemoryAccessError
 from tpusim.devices.trace import Trace, TraceStream
 from tpusim.devices.units import ExecutionError
 from tpusim.errors import ConfigError, TpusimError
-from tpusim.isa import Program, Space, Symbol, format_instruction
+from tpusim.isa import Program, Space, Symbol
 from tpusim.memory import pack, unpack
 
 __all__ = ["Chip", "RunResult", "System"]
@@ -168,16 +168,14 @@ def _place(m: Machine, sym: Symbol, value: Any) -> None:
 
 
 def _trace_stream(core: Any) -> TraceStream:
-    ins = core.stream.instructions
-    return TraceStream(
-        core.chip.index, core.index, tuple(i.hlo or "" for i in ins), tuple(format_instruction(i) for i in ins)
-    )
+    ds = core.decoding
+    return TraceStream(core.chip.index, core.index, ds.hlo, ds.texts)
 
 
 def _deadlock(blocked: list[Any]) -> DeadlockError:
     lines = []
     for c in blocked:
-        index, reason = c.blocked if c.blocked is not None else (c.pc, "is stuck")
+        index, reason = c.blocked_reason()
         lines.append(str(c.error(index, reason)))
     head = "deadlock: no event is left to run but " + ("a core has" if len(lines) == 1 else f"{len(lines)} cores have")
     return DeadlockError(head + " instructions left:\n  " + "\n  ".join(lines))

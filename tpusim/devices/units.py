@@ -32,9 +32,13 @@ class ExecutionError(TpusimError):
 
 
 class Access:
-    """One memory operand, resolved at issue: where its bytes are and which byte range it touches."""
+    """One memory operand, resolved at issue: where its bytes are and which byte range it touches.
 
-    __slots__ = ("address", "hi", "key", "lo", "offsets", "shape", "sizes", "space", "store")
+    ``store`` is None in the templates decode keeps for static operands (costs never read memory);
+    :meth:`at` gives the same operand in a run's memory.
+    """
+
+    __slots__ = ("address", "hi", "lo", "offsets", "shape", "sizes", "space", "store")
 
     def __init__(
         self,
@@ -48,7 +52,6 @@ class Access:
         hi: int,
     ) -> None:
         self.store = store
-        self.key = store  # scoreboard space key: the memory itself
         self.space = space
         self.address = address  # absolute address of the array
         self.shape = shape
@@ -60,6 +63,10 @@ class Access:
     @property
     def dims(self) -> tuple[int, ...]:
         return self.sizes if self.sizes is not None else self.shape.dimensions
+
+    def at(self, store: ByteStore) -> Access:
+        """This operand in ``store``."""
+        return Access(store, self.space, self.address, self.shape, self.offsets, self.sizes, self.lo, self.hi)
 
 
 @dataclass(frozen=True, slots=True)
