@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from math import ceil
 
+from tpusim.compiler.errors import CompileError
 from tpusim.compiler.lowering.collective_sync import Facts
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.isa import Branch, DmaStart, MemRef, Reg, ScalarAlu, SemWait, Space, VpuMap, Window
-from tpusim.memory import Shape
+from tpusim.memory import Layout, Shape
 
 __all__ = ["Piece", "Ring", "RingWork", "all_gather_phase", "pieces", "reduce_scatter_phase", "window"]
 
@@ -93,6 +95,22 @@ class RingWork:
         self.c = {1: facts.reg(), -1: facts.reg()}
         self.cs = {1: facts.reg(), -1: facts.reg()}
         self.k = facts.reg()
+        self._arena: MemRef | None = None
+
+    def arena(self) -> MemRef:
+        """The VMEM every reduce-scatter phase of this HLO instruction carves its blocks from (taken once per
+        instruction: the lowering context hands VMEM out per instruction and never takes it back)."""
+        if self._arena is None:
+            ctx, state = self.facts.ctx, self.facts.state
+            held = state.arena
+            if held is not None and held[0] is ctx.scope:
+                self._arena = held[1]
+            else:
+                vreg = ctx.vreg_bytes
+                n = ctx.vmem_free_bytes() // vreg * vreg
+                self._arena = ctx.vmem(Shape("u8", (max(n, vreg),), layout=Layout((0,))))
+                state.arena = (ctx.scope, self._arena)
+        return self._arena
 
 
 def zigzag_coordinate(facts: Facts, q: Reg, out: Reg, length: int) -> Reg:
@@ -176,16 +194,27 @@ def _piece_dims(dims: Sequence[int], dim: int, size: int, piece: Piece, length: 
     return tuple(out)
 
 
-def _blocks(ctx: Lowering, shape: Shape, dim: int, size: int, piece: Piece, sets: int) -> list[int]:
+def _blocks(
+    vmem_bytes: int, shape: Shape, dim: int, size: int, piece: Piece, sets: int, align: int = 1
+) -> list[int]:
     """Block lengths of a piece: growing geometrically from about 1/32 of it (so the first push of a stage
     starts early and every later block loads while the previous ones are being pushed), each at most what
-    VMEM holds when ``sets`` sets of blocks (a partial sum and an own part per direction) live at once."""
+    ``vmem_bytes`` holds when ``sets`` blocks (a partial sum and an own part per direction, in several sets)
+    live at once.
+
+    Raises:
+        CompileError: VMEM cannot hold even one-row blocks."""
 
     def nbytes(length: int) -> int:
         dims = _piece_dims(shape.dimensions, dim, size, piece, length)
         return Shape(shape.element_type, dims, layout=shape.layout).byte_size
 
-    budget = max(ctx.vmem_free_bytes() // sets, 1)
+    budget = max(vmem_bytes // sets // align * align, 1)
+    if nbytes(1) > budget:
+        raise CompileError(
+            f"a reduce-scatter block of {shape} needs {nbytes(1) * sets} bytes of VMEM for {sets} buffers; "
+            f"{vmem_bytes} are free"
+        )
     per_unit = max(nbytes(piece.length) / piece.length, 1e-9)
     cap = max(1, min(piece.length, int(budget // per_unit)))
     while cap > 1 and nbytes(cap) > budget:
@@ -242,12 +271,16 @@ def reduce_scatter_phase(
     parts = pieces(shape.dimensions, dim, size, split)
     steps = [1, -1][: len(parts)]
     part = dict(zip(steps, parts))
-    sets = min(BUFFER_SETS, 1 + len(_blocks(ctx, shape, dim, size, parts[0], 1)))
-    lens = {s: _blocks(ctx, shape, dim, size, part[s], 2 * len(parts) * sets) for s in steps}
+    arena = work.arena()
+    room = arena.shape.byte_size
+    vreg = ctx.vreg_bytes
+    sets = min(BUFFER_SETS, len(_blocks(room, shape, dim, size, parts[0], 2 * len(parts), vreg)))
+    lens = {s: _blocks(room, shape, dim, size, part[s], 2 * len(parts) * sets, vreg) for s in steps}
     count = max(len(v) for v in lens.values())
-    blocks = {s: [(sum(v[:j]), v[j]) for j in range(len(v))] for s, v in lens.items()}
+    blocks = {s: list(zip(accumulate(v, initial=0), v)) for s, v in lens.items()}
     slot: dict[int, MemRef] = {}
     vm: dict[tuple[int, str, int], MemRef] = {}
+    at = arena.address
     for s in steps:
         p = part[s]
         slot_dims = list(_piece_dims(shape.dimensions, dim, size, p, p.length))
@@ -255,9 +288,12 @@ def reduce_scatter_phase(
         slot[s] = ctx.scratch(Shape(et, tuple(slot_dims), layout=shape.layout))
         longest = max(lens[s])
         block_shape = Shape(et, _piece_dims(shape.dimensions, dim, size, p, longest), layout=shape.layout)
+        step = -(-block_shape.byte_size // ctx.vreg_bytes) * ctx.vreg_bytes
         for j in range(min(sets, len(lens[s]))):
             for role in ("sum", "own"):
-                vm[(s, role, j)] = ctx.vmem(block_shape)
+                vm[(s, role, j)] = MemRef(Space.VMEM, at, block_shape)
+                at += step
+    assert at <= arena.address + room, "reduce-scatter blocks overflow their VMEM arena"
 
     def vblock(s: int, role: str, j: int) -> MemRef:
         ref = vm[(s, role, j % sets)]

@@ -26,7 +26,7 @@ from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.lowering.collective_plan import GroupAxis, Participants
 from tpusim.compiler.lowering.context import Lowering
-from tpusim.isa import DmaStart, Reg, ScalarAlu, SemSignal, SemWait
+from tpusim.isa import DmaStart, MemRef, Reg, ScalarAlu, SemSignal, SemWait
 from tpusim.topology import Topology, system_topology
 
 __all__ = ["ASYNC_STARTS", "Bank", "CollectiveState", "Facts", "collective_state"]
@@ -61,6 +61,7 @@ class CollectiveState:
     topology: Topology
     banks: list[Bank]
     open_async: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    arena: tuple[object, MemRef] | None = None  # (lowering scope, VMEM) the current instruction's rings share
 
     def channel(self, axis: int, step: int) -> int:
         """The arrive-semaphore index of ring traffic along topology ``axis`` in direction ``step``."""

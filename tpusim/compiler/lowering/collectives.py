@@ -506,9 +506,10 @@ def _setup(ctx: Lowering, instr: Instruction) -> tuple[CollectiveState, GroupPla
 
 
 def _pairs(instr: Instruction, xs: list[MemRef], ys: list[MemRef]) -> list[tuple[MemRef, MemRef]]:
+    """Operand and result arrays, one pair per leaf; empty arrays have nothing to move."""
     if len(xs) != len(ys):
         raise _fail(instr, f"{len(xs)} operand arrays but {len(ys)} results")
-    return list(zip(xs, ys))
+    return [(x, y) for x, y in zip(xs, ys) if x.shape.element_count and y.shape.element_count]
 
 
 @lowering("all-reduce", "all-reduce-start")

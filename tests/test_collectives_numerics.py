@@ -1,0 +1,246 @@
+"""Collectives on several simulated chips give the reference interpreter's N-device answer (and JAX's).
+
+Every case runs the same per-device module on every chip (device d on chip d) and compares each chip's
+outputs with ``evaluate_spmd``. Integer and data-movement results must be bit-exact; float reductions may
+differ by the summation order (the ring adds in ring order, the reference in group order): f32 within
+1e-6 (the inputs are O(1)); bf16 sums are held to the rounding-error bound of any summation order.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import tpusim
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.reference import evaluate_spmd
+from tpusim.compiler.hlo.reference.io import random_inputs
+from tpusim.config import ChipConfig, load_config
+
+SUM = "sum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n"
+MAX_S32 = "mx {\n  a = s32[] parameter(0)\n  b = s32[] parameter(1)\n  ROOT s = s32[] maximum(a, b)\n}\n"
+SUM_BF16 = "bs {\n  a = bf16[] parameter(0)\n  b = bf16[] parameter(1)\n  ROOT s = bf16[] add(b, a)\n}\n"
+
+
+def _module(name: str, header: str, comps: str, body: str) -> str:
+    return f"HloModule {name}, {header}\n{comps}ENTRY main {{\n{textwrap.indent(body.strip(), '  ')}\n}}\n"
+
+
+CASES = {
+    "all_reduce_all": _module("ar", "replica_count=8", SUM, """
+        x = f32[16,256] parameter(0)
+        ROOT r = f32[16,256] all-reduce(x), replica_groups={}, to_apply=sum"""),
+    "all_reduce_iota_groups": _module("ar", "num_partitions=8", SUM, """
+        x = f32[16,256] parameter(0)
+        ROOT r = f32[16,256] all-reduce(x), channel_id=1, replica_groups=[2,4]<=[4,2]T(1,0),
+            use_global_device_ids=true, to_apply=sum"""),
+    "all_reduce_irregular_groups": _module("ar", "replica_count=8", SUM, """
+        x = f32[5,100] parameter(0)
+        ROOT r = f32[5,100] all-reduce(x), replica_groups={{0,3,5,6},{1,2,4,7}}, to_apply=sum"""),
+    "all_reduce_max_s32": _module("ar", "replica_count=8", MAX_S32, """
+        x = s32[8,128] parameter(0)
+        ROOT r = s32[8,128] all-reduce(x), replica_groups={}, to_apply=mx"""),
+    "all_reduce_variadic": _module("ar", "replica_count=8", SUM, """
+        x = f32[8,128] parameter(0)
+        y = f32[3] parameter(1)
+        ROOT r = (f32[8,128], f32[3]) all-reduce(x, y), replica_groups={}, to_apply=sum"""),
+    "all_gather_minor_dim": _module("ag", "replica_count=8", "", """
+        x = f32[4,32] parameter(0)
+        ROOT r = f32[4,256] all-gather(x), replica_groups={}, dimensions={1}"""),
+    "all_gather_one_row": _module("ag", "replica_count=8", "", """
+        x = f32[1,128] parameter(0)
+        ROOT r = f32[8,128] all-gather(x), replica_groups={}, dimensions={0}"""),
+    "all_gather_partition_groups": _module("ag", "num_partitions=8", "", """
+        x = s32[2,64] parameter(0)
+        ROOT r = s32[4,64] all-gather(x), channel_id=3, replica_groups={{0,4},{1,5},{2,6},{3,7}},
+            dimensions={0}, use_global_device_ids=true"""),
+    "reduce_scatter_all": _module("rs", "replica_count=8", SUM, """
+        x = f32[64,128] parameter(0)
+        ROOT r = f32[8,128] reduce-scatter(x), replica_groups={}, dimensions={0}, to_apply=sum"""),
+    "reduce_scatter_groups": _module("rs", "replica_count=8", SUM, """
+        x = f32[8,96] parameter(0)
+        ROOT r = f32[8,24] reduce-scatter(x), replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={1},
+            to_apply=sum"""),
+    "all_to_all_array": _module("a2a", "replica_count=8", "", """
+        x = f32[16,128] parameter(0)
+        ROOT r = f32[16,128] all-to-all(x), replica_groups={}, dimensions={0}"""),
+    "all_to_all_tuple": _module("a2a", "replica_count=8", "", """
+        a = f32[2,64] parameter(0)
+        b = f32[2,64] parameter(1)
+        ROOT r = (f32[2,64], f32[2,64]) all-to-all(a, b), replica_groups={{0,1},{2,3},{4,5},{6,7}}"""),
+    "collective_permute_partial": _module("cp", "replica_count=8", "", """
+        x = f32[8,128] parameter(0)
+        ROOT r = f32[8,128] collective-permute(x), source_target_pairs={{0,3},{3,1},{1,0},{5,5},{6,7}}"""),
+    "replica_and_partition_id": _module("ids", "num_partitions=4, replica_count=2", "", """
+        a = u32[] replica-id()
+        b = u32[] partition-id()
+        ROOT t = (u32[], u32[]) tuple(a, b)"""),
+    "async_pairs_around_compute": _module("async", "replica_count=8", SUM, """
+        x = f32[16,128] parameter(0)
+        ars = f32[16,128] all-reduce-start(x), replica_groups={}, to_apply=sum
+        ags = (f32[16,128], f32[128,128]) all-gather-start(x), replica_groups={}, dimensions={0}
+        cps = (f32[16,128], f32[16,128], u32[], u32[]) collective-permute-start(x),
+            source_target_pairs={{0,1},{1,2},{2,3},{3,4},{4,5},{5,6},{6,7},{7,0}}
+        e = f32[16,128] exponential(x)
+        ard = f32[16,128] all-reduce-done(ars)
+        agd = f32[128,128] all-gather-done(ags)
+        cpd = f32[16,128] collective-permute-done(cps)
+        ROOT t = (f32[16,128], f32[128,128], f32[16,128], f32[16,128]) tuple(ard, agd, cpd, e)"""),
+}
+
+
+def _compare(got: tuple[np.ndarray, ...], per_device: list[list[np.ndarray]], what: str) -> None:
+    assert len(got) == len(per_device[0]), what
+    for j, out in enumerate(got):
+        want = np.stack([dev[j] for dev in per_device])
+        assert out.shape == want.shape and out.dtype == want.dtype, f"{what} output {j}"
+        if out.dtype.kind == "f":
+            np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=f"{what} output {j}")
+        else:
+            np.testing.assert_array_equal(out, want, err_msg=f"{what} output {j}")
+
+
+def _run(
+    text: str, chips: int = 8, topology: str | None = None, config: str | ChipConfig = "tpu_v5e", seed: int = 0
+) -> None:
+    module = parse_module(text)
+    per = random_inputs(module, seed, chips)
+    want = evaluate_spmd(module, per, num_devices=chips)
+    inputs = [np.stack([d[i] for d in per]) for i in range(len(per[0]))]
+    result = tpusim.simulate(module, inputs, chips=chips, topology=topology, config=config)
+    assert result.fallbacks == ()
+    _compare(result.outputs, want, f"{module.name} on {chips} chips {topology or ''} {config}")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("topology", [None, "2x4"])
+def test_collective_matches_reference(name: str, topology: str | None) -> None:
+    """On a line of 8 v5e chips (no wraparound: zigzag rings) and on a 2x4 grid (one ring per axis)."""
+    _run(CASES[name], topology=topology)
+
+
+def test_bf16_all_reduce_within_the_rounding_bound() -> None:
+    """Each of the S - 1 bf16 additions rounds (unit roundoff u = 2**-8), so any order of summation is within
+    (S - 1) * u * sum|x_i| of the exact sum; the ring's and the reference's orders both are."""
+    module = parse_module(_module("ar", "replica_count=8", SUM_BF16, """
+        x = bf16[32,128] parameter(0)
+        ROOT r = bf16[32,128] all-reduce(x), replica_groups={}, to_apply=bs"""))
+    per = random_inputs(module, 3, 8)
+    x = np.stack([d[0] for d in per]).astype(np.float64)
+    exact, bound = x.sum(axis=0), 7 * 2.0**-8 * np.abs(x).sum(axis=0)
+    (got,) = tpusim.simulate(module, [x.astype(per[0][0].dtype)], chips=8).outputs
+    want = np.stack([d[0] for d in evaluate_spmd(module, per)])
+    for what, value in (("simulator", got), ("reference", want)):
+        err = np.abs(value.astype(np.float64) - exact[None])
+        assert np.all(err <= bound[None] + 1e-12), f"{what} beyond the bf16 rounding bound"
+    assert np.all(got == got[:1]), "every chip holds the same sum"
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        "{{0,1,2,3},{4,5,6,7}}",
+        "[2,4]<=[8]",
+        "[4,2]<=[2,4]T(1,0)",
+        "mesh[x=2,y=4] {y}",
+        "mesh['a'=2,'b'=4] {'a'}",
+    ],
+)
+def test_every_printed_form_of_replica_groups(groups: str) -> None:
+    _run(_module("forms", "num_partitions=8", SUM, f"""
+        x = f32[8,64] parameter(0)
+        ROOT r = f32[8,64] all-reduce(x), channel_id=1, replica_groups={groups}, use_global_device_ids=true,
+            to_apply=sum"""), topology="2x4")
+
+
+def test_rings_of_other_chips_and_shapes() -> None:
+    """A wrapping ring with tiny VMEM blocks (teaching chip), a 3-D grid (v4, one ring per axis), and a
+    group size that does not divide the buffer (6 chips: the all-reduce runs on a padded copy)."""
+    _run(CASES["all_reduce_all"].replace("16,256", "128,256"), config="teaching")
+    _run(CASES["reduce_scatter_all"], config="teaching")
+    small_vmem = load_config("tpu_v5e", ["vmem.bytes=131072"])  # many blocks per stage, cycling buffer sets
+    _run(CASES["all_reduce_all"].replace("16,256", "256,1024"), config=small_vmem)
+    _run(CASES["all_reduce_all"], topology="2x2x2", config="tpu_v4")
+    _run(CASES["all_gather_one_row"], topology="2x2x2", config="tpu_v4")
+    text = _module("ar6", "replica_count=6", SUM, """
+        x = f32[8,128] parameter(0)
+        ROOT r = f32[8,128] all-reduce(x), replica_groups={}, to_apply=sum""")
+    _run(text, chips=6)
+
+
+MESH_SHAPE = (2, 4)
+
+
+def _mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:8]).reshape(MESH_SHAPE), ("x", "y"))
+
+
+def _shard_map_program():  # type: ignore[no-untyped-def]
+    mesh = _mesh()
+
+    def body(a, b):  # type: ignore[no-untyped-def]
+        s = jax.lax.psum(a, "y")
+        g = jax.lax.all_gather(b, "x", tiled=True)
+        p = jax.lax.ppermute(a, "y", [(i, (i + 1) % 4) for i in range(4)])
+        rs = jax.lax.psum_scatter(a, "y", scatter_dimension=0, tiled=True)
+        a2a = jax.lax.all_to_all(a, "y", 0, 0, tiled=True)
+        return s * 2.0, g, p, rs, a2a
+
+    spec = P("x", "y")
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=(spec,) * 5))
+    rng = np.random.default_rng(7)
+    a = jax.device_put(rng.standard_normal((16, 256), np.float32), NamedSharding(mesh, spec))
+    b = jax.device_put(rng.standard_normal((16, 256), np.float32), NamedSharding(mesh, spec))
+    return mesh, fn, a, b
+
+
+def _shards(arr, mesh: Mesh) -> np.ndarray:  # type: ignore[no-untyped-def]
+    index = arr.sharding.devices_indices_map(arr.shape)
+    return np.stack([np.asarray(arr)[index[d]] for d in mesh.devices.flat])
+
+
+def test_jax_shard_map_program_matches_jax() -> None:
+    """XLA's per-device module of a shard_map program (psum, all_gather, ppermute, psum_scatter,
+    all_to_all over a 2x4 mesh), run on 8 chips as a 2x4 grid: each chip's outputs are JAX's shards."""
+    mesh, fn, a, b = _shard_map_program()
+    text = fn.lower(a, b).compile().as_text()
+    module = parse_module(text)
+    assert module.num_partitions == 8
+    result = tpusim.simulate(module, [_shards(a, mesh), _shards(b, mesh)], chips=8, topology="2x4")
+    outs = jax.tree_util.tree_leaves(fn(a, b))
+    for i, (got, want) in enumerate(zip(result.outputs, outs)):
+        np.testing.assert_allclose(got, _shards(want, mesh), rtol=1e-6, atol=1e-6, err_msg=f"output {i}")
+
+
+def test_spmd_partitioner_dump_runs(tmp_path: Path) -> None:
+    """The module XLA's SPMD partitioner writes with --xla_dump_to / --xla_dump_hlo_pass_re=spmd-partitioning
+    (produced in a fresh process, since the flags are read when JAX starts) runs on 8 chips."""
+    script = textwrap.dedent(f"""
+        import os
+        os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 --xla_dump_to={tmp_path} "
+                                   "--xla_dump_hlo_pass_re=spmd-partitioning")
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, PartitionSpec as P
+        mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))
+        def body(a):
+            return jax.lax.psum(a, "y") + jax.lax.all_gather(a, "x", tiled=True)[:8]
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y")))
+        f.lower(jnp.ones((16, 256), jnp.float32)).compile()
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120)
+    dumps = sorted(tmp_path.glob("*after_spmd-partitioning*.txt"))
+    assert dumps, "XLA wrote no module after spmd-partitioning"
+    module = parse_module(dumps[0].read_text())
+    per = random_inputs(module, 1, 8)
+    want = evaluate_spmd(module, per)
+    result = tpusim.simulate(module, [np.stack([d[0] for d in per])], chips=8, topology="2x4")
+    _compare(result.outputs, want, "spmd-partitioning dump")
