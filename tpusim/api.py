@@ -302,20 +302,26 @@ def simulate_chips(
 
 def _split_chips(module: Module, inputs: Sequence[Any], n: int) -> list[list[Any]]:
     """Inputs with a leading chip axis -> per chip, its inputs."""
+    from tpusim.memory import TupleShape
+
     params = module.entry_computation.parameters
     if len(inputs) != len(params):
         raise InputError(f"the program takes {len(params)} inputs, {len(inputs)} were given")
 
-    def take(value: Any, d: int, where: str) -> Any:
-        if isinstance(value, (tuple, list)):
-            return type(value)(take(v, d, f"{where}[{i}]") for i, v in enumerate(value))
+    def take(value: Any, shape: Any, d: int, where: str) -> Any:
+        if isinstance(shape, TupleShape):
+            if not isinstance(value, (tuple, list)) or len(value) != len(shape.elements):
+                raise InputError(f"{where} must be a tuple matching {shape}")
+            return tuple(take(v, s, d, f"{where}[{i}]") for i, (v, s) in enumerate(zip(value, shape.elements)))
         if value is TOKEN:
             return value
         array = np.asarray(value)
-        if array.ndim == 0 or array.shape[0] != n:
+        if array.shape != (n, *shape.dimensions):
             raise InputError(
-                f"{where} has shape {array.shape}; with {n} chips every input needs a leading chip axis of {n}"
+                f"{where} has shape {array.shape}; with {n} chips it needs a leading chip axis: "
+                f"{(n, *shape.dimensions)}"
             )
         return array[d]
 
-    return [[take(v, d, f"input {i} ({p.name})") for i, (v, p) in enumerate(zip(inputs, params))] for d in range(n)]
+    return [[take(v, p.shape, d, f"input {i} ({p.name})") for i, (v, p) in enumerate(zip(inputs, params))]
+            for d in range(n)]  # fmt: skip

@@ -505,6 +505,19 @@ def _setup(ctx: Lowering, instr: Instruction) -> tuple[CollectiveState, GroupPla
     return state, plan_groups(ctx.module, instr, state.who, state.topology)
 
 
+def _check_split(
+    instr: Instruction, whole: tuple[int, ...], part: tuple[int, ...], dim: int, size: int, big: str, small: str
+) -> None:
+    """The ``whole`` array is ``size`` chunks of ``part`` along ``dim`` and equal elsewhere."""
+    expect = tuple(size * n if d == dim else n for d, n in enumerate(part))
+    if whole != expect:
+        raise _fail(
+            instr,
+            f"dimension {dim} of the {big} is {whole[dim] if dim < len(whole) else '?'}, not {size} x "
+            f"{part[dim] if dim < len(part) else '?'} (group size x {small}), or other dimensions differ",
+        )
+
+
 def _pairs(instr: Instruction, xs: list[MemRef], ys: list[MemRef]) -> list[tuple[MemRef, MemRef]]:
     """Operand and result arrays, one pair per leaf; empty arrays have nothing to move."""
     if len(xs) != len(ys):
@@ -530,6 +543,7 @@ def lower_reduce_scatter(ctx: Lowering, comp: Computation, instr: Instruction) -
     (dim,) = instr.attr("dimensions", (0,))
     bank = state.banks[_bank(state)]
     for x, y in _pairs(instr, _operands(ctx, comp, instr), _result_leaves(ctx, comp, instr)):
+        _check_split(instr, x.shape.dimensions, y.shape.dimensions, dim, plan.size, "operand", "result")
         reduce_scatter(ctx, state, bank, plan, x, y, dim, fn)
 
 
@@ -542,6 +556,7 @@ def lower_all_gather(ctx: Lowering, comp: Computation, instr: Instruction) -> No
     start = instr.opcode.endswith("-start")
     split = start and len(pairs) == 1 and len(_lengths(plan)) == 1 and plan.size > 2
     for x, y in pairs:
+        _check_split(instr, y.shape.dimensions, x.shape.dimensions, dim, plan.size, "result", "operand")
         all_gather(ctx, state, state.banks[level], plan, x, y, dim, "start" if split else "all")
     if start:
         state.open_async[instr.name] = (level, split)
@@ -555,6 +570,11 @@ def lower_all_to_all(ctx: Lowering, comp: Computation, instr: Instruction) -> No
     bank = state.banks[_bank(state)]
     if dims:
         for x, y in _pairs(instr, xs, ys):
+            if x.shape.dimensions != y.shape.dimensions or x.shape.dimensions[dims[0]] % plan.size:
+                raise _fail(
+                    instr, f"dimension {dims[0]} of {x.shape} does not split into {plan.size} chunks (or the result "
+                    f"{y.shape} has other dimensions)",
+                )  # fmt: skip
             all_to_all(ctx, state, bank, plan, [x], [y], dims[0])
     else:
         if len(xs) != plan.size:
