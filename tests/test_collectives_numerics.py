@@ -176,6 +176,53 @@ def test_rings_of_other_chips_and_shapes() -> None:
     _run(text, chips=6)
 
 
+LOOP = """HloModule loop, replica_count=4
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+cond {
+  p = (s32[], f32[8,128]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(3)
+  ROOT c = pred[] compare(i, n), direction=LT
+}
+body {
+  p = (s32[], f32[8,128]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[8,128] get-tuple-element(p), index=1
+  one = s32[] constant(1)
+  j = s32[] add(i, one)
+  r = f32[8,128] all-reduce(x), replica_groups={}, to_apply=sum
+  quarter = f32[] constant(0.25)
+  q = f32[8,128] broadcast(quarter), dimensions={}
+  y = f32[8,128] multiply(r, q)
+  ROOT t = (s32[], f32[8,128]) tuple(j, y)
+}
+ENTRY main {
+  x = f32[8,128] parameter(0)
+  zero = s32[] constant(0)
+  init = (s32[], f32[8,128]) tuple(zero, x)
+  w = (s32[], f32[8,128]) while(init), condition=cond, body=body
+  ROOT o = f32[8,128] get-tuple-element(w), index=1
+}
+"""
+POR = "por {\n  a = pred[] parameter(0)\n  b = pred[] parameter(1)\n  ROOT s = pred[] or(a, b)\n}\n"
+
+
+def test_scalars_predicates_and_loops() -> None:
+    """A scalar sum (padded to whole chunks), a pred ``or`` in 32-bit slots, and an all-reduce in every
+    iteration of a while loop (the handshake and semaphores are per execution)."""
+    _run(_module("scalar", "replica_count=8", SUM, """
+        x = f32[] parameter(0)
+        ROOT r = f32[] all-reduce(x), replica_groups={}, to_apply=sum"""))
+    _run(_module("pred", "replica_count=8", POR, """
+        x = pred[4,8] parameter(0)
+        ROOT r = pred[4,8] all-reduce(x), replica_groups={}, to_apply=por"""))
+    _run(LOOP, chips=4)
+
+
 MESH_SHAPE = (2, 4)
 
 

@@ -90,13 +90,15 @@ def _reducer(ctx: Lowering, instr: Instruction) -> str:
 
 
 def _flat(ref: MemRef) -> MemRef | None:
-    """The buffer as a 1-D array of its element slots (padding included), or None for sub-byte types."""
+    """The buffer as a 1-D array of its element slots (padding included; slots keep their width, e.g. the
+    32-bit ``E(32)`` slots of TPU pred arrays), or None for sub-byte slots."""
     geo = geometry(ref.shape)
     et = ref.shape.element_type
-    if et.dtype is None or geo.element_bits != et.bits or et.bits % 8 or geo.prefix_bytes:
+    bits = geo.element_bits
+    if et.dtype is None or bits < 8 or bits % 8 or geo.prefix_bytes:
         return None
-    n = geo.byte_size * 8 // et.bits
-    return MemRef(Space.HBM, ref.address, Shape(et, (n,), layout=Layout((0,))))
+    layout = Layout((0,), element_size_bits=bits if bits != et.bits else 0)
+    return MemRef(Space.HBM, ref.address, Shape(et, (geo.byte_size * 8 // bits,), layout=layout))
 
 
 def _result_leaves(ctx: Lowering, comp: Computation, instr: Instruction) -> list[MemRef]:
