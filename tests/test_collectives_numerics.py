@@ -79,6 +79,18 @@ CASES = {
     "collective_permute_partial": _module("cp", "replica_count=8", "", """
         x = f32[8,128] parameter(0)
         ROOT r = f32[8,128] collective-permute(x), source_target_pairs={{0,3},{3,1},{1,0},{5,5},{6,7}}"""),
+    "collective_broadcast": _module("cb", "replica_count=8", "", """
+        x = f32[8,128] parameter(0)
+        ROOT r = f32[8,128] collective-broadcast(x), replica_groups={{3,0,1,2},{4,5,6,7}}"""),
+    "async_wrapped_short_form": _module("aw", "replica_count=8", SUM, """
+        x = f32[64,128] parameter(0)
+        rs = ((f32[64,128]), f32[8,128]) reduce-scatter-start(x), replica_groups={}, dimensions={0},
+            to_apply=sum
+        ag = ((f32[64,128]), f32[512,128]) all-gather-start(x), replica_groups={}, dimensions={0}
+        e = f32[64,128] exponential(x)
+        rsd = f32[8,128] reduce-scatter-done(rs)
+        agd = f32[512,128] all-gather-done(ag)
+        ROOT t = (f32[8,128], f32[512,128], f32[64,128]) tuple(rsd, agd, e)"""),
     "replica_and_partition_id": _module("ids", "num_partitions=4, replica_count=2", "", """
         a = u32[] replica-id()
         b = u32[] partition-id()
@@ -209,6 +221,20 @@ ENTRY main {
 }
 """
 POR = "por {\n  a = pred[] parameter(0)\n  b = pred[] parameter(1)\n  ROOT s = pred[] or(a, b)\n}\n"
+
+
+def test_async_start_calling_a_collective() -> None:
+    """``async-start(..), calls=`` a computation holding only the collective, with an ``async-update``."""
+    wrapped = """a2a_body {
+  p = f32[16,128] parameter(0)
+  ROOT a = f32[16,128] all-to-all(p), replica_groups={}, dimensions={0}
+}
+"""
+    _run(_module("calls", "replica_count=8", wrapped, """
+        x = f32[16,128] parameter(0)
+        s = ((f32[16,128]), f32[16,128], u32[]) async-start(x), calls=a2a_body
+        u = ((f32[16,128]), f32[16,128], u32[]) async-update(s)
+        ROOT d = f32[16,128] async-done(u)"""), topology="2x4")
 
 
 def test_scalars_predicates_and_loops() -> None:

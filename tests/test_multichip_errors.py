@@ -51,6 +51,17 @@ def test_mismatched_permute_pairs_and_shapes() -> None:
         tpusim.simulate(gather, chips=4)
 
 
+def test_ragged_all_to_all_on_many_chips_is_refused() -> None:
+    """A fallback would run it on one chip's bytes: a wrong answer, so it is an error instead."""
+    text = (
+        "HloModule ragged, replica_count=2\nENTRY main {\n  x = f32[4] parameter(0)\n  o = f32[4] parameter(1)\n"
+        "  i = s32[2] parameter(2)\n  s = s32[2] parameter(3)\n  oo = s32[2] parameter(4)\n  r = s32[2] parameter(5)\n"
+        "  ROOT a = f32[4] ragged-all-to-all(x, o, i, s, oo, r), replica_groups={{0,1}}\n}\n"
+    )
+    with pytest.raises(CompileError, match=r"^a \(ragged-all-to-all\): has no lowering for a run of several chips"):
+        tpusim.simulate(text, chips=2, timing_only=True)
+
+
 def test_unsupported_reduction_is_an_error_not_a_silent_fallback() -> None:
     sub = "sum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] subtract(a, b)\n}\n"
     with pytest.raises(CompileError, match=r"^r \(all-reduce\): the reduction sum \(root subtract\) is not one"):

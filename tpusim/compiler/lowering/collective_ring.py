@@ -194,9 +194,7 @@ def _piece_dims(dims: Sequence[int], dim: int, size: int, piece: Piece, length: 
     return tuple(out)
 
 
-def _blocks(
-    vmem_bytes: int, shape: Shape, dim: int, size: int, piece: Piece, sets: int, align: int = 1
-) -> list[int]:
+def _blocks(vmem_bytes: int, shape: Shape, dim: int, size: int, piece: Piece, sets: int, align: int = 1) -> list[int]:
     """Block lengths of a piece: growing geometrically from about 1/32 of it (so the first push of a stage
     starts early and every later block loads while the previous ones are being pushed), each at most what
     ``vmem_bytes`` holds when ``sets`` blocks (a partial sum and an own part per direction, in several sets)

@@ -19,22 +19,50 @@ chip runs the same stream.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 
 from tpusim.compiler.errors import CompileError
-from tpusim.compiler.hlo.ir import Module
-from tpusim.compiler.lowering.collective_plan import GroupAxis, Participants
+from tpusim.compiler.hlo.ir import Instruction, Module
+from tpusim.compiler.lowering.collective_plan import GroupAxis, GroupPlan, Participants
 from tpusim.compiler.lowering.context import Lowering
-from tpusim.isa import DmaStart, MemRef, Reg, ScalarAlu, SemSignal, SemWait
+from tpusim.isa import DmaStart, MemRef, Reg, ScalarAlu, SemSignal, SemWait, Space
+from tpusim.memory import Layout, Shape, geometry
 from tpusim.topology import Topology, system_topology
 
-__all__ = ["ASYNC_STARTS", "Bank", "CollectiveState", "Facts", "collective_state"]
+__all__ = [
+    "ASYNC_STARTS",
+    "COLLECTIVES",
+    "Bank",
+    "CollectiveState",
+    "Facts",
+    "collective_state",
+    "flat_view",
+    "wrapped_collective",
+]
 
 ASYNC_STARTS = frozenset({"all-reduce-start", "all-gather-start", "collective-permute-start"})
-_COLLECTIVES = frozenset(
-    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", *ASYNC_STARTS}
+COLLECTIVES = frozenset(
+    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast"}
 )
+"""Collectives tpusim lowers (each also wrapped in an ``async-start``)."""
+_COLLECTIVES = COLLECTIVES | ASYNC_STARTS
+
+
+def wrapped_collective(module: Module, instr: Instruction) -> Instruction | None:
+    """The collective an ``async-start`` runs: XLA's short form (``reduce-scatter-start(...)``), or a called
+    computation holding only its parameters and that collective (renamed after the start, on its operands)."""
+    if instr.opcode != "async-start":
+        return None
+    op = instr.async_wrapped_instruction()
+    called = instr.attr("calls")
+    if op is None and isinstance(called, str):
+        callee = module[called]
+        root = callee[callee.root]
+        params = {i.name: i.attr("parameter_number") for i in callee.instructions if i.opcode == "parameter"}
+        if len(callee.instructions) == len(params) + 1 and all(o in params for o in root.operands):
+            op = replace(root, name=instr.name, operands=tuple(instr.operands[params[o]] for o in root.operands))
+    return op if op is not None and op.opcode in COLLECTIVES else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +90,11 @@ class CollectiveState:
     banks: list[Bank]
     open_async: dict[str, tuple[int, bool]] = field(default_factory=dict)
     arena: tuple[object, MemRef] | None = None  # (lowering scope, VMEM) the current instruction's rings share
+
+    def free_bank(self) -> int:
+        """The lowest bank no open async collective holds."""
+        held = {level for level, split in self.open_async.values() if split}
+        return min(set(range(len(self.banks))) - held)
 
     def channel(self, axis: int, step: int) -> int:
         """The arrive-semaphore index of ring traffic along topology ``axis`` in direction ``step``."""
@@ -93,12 +126,13 @@ def _banks_needed(module: Module) -> tuple[int, bool]:
     for comp in module.computations:
         open_now = 0
         for instr in comp.instructions:
-            if is_collective(instr.opcode):
+            wrapped = wrapped_collective(module, instr) is not None
+            if is_collective(instr.opcode) or wrapped:
                 depth = max(depth, open_now + 1)
-            if instr.opcode in ASYNC_STARTS:
+            if instr.opcode in ASYNC_STARTS or wrapped:
                 open_now += 1
                 any_async = True
-            elif instr.opcode.endswith("-done") and instr.opcode.replace("-done", "-start") in ASYNC_STARTS:
+            elif instr.opcode == "async-done" or instr.opcode.replace("-done", "-start") in ASYNC_STARTS:
                 open_now = max(0, open_now - 1)
     return depth, any_async
 
@@ -203,6 +237,56 @@ class Facts:
         self.alu("mul", out, out, ax.stride)
         return self.alu("add", out, out, self.me)
 
+    def release(self, *regs: Reg) -> None:
+        """Give registers back (each once, however often listed)."""
+        for r in dict.fromkeys(regs):
+            self.ctx.release_register(r)
+
+    def select(self, key: Reg, values: list[int]) -> Reg:
+        """A register holding ``values[key]`` (branch-free, as :meth:`table` but keyed by a register)."""
+        out, t = self.reg(), self.reg()
+        self.alu("mov", out, values[0])
+        for i, v in enumerate(values):
+            if i and v != values[0]:
+                self.alu("eq", t, key, i)
+                self.alu("mul", t, t, v - values[0])
+                self.alu("add", out, out, t)
+        self.release(t)
+        return out
+
+    def rank(self, plan: GroupPlan) -> Reg:
+        """A register holding this chip's rank in its group of ``plan``."""
+        if plan.axes is None:
+            return self.table(plan.rank_of())
+        out, t = self.reg(), self.reg()
+        self.alu("mov", out, 0)
+        q = plan.size
+        for ax in plan.axes:
+            q //= ax.length
+            self.axis_position(ax, t)
+            self.alu("mul", t, t, q)
+            self.alu("add", out, out, t)
+        self.release(t)
+        return out
+
+    def member(self, plan: GroupPlan, rank: Reg, j: Reg) -> Reg:
+        """The chip of rank ``j`` (a register) in this chip's group (``rank`` holds this chip's rank); groups
+        with no structure take a table per call site instead (see the callers)."""
+        assert plan.axes is not None
+        out, t, u = self.reg(), self.reg(), self.reg()
+        self.alu("mov", out, self.me)
+        q = plan.size
+        for ax in plan.axes:
+            q //= ax.length
+            for reg, src in ((t, j), (u, rank)):
+                self.alu("div", reg, src, q)
+                self.alu("rem", reg, reg, ax.length)
+            self.alu("sub", t, t, u)
+            self.alu("mul", t, t, ax.stride)
+            self.alu("add", out, out, t)
+        self.release(t, u)
+        return out
+
     def handshake(self, bank: Bank, upstream: list[Reg], receivers: int) -> None:
         """Tell each chip that will push to this one that it may (``ready``), then wait until every chip
         this one pushes to (``receivers`` of them) has said so."""
@@ -215,3 +299,15 @@ class Facts:
 def push(ctx: Lowering, src: object, dst: object, chip: Reg, arrive: int, sem: int) -> None:
     """A DMA into another chip's memory that signals ``arrive`` there and ``sem`` here when it lands."""
     ctx.emit(DmaStart, src=src, dst=dst, chip=chip, dst_sem=arrive, sem=sem)
+
+
+def flat_view(ref: MemRef) -> MemRef | None:
+    """The buffer as a 1-D array of its element slots (padding included; slots keep their width, e.g. the
+    32-bit ``E(32)`` slots of TPU pred arrays), or None for sub-byte slots."""
+    geo = geometry(ref.shape)
+    et = ref.shape.element_type
+    bits = geo.element_bits
+    if et.dtype is None or bits < 8 or bits % 8 or geo.prefix_bytes:
+        return None
+    layout = Layout((0,), element_size_bits=bits if bits != et.bits else 0)
+    return MemRef(Space.HBM, ref.address, Shape(et, (geo.byte_size * 8 // bits,), layout=layout))

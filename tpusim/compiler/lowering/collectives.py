@@ -27,7 +27,8 @@ from math import ceil, prod
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.compiler.lowering.collective_plan import GroupPlan, permute_pairs, plan_groups
+from tpusim.compiler.lowering.collective_direct import all_to_all, collective_broadcast, collective_permute
+from tpusim.compiler.lowering.collective_plan import GroupPlan, plan_groups
 from tpusim.compiler.lowering.collective_ring import (
     Ring,
     RingWork,
@@ -38,31 +39,29 @@ from tpusim.compiler.lowering.collective_ring import (
     zigzag_coordinate,
 )
 from tpusim.compiler.lowering.collective_sync import (
+    COLLECTIVES,
     Bank,
     CollectiveState,
     Facts,
     collective_state,
+    flat_view,
     participants,
+    wrapped_collective,
 )
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.control import copy_arrays
 from tpusim.compiler.lowering.registry import lowering
 from tpusim.isa import (
-    Branch,
-    Const,
     DmaStart,
-    Jump,
     MemRef,
     Reg,
     ScalarAlu,
     ScalarStore,
-    SemSignal,
     SemWait,
     Space,
-    VpuBroadcast,
     Window,
 )
-from tpusim.memory import Layout, Shape, geometry
+from tpusim.memory import Layout, Shape
 
 __all__ = ["REDUCERS"]
 
@@ -89,21 +88,9 @@ def _reducer(ctx: Lowering, instr: Instruction) -> str:
     )
 
 
-def _flat(ref: MemRef) -> MemRef | None:
-    """The buffer as a 1-D array of its element slots (padding included; slots keep their width, e.g. the
-    32-bit ``E(32)`` slots of TPU pred arrays), or None for sub-byte slots."""
-    geo = geometry(ref.shape)
-    et = ref.shape.element_type
-    bits = geo.element_bits
-    if et.dtype is None or bits < 8 or bits % 8 or geo.prefix_bytes:
-        return None
-    layout = Layout((0,), element_size_bits=bits if bits != et.bits else 0)
-    return MemRef(Space.HBM, ref.address, Shape(et, (geo.byte_size * 8 // bits,), layout=layout))
-
-
 def _result_leaves(ctx: Lowering, comp: Computation, instr: Instruction) -> list[MemRef]:
     """The result arrays of a collective, or of the result part of an async start's tuple."""
-    if instr.opcode in ("all-gather-start", "collective-permute-start"):
+    if instr.opcode in ("all-gather-start", "collective-permute-start", "async-start", "async-update"):
         return [ctx.hbm(comp.name, instr.name, path) for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]
     return ctx.hbm_leaves(comp.name, instr.name)
 
@@ -113,9 +100,7 @@ def _operands(ctx: Lowering, comp: Computation, instr: Instruction) -> list[MemR
 
 
 def _bank(state: CollectiveState) -> int:
-    """The lowest bank no open async collective holds."""
-    held = {level for level, _ in state.open_async.values()}
-    return min(set(range(len(state.banks))) - held)
+    return state.free_bank()
 
 
 def _release(ctx: Lowering, *regs: Reg) -> None:
@@ -206,7 +191,7 @@ def all_reduce(
         copy_arrays(ctx, [(x, y)])
         return
     facts = Facts(ctx, state)
-    xf, yf = _flat(x), _flat(y)
+    xf, yf = flat_view(x), flat_view(y)
     if yf is None:
         raise CompileError(f"{ctx.hlo}: an all-reduce of {y.shape} (sub-byte elements) is not supported")
     lengths = _lengths(plan)
@@ -313,194 +298,6 @@ def all_gather(
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
 
 
-def _rank(facts: Facts, plan: GroupPlan) -> Reg:
-    """A register holding this chip's rank in its group."""
-    if plan.axes is None:
-        return facts.table(plan.rank_of())
-    out, t = facts.reg(), facts.reg()
-    facts.alu("mov", out, 0)
-    q = plan.size
-    for ax in plan.axes:
-        q //= ax.length
-        facts.axis_position(ax, t)
-        facts.alu("mul", t, t, q)
-        facts.alu("add", out, out, t)
-    _release(facts.ctx, t)
-    return out
-
-
-def _member(facts: Facts, plan: GroupPlan, rank: Reg, j: Reg) -> Reg:
-    """The chip of rank ``j`` (a register) in this chip's group (``rank`` holds this chip's rank)."""
-    assert plan.axes is not None
-    out = facts.reg()
-    t, u = facts.reg(), facts.reg()
-    facts.alu("mov", out, facts.me)
-    q = plan.size
-    for ax in plan.axes:
-        q //= ax.length
-        for reg, src in ((t, j), (u, rank)):
-            facts.alu("div", reg, src, q)
-            facts.alu("rem", reg, reg, ax.length)
-        facts.alu("sub", t, t, u)
-        facts.alu("mul", t, t, ax.stride)
-        facts.alu("add", out, out, t)
-    _release(facts.ctx, t, u)
-    return out
-
-
-def _select(facts: Facts, key: Reg, values: list[int]) -> Reg:
-    """A register holding ``values[key]`` (branch-free, as :meth:`Facts.table` but keyed by a register)."""
-    out, t = facts.reg(), facts.reg()
-    facts.alu("mov", out, values[0])
-    for i, v in enumerate(values):
-        if i and v != values[0]:
-            facts.alu("eq", t, key, i)
-            facts.alu("mul", t, t, v - values[0])
-            facts.alu("add", out, out, t)
-    _release(facts.ctx, t)
-    return out
-
-
-def all_to_all(
-    ctx: Lowering,
-    state: CollectiveState,
-    bank: Bank,
-    plan: GroupPlan,
-    xs: list[MemRef],
-    ys: list[MemRef],
-    dim: int | None,
-) -> None:
-    """Direct pushes: chunk (or operand) ``j`` of every chip goes to rank ``j``, into chunk (result) ``rank``."""
-    S = plan.size
-    if S == 1:
-        copy_arrays(ctx, list(zip(xs, ys)))
-        return
-    facts = Facts(ctx, state)
-    n = state.who.devices
-    rank_of = plan.rank_of()
-    rank = _rank(facts, plan)
-    j, off_j, off_r = facts.reg(), facts.reg(), facts.reg()
-
-    def peer(delta: int) -> Reg:
-        """The chip of rank ``(rank + delta) % S``; also leaves that rank in ``j``."""
-        facts.alu("add", j, rank, delta)
-        facts.alu("rem", j, j, S)
-        if plan.axes is not None:
-            return _member(facts, plan, rank, j)
-        return facts.table([plan.member(d, (rank_of[d] + delta) % S) for d in range(n)])
-
-    for delta in range(1, S):  # every other member pushes to this chip
-        chip = peer(delta)
-        ctx.emit(SemSignal, sem=bank.ready, count=1, chip=chip)
-        _release(ctx, chip)
-    ctx.emit(SemWait, sem=bank.ready, count=S - 1)
-    sem, local = ctx.semaphore(), ctx.semaphore()
-    if dim is not None:
-        x, y = xs[0], ys[0]
-        c = x.shape.dimensions[dim] // S
-        facts.alu("mul", off_r, rank, c)
-
-        def chunk(ref: MemRef, start: Reg) -> MemRef:
-            offsets: list[Reg | int] = [0] * ref.shape.rank
-            sizes = list(ref.shape.dimensions)
-            offsets[dim], sizes[dim] = start, c
-            return MemRef(Space.HBM, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes)))
-
-        for delta in range(1, S):
-            chip = peer(delta)
-            facts.alu("mul", off_j, j, c)
-            ctx.emit(DmaStart, src=chunk(x, off_j), dst=chunk(y, off_r), chip=chip, dst_sem=bank.arrive[0], sem=sem)
-            _release(ctx, chip)
-        ctx.emit(DmaStart, src=chunk(x, off_r), dst=chunk(y, off_r), sem=local)
-    else:
-        if any(r.shape != xs[0].shape for r in xs + ys):
-            raise CompileError(f"{ctx.hlo}: the tuple form of all-to-all needs operands and results of one shape")
-        ya = [r.address - ys[0].address for r in ys]
-        xa = [r.address - xs[0].address for r in xs]
-        dst_base = _select(facts, rank, ya)
-        for delta in range(1, S):
-            chip = peer(delta)
-            src_base = _select(facts, j, xa)
-            src = MemRef(Space.HBM, xs[0].address, xs[0].shape, None, src_base)
-            dst = MemRef(Space.HBM, ys[0].address, ys[0].shape, None, dst_base)
-            ctx.emit(DmaStart, src=src, dst=dst, chip=chip, dst_sem=bank.arrive[0], sem=sem)
-            _release(ctx, chip, src_base)
-        own = _select(facts, rank, xa)
-        ctx.emit(
-            DmaStart, src=MemRef(Space.HBM, xs[0].address, xs[0].shape, None, own),
-            dst=MemRef(Space.HBM, ys[0].address, ys[0].shape, None, dst_base), sem=local,
-        )  # fmt: skip
-    ctx.emit(SemWait, sem=bank.arrive[0], count=S - 1)
-    ctx.emit(SemWait, sem=sem, count=S - 1)
-    ctx.emit(SemWait, sem=local, count=1)
-
-
-def _zero_fill(ctx: Lowering, y: MemRef) -> None:
-    """Write zeros over ``y`` (a collective-permute result no pair sends to)."""
-    flat = _flat(y)
-    if flat is None:
-        raise CompileError(f"{ctx.hlo}: zero-filling {y.shape} (sub-byte elements) is not supported")
-    et = flat.shape.element_type
-    n = flat.shape.dimensions[0]
-    per = max(1, min(n, ctx.vmem_free_bytes() * 8 // et.bits))
-    block = ctx.vmem(Shape(et, (per,), layout=Layout((0,))))
-    ctx.emit(VpuBroadcast, dst=block, src=Const(0, et))
-    sem = ctx.semaphore()
-    count = 0
-    for start in range(0, n, per):
-        size = min(per, n - start)
-        src = block if size == per else MemRef(Space.VMEM, block.address, Shape(et, (size,), layout=Layout((0,))))
-        dst = MemRef(Space.HBM, flat.address, flat.shape, Window((start,), (size,)))
-        ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
-        count += 1
-    ctx.emit(SemWait, sem=sem, count=count)
-
-
-def collective_permute(
-    ctx: Lowering, state: CollectiveState, instr: Instruction, x: MemRef, y: MemRef, part: str, bank: Bank
-) -> None:
-    """Push ``x`` to this chip's target; ``part`` is ``all`` (sync), ``start`` (push) or ``done`` (wait)."""
-    target, source = permute_pairs(instr, state.who)
-    facts = Facts(ctx, state)
-    tgt, src = facts.table(target), facts.table(source)
-    sent = bank.local if part != "all" and bank.local is not None else None
-    if part in ("all", "start"):
-        if sent is None:
-            sent = ctx.semaphore()
-        no_signal, no_push, self_copy, end = (
-            ctx.label(f"{instr.name}.{t}") for t in ("nosig", "nopush", "self", "end")
-        )
-        ctx.emit(Branch, cond="lt", a=src, b=0, target=no_signal)
-        ctx.emit(Branch, cond="eq", a=src, b=facts.me, target=no_signal)
-        ctx.emit(SemSignal, sem=bank.ready, count=1, chip=src)
-        ctx.place_label(no_signal)
-        ctx.emit(Branch, cond="lt", a=tgt, b=0, target=no_push)
-        ctx.emit(Branch, cond="eq", a=tgt, b=facts.me, target=self_copy)
-        ctx.emit(SemWait, sem=bank.ready, count=1)
-        ctx.emit(DmaStart, src=x, dst=y, chip=tgt, dst_sem=bank.arrive[0], sem=sent)
-        ctx.emit(Jump, target=no_push)
-        ctx.place_label(self_copy)
-        local = ctx.semaphore()
-        ctx.emit(DmaStart, src=x, dst=y, sem=local)
-        ctx.emit(SemWait, sem=local, count=1)
-        ctx.place_label(no_push)
-        if -1 in source:
-            ctx.emit(Branch, cond="ge", a=src, b=0, target=end)
-            _zero_fill(ctx, y)
-            ctx.place_label(end)
-    if part in ("all", "done"):
-        assert sent is not None
-        skip_recv, skip_sent = ctx.label(f"{instr.name}.norecv"), ctx.label(f"{instr.name}.nosent")
-        ctx.emit(Branch, cond="lt", a=src, b=0, target=skip_recv)
-        ctx.emit(Branch, cond="eq", a=src, b=facts.me, target=skip_recv)
-        ctx.emit(SemWait, sem=bank.arrive[0], count=1)
-        ctx.place_label(skip_recv)
-        ctx.emit(Branch, cond="lt", a=tgt, b=0, target=skip_sent)
-        ctx.emit(Branch, cond="eq", a=tgt, b=facts.me, target=skip_sent)
-        ctx.emit(SemWait, sem=sent, count=1)
-        ctx.place_label(skip_sent)
-
-
 # --------------------------------------------------------------------------------------------- rules
 def _setup(ctx: Lowering, instr: Instruction) -> tuple[CollectiveState, GroupPlan]:
     state = collective_state(ctx)
@@ -527,93 +324,165 @@ def _pairs(instr: Instruction, xs: list[MemRef], ys: list[MemRef]) -> list[tuple
     return [(x, y) for x, y in zip(xs, ys) if x.shape.element_count and y.shape.element_count]
 
 
-@lowering("all-reduce", "all-reduce-start")
-def lower_all_reduce(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    state, plan = _setup(ctx, instr)
-    fn = _reducer(ctx, instr)
-    level = _bank(state)
-    for x, y in _pairs(instr, _operands(ctx, comp, instr), _result_leaves(ctx, comp, instr)):
-        all_reduce(ctx, state, state.banks[level], plan, x, y, fn)
-    if instr.opcode.endswith("-start"):
-        state.open_async[instr.name] = (level, False)
-
-
-@lowering("reduce-scatter")
-def lower_reduce_scatter(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    state, plan = _setup(ctx, instr)
-    fn = _reducer(ctx, instr)
-    (dim,) = instr.attr("dimensions", (0,))
-    bank = state.banks[_bank(state)]
-    for x, y in _pairs(instr, _operands(ctx, comp, instr), _result_leaves(ctx, comp, instr)):
-        _check_split(instr, x.shape.dimensions, y.shape.dimensions, dim, plan.size, "operand", "result")
-        reduce_scatter(ctx, state, bank, plan, x, y, dim, fn)
-
-
-@lowering("all-gather", "all-gather-start")
-def lower_all_gather(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    state, plan = _setup(ctx, instr)
-    (dim,) = instr.attr("dimensions", (0,))
-    pairs = _pairs(instr, _operands(ctx, comp, instr), _result_leaves(ctx, comp, instr))
-    level = _bank(state)
-    start = instr.opcode.endswith("-start")
-    split = start and len(pairs) == 1 and len(_lengths(plan)) == 1 and plan.size > 2
-    for x, y in pairs:
-        _check_split(instr, y.shape.dimensions, x.shape.dimensions, dim, plan.size, "result", "operand")
-        all_gather(ctx, state, state.banks[level], plan, x, y, dim, "start" if split else "all")
-    if start:
-        state.open_async[instr.name] = (level, split)
-
-
-@lowering("all-to-all")
-def lower_all_to_all(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    state, plan = _setup(ctx, instr)
-    dims = instr.attr("dimensions")
-    xs, ys = _operands(ctx, comp, instr), _result_leaves(ctx, comp, instr)
-    bank = state.banks[_bank(state)]
-    if dims:
-        for x, y in _pairs(instr, xs, ys):
-            if x.shape.dimensions != y.shape.dimensions or x.shape.dimensions[dims[0]] % plan.size:
-                raise _fail(
-                    instr, f"dimension {dims[0]} of {x.shape} does not split into {plan.size} chunks (or the result "
-                    f"{y.shape} has other dimensions)",
-                )  # fmt: skip
-            all_to_all(ctx, state, bank, plan, [x], [y], dims[0])
+def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list[MemRef], part: str = "all") -> bool:
+    """Lower collective ``instr`` from operand arrays ``xs`` to result arrays ``ys``; ``part`` ``start``
+    begins an async one. Returns whether the start left work for its done (a split start)."""
+    state = collective_state(ctx)
+    level = state.free_bank()
+    bank = state.banks[level]
+    op = instr.opcode.removesuffix("-start")
+    split = False
+    if op == "collective-permute":
+        if len(instr.operands) != 1 or len(xs) != 1 or len(ys) != 1:
+            raise _fail(instr, "only the one-operand form (no in-place start indices) is supported")
+        collective_permute(ctx, state, instr, xs[0], ys[0], part, bank)
+        split = part == "start"
     else:
-        if len(xs) != plan.size:
-            raise _fail(instr, f"the tuple form needs one operand per participant ({plan.size}), got {len(xs)}")
-        all_to_all(ctx, state, bank, plan, xs, ys, None)
+        plan = plan_groups(ctx.module, instr, state.who, state.topology)
+        pairs = _pairs(instr, xs, ys)
+        if op == "all-reduce":
+            fn = _reducer(ctx, instr)
+            for x, y in pairs:
+                all_reduce(ctx, state, bank, plan, x, y, fn)
+        elif op == "reduce-scatter":
+            fn = _reducer(ctx, instr)
+            (dim,) = instr.attr("dimensions", (0,))
+            for x, y in pairs:
+                _check_split(instr, x.shape.dimensions, y.shape.dimensions, dim, plan.size, "operand", "result")
+                reduce_scatter(ctx, state, bank, plan, x, y, dim, fn)
+        elif op == "all-gather":
+            (dim,) = instr.attr("dimensions", (0,))
+            split = part == "start" and len(pairs) == 1 and len(_lengths(plan)) == 1 and plan.size > 2
+            for x, y in pairs:
+                _check_split(instr, y.shape.dimensions, x.shape.dimensions, dim, plan.size, "result", "operand")
+                all_gather(ctx, state, bank, plan, x, y, dim, "start" if split else "all")
+        elif op == "all-to-all":
+            dims = instr.attr("dimensions")
+            if dims:
+                for x, y in pairs:
+                    if x.shape.dimensions != y.shape.dimensions or x.shape.dimensions[dims[0]] % plan.size:
+                        raise _fail(
+                            instr, f"dimension {dims[0]} of {x.shape} does not split into {plan.size} chunks (or "
+                            f"the result {y.shape} has other dimensions)",
+                        )  # fmt: skip
+                    all_to_all(ctx, state, bank, plan, [x], [y], dims[0])
+            else:
+                if len(xs) != plan.size:
+                    raise _fail(instr, f"the tuple form needs one operand per participant ({plan.size}), got {len(xs)}")
+                all_to_all(ctx, state, bank, plan, xs, ys, None)
+        elif op == "collective-broadcast":
+            collective_broadcast(ctx, state, bank, plan, [x for x, _ in pairs], [y for _, y in pairs])
+        else:
+            raise _fail(instr, "is not a collective tpusim lowers")
+    if part == "start":
+        state.open_async[instr.name] = (level, split)
+    return split
 
 
-@lowering("collective-permute", "collective-permute-start")
-def lower_collective_permute(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+@lowering(
+    "all-reduce", "all-reduce-start", "reduce-scatter", "all-gather", "all-gather-start", "all-to-all",
+    "collective-permute", "collective-permute-start", "collective-broadcast",
+)  # fmt: skip
+def lower_collective(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    part = "start" if instr.opcode.endswith("-start") else "all"
+    run_collective(ctx, instr, _operands(ctx, comp, instr), _result_leaves(ctx, comp, instr), part)
+
+
+def finish_collective(
+    ctx: Lowering, comp: Computation, instr: Instruction, start: Instruction, op: Instruction
+) -> None:
+    """The ``-done`` of async start ``start`` running collective ``op``: the forwarding it left, then a copy of
+    the result out of the start's buffer."""
     state = collective_state(ctx)
-    xs, ys = _operands(ctx, comp, instr), _result_leaves(ctx, comp, instr)
-    if len(instr.operands) != 1 or len(xs) != 1 or len(ys) != 1:
-        raise _fail(instr, "only the one-operand form (no in-place start indices) is supported")
-    start = instr.opcode.endswith("-start")
-    level = _bank(state)
-    collective_permute(ctx, state, instr, xs[0], ys[0], "start" if start else "all", state.banks[level])
-    if start:
-        state.open_async[instr.name] = (level, True)
-
-
-@lowering("all-reduce-done", "all-gather-done", "collective-permute-done")
-def lower_done(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    state = collective_state(ctx)
-    start = comp[instr.operands[0]]
     held = state.open_async.pop(start.name, None)
     if held is None:
         raise _fail(instr, f"its operand {start.name} is not an async start lowered before it")
     level, split = held
-    bank = state.banks[level]
+    bank = state.banks[max(level, 0)]
     results = _result_leaves(ctx, comp, start)
-    if start.opcode == "collective-permute-start":
-        collective_permute(ctx, state, start, _operands(ctx, comp, start)[0], results[0], "done", bank)
-    elif start.opcode == "all-gather-start" and split:
-        plan = plan_groups(ctx.module, start, state.who, state.topology)
-        (dim,) = start.attr("dimensions", (0,))
+    if split and op.opcode.startswith("collective-permute"):
+        collective_permute(ctx, state, op, _operands(ctx, comp, start)[0], results[0], "done", bank)
+    elif split:
+        plan = plan_groups(ctx.module, op, state.who, state.topology)
+        (dim,) = op.attr("dimensions", (0,))
         all_gather(ctx, state, bank, plan, _operands(ctx, comp, start)[0], results[0], dim, "done")
     copy_arrays(ctx, list(zip(results, ctx.hbm_leaves(comp.name, instr.name))))
+
+
+@lowering("all-reduce-done", "all-gather-done", "collective-permute-done")
+def lower_done(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    start = comp[instr.operands[0]]
+    finish_collective(ctx, comp, instr, start, start)
+
+
+def _wrapped(ctx: Lowering, instr: Instruction) -> Instruction | None:
+    return wrapped_collective(ctx.module, instr)
+
+
+def _starts_collective(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
+    return _wrapped(ctx, instr) is not None
+
+
+def _async_origin(comp: Computation, instr: Instruction) -> Instruction | None:
+    """The ``async-start`` an ``async-update`` / ``async-done`` continues (through earlier updates)."""
+    seen = instr
+    while seen.operands and seen.operands[0] in comp:
+        seen = comp[seen.operands[0]]
+        if seen.opcode == "async-start":
+            return seen
+        if seen.opcode != "async-update":
+            return None
+    return None
+
+
+def _ends_collective(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
+    origin = _async_origin(comp, instr)
+    return origin is not None and _wrapped(ctx, origin) is not None
+
+
+@lowering("async-start", when=_starts_collective)
+def lower_async_start(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    """An async-start wrapping a collective: the collective's own start (results in element 1)."""
+    op = _wrapped(ctx, instr)
+    assert op is not None
+    ys = [ctx.hbm(comp.name, instr.name, path) for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]
+    part = "start" if op.opcode in ("all-gather", "collective-permute") else "all"
+    run_collective(ctx, op, _operands(ctx, comp, instr), ys, part)
+    state = collective_state(ctx)
+    state.open_async[instr.name] = state.open_async.pop(op.name, (-1, False))  # -1: done, holds no bank
+
+
+@lowering("async-update", when=_ends_collective)
+def lower_async_update(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    """The collective runs on; its result (element 1 of the async value) moves to the update's buffers."""
+    source = comp[instr.operands[0]]
+    state = collective_state(ctx)
+    if source.name in state.open_async:
+        state.open_async[instr.name] = state.open_async.pop(source.name)
+    pairs = [(ctx.hbm(comp.name, source.name, path), ctx.hbm(comp.name, instr.name, path))
+             for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]  # fmt: skip
+    copy_arrays(ctx, pairs)
+
+
+@lowering("async-done", when=_ends_collective)
+def lower_async_done(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    start = comp[instr.operands[0]]  # the start, or the last update (which holds the start's place)
+    origin = _async_origin(comp, instr)
+    op = _wrapped(ctx, origin) if origin is not None else None
+    assert op is not None
+    finish_collective(ctx, comp, instr, start, op)
+
+
+def _several_devices(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
+    if instr.opcode in ("send", "recv") and instr.attr("is_host_transfer"):
+        return False
+    return participants(ctx.module, ctx.config.ici.shape).devices > 1
+
+
+@lowering("ragged-all-to-all", "send", "recv", when=_several_devices)
+def lower_unsupported(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    """A fallback would run these on one device's bytes only: refuse instead of answering wrong."""
+    raise _fail(instr, f"has no lowering for a run of several chips (tpusim lowers {', '.join(sorted(COLLECTIVES))})")
 
 
 @lowering("replica-id", "partition-id")

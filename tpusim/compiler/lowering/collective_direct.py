@@ -1,0 +1,203 @@
+"""Collectives as direct pushes to each partner: all-to-all, collective-permute, collective-broadcast.
+
+Each starts with the handshake of :mod:`.collective_sync` (a receiver signals every chip that will push to
+it) and ends when every push to this chip has arrived (one arrival semaphore: within a collective the
+arrivals are only counted, never told apart). Transfers to chips that are not neighbours are routed over
+the torus by the device model.
+"""
+
+from __future__ import annotations
+
+from tpusim.compiler.errors import CompileError
+from tpusim.compiler.hlo.ir import Instruction
+from tpusim.compiler.lowering.collective_plan import GroupPlan, permute_pairs
+from tpusim.compiler.lowering.collective_sync import Bank, CollectiveState, Facts, flat_view
+from tpusim.compiler.lowering.context import Lowering
+from tpusim.compiler.lowering.control import copy_arrays
+from tpusim.isa import Branch, Const, DmaStart, Jump, MemRef, Reg, SemSignal, SemWait, Space, VpuBroadcast, Window
+from tpusim.memory import Layout, Shape
+
+__all__ = ["all_to_all", "collective_broadcast", "collective_permute", "zero_fill"]
+
+
+def all_to_all(
+    ctx: Lowering,
+    state: CollectiveState,
+    bank: Bank,
+    plan: GroupPlan,
+    xs: list[MemRef],
+    ys: list[MemRef],
+    dim: int | None,
+) -> None:
+    """Direct pushes: chunk (or operand) ``j`` of every chip goes to rank ``j``, into chunk (result) ``rank``."""
+    S = plan.size
+    if S == 1:
+        copy_arrays(ctx, list(zip(xs, ys)))
+        return
+    facts = Facts(ctx, state)
+    n = state.who.devices
+    rank_of = plan.rank_of()
+    rank = facts.rank(plan)
+    j, off_j, off_r = facts.reg(), facts.reg(), facts.reg()
+
+    def peer(delta: int) -> Reg:
+        """The chip of rank ``(rank + delta) % S``; also leaves that rank in ``j``."""
+        facts.alu("add", j, rank, delta)
+        facts.alu("rem", j, j, S)
+        if plan.axes is not None:
+            return facts.member(plan, rank, j)
+        return facts.table([plan.member(d, (rank_of[d] + delta) % S) for d in range(n)])
+
+    for delta in range(1, S):  # every other member pushes to this chip
+        chip = peer(delta)
+        ctx.emit(SemSignal, sem=bank.ready, count=1, chip=chip)
+        facts.release(chip)
+    ctx.emit(SemWait, sem=bank.ready, count=S - 1)
+    sem, local = ctx.semaphore(), ctx.semaphore()
+    if dim is not None:
+        x, y = xs[0], ys[0]
+        c = x.shape.dimensions[dim] // S
+        facts.alu("mul", off_r, rank, c)
+
+        def chunk(ref: MemRef, start: Reg) -> MemRef:
+            offsets: list[Reg | int] = [0] * ref.shape.rank
+            sizes = list(ref.shape.dimensions)
+            offsets[dim], sizes[dim] = start, c
+            return MemRef(Space.HBM, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes)))
+
+        for delta in range(1, S):
+            chip = peer(delta)
+            facts.alu("mul", off_j, j, c)
+            ctx.emit(DmaStart, src=chunk(x, off_j), dst=chunk(y, off_r), chip=chip, dst_sem=bank.arrive[0], sem=sem)
+            facts.release(chip)
+        ctx.emit(DmaStart, src=chunk(x, off_r), dst=chunk(y, off_r), sem=local)
+    else:
+        if any(r.shape != xs[0].shape for r in xs + ys):
+            raise CompileError(f"{ctx.hlo}: the tuple form of all-to-all needs operands and results of one shape")
+        ya = [r.address - ys[0].address for r in ys]
+        xa = [r.address - xs[0].address for r in xs]
+        dst_base = facts.select(rank, ya)
+        for delta in range(1, S):
+            chip = peer(delta)
+            src_base = facts.select(j, xa)
+            src = MemRef(Space.HBM, xs[0].address, xs[0].shape, None, src_base)
+            dst = MemRef(Space.HBM, ys[0].address, ys[0].shape, None, dst_base)
+            ctx.emit(DmaStart, src=src, dst=dst, chip=chip, dst_sem=bank.arrive[0], sem=sem)
+            facts.release(chip, src_base)
+        own = facts.select(rank, xa)
+        ctx.emit(
+            DmaStart, src=MemRef(Space.HBM, xs[0].address, xs[0].shape, None, own),
+            dst=MemRef(Space.HBM, ys[0].address, ys[0].shape, None, dst_base), sem=local,
+        )  # fmt: skip
+    ctx.emit(SemWait, sem=bank.arrive[0], count=S - 1)
+    ctx.emit(SemWait, sem=sem, count=S - 1)
+    ctx.emit(SemWait, sem=local, count=1)
+
+
+def zero_fill(ctx: Lowering, y: MemRef) -> None:
+    """Write zeros over ``y`` (a collective-permute result no pair sends to)."""
+    flat = flat_view(y)
+    if flat is None:
+        raise CompileError(f"{ctx.hlo}: zero-filling {y.shape} (sub-byte elements) is not supported")
+    et = flat.shape.element_type
+    n = flat.shape.dimensions[0]
+    per = max(1, min(n, ctx.vmem_free_bytes() * 8 // et.bits))
+    block = ctx.vmem(Shape(et, (per,), layout=Layout((0,))))
+    ctx.emit(VpuBroadcast, dst=block, src=Const(0, et))
+    sem = ctx.semaphore()
+    count = 0
+    for start in range(0, n, per):
+        size = min(per, n - start)
+        src = block if size == per else MemRef(Space.VMEM, block.address, Shape(et, (size,), layout=Layout((0,))))
+        dst = MemRef(Space.HBM, flat.address, flat.shape, Window((start,), (size,)))
+        ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
+        count += 1
+    ctx.emit(SemWait, sem=sem, count=count)
+
+
+def collective_permute(
+    ctx: Lowering, state: CollectiveState, instr: Instruction, x: MemRef, y: MemRef, part: str, bank: Bank
+) -> None:
+    """Push ``x`` to this chip's target; ``part`` is ``all`` (sync), ``start`` (push) or ``done`` (wait)."""
+    target, source = permute_pairs(instr, state.who)
+    facts = Facts(ctx, state)
+    tgt, src = facts.table(target), facts.table(source)
+    sent = bank.local if part != "all" and bank.local is not None else None
+    if part in ("all", "start"):
+        if sent is None:
+            sent = ctx.semaphore()
+        no_signal, no_push, self_copy, end = (
+            ctx.label(f"{instr.name}.{t}") for t in ("nosig", "nopush", "self", "end")
+        )
+        ctx.emit(Branch, cond="lt", a=src, b=0, target=no_signal)
+        ctx.emit(Branch, cond="eq", a=src, b=facts.me, target=no_signal)
+        ctx.emit(SemSignal, sem=bank.ready, count=1, chip=src)
+        ctx.place_label(no_signal)
+        ctx.emit(Branch, cond="lt", a=tgt, b=0, target=no_push)
+        ctx.emit(Branch, cond="eq", a=tgt, b=facts.me, target=self_copy)
+        ctx.emit(SemWait, sem=bank.ready, count=1)
+        ctx.emit(DmaStart, src=x, dst=y, chip=tgt, dst_sem=bank.arrive[0], sem=sent)
+        ctx.emit(Jump, target=no_push)
+        ctx.place_label(self_copy)
+        local = ctx.semaphore()
+        ctx.emit(DmaStart, src=x, dst=y, sem=local)
+        ctx.emit(SemWait, sem=local, count=1)
+        ctx.place_label(no_push)
+        if -1 in source:
+            ctx.emit(Branch, cond="ge", a=src, b=0, target=end)
+            zero_fill(ctx, y)
+            ctx.place_label(end)
+    if part in ("all", "done"):
+        assert sent is not None
+        skip_recv, skip_sent = ctx.label(f"{instr.name}.norecv"), ctx.label(f"{instr.name}.nosent")
+        ctx.emit(Branch, cond="lt", a=src, b=0, target=skip_recv)
+        ctx.emit(Branch, cond="eq", a=src, b=facts.me, target=skip_recv)
+        ctx.emit(SemWait, sem=bank.arrive[0], count=1)
+        ctx.place_label(skip_recv)
+        ctx.emit(Branch, cond="lt", a=tgt, b=0, target=skip_sent)
+        ctx.emit(Branch, cond="eq", a=tgt, b=facts.me, target=skip_sent)
+        ctx.emit(SemWait, sem=sent, count=1)
+        ctx.place_label(skip_sent)
+
+
+def collective_broadcast(
+    ctx: Lowering, state: CollectiveState, bank: Bank, plan: GroupPlan, xs: list[MemRef], ys: list[MemRef]
+) -> None:
+    """The first member of each group pushes its operands to every other member's results (XLA's
+    collective-broadcast); it keeps its own by a local copy."""
+    if plan.size == 1:
+        copy_arrays(ctx, list(zip(xs, ys)))
+        return
+    facts = Facts(ctx, state)
+    n = state.who.devices
+    rank = facts.rank(plan)
+    if plan.axes is not None:
+        zero = facts.reg()
+        facts.alu("mov", zero, 0)
+        root = facts.member(plan, rank, zero)
+    else:
+        root = facts.table([plan.member(d, 0) for d in range(n)])
+    receiver, end = ctx.label("bcast.receiver"), ctx.label("bcast.end")
+    sem = ctx.semaphore()
+    ctx.emit(Branch, cond="ne", a=rank, b=0, target=receiver)
+    ctx.emit(SemWait, sem=bank.ready, count=plan.size - 1)  # the root: every member is ready, push to each
+    j = facts.reg()
+    for delta in range(1, plan.size):
+        facts.alu("mov", j, delta)
+        if plan.axes is not None:
+            chip = facts.member(plan, rank, j)
+        else:
+            chip = facts.table([plan.member(d, delta) for d in range(n)])
+        for x, y in zip(xs, ys):
+            ctx.emit(DmaStart, src=x, dst=y, chip=chip, dst_sem=bank.arrive[0], sem=sem)
+        facts.release(chip)
+    local = ctx.semaphore()
+    for x, y in zip(xs, ys):
+        ctx.emit(DmaStart, src=x, dst=y, sem=local)
+    ctx.emit(SemWait, sem=local, count=len(xs))
+    ctx.emit(SemWait, sem=sem, count=(plan.size - 1) * len(xs))
+    ctx.emit(Jump, target=end)
+    ctx.place_label(receiver)  # the others: say ready to the root, wait for its data
+    ctx.emit(SemSignal, sem=bank.ready, count=1, chip=root)
+    ctx.emit(SemWait, sem=bank.arrive[0], count=len(xs))
+    ctx.place_label(end)
