@@ -175,14 +175,14 @@ def _remote_rows(result: SimulationResult) -> tuple[list[tuple[int, list[Link], 
     setup, hop, hbm = cfg.dma.setup_cycles, cfg.cycles(cfg.ici.hop_latency_ns), cfg.cycles(cfg.hbm.latency_ns)
     for e in range(len(tr)):
         sid, idx = int(tr.stream[e]), int(tr.index[e])
-        pi = stream_of.get(sid)
-        if pi is None:
+        if sid not in stream_of:
             continue
+        pi = stream_of[sid]
         ins = program.streams[pi].instructions[idx]
         if not isinstance(ins, DmaStart) or ins.chip is None:
             continue
         src = tr.streams[sid].chip
-        dst = int(ins.chip) if isinstance(ins.chip, int) else None
+        dst: int | None = int(ins.chip) if isinstance(ins.chip, int) else None
         if dst is None:
             t = targets.get((pi, idx))
             dst = int(t[src]) if t is not None else None

@@ -161,12 +161,13 @@ def _group_structure(g: tuple[int, ...], topo: Topology) -> tuple[GroupAxis, ...
     if len(pos_rank) != len(g):
         return None
     # rank distance of one step along each axis; row-major order puts the largest step first
-    step = {}
+    step: dict[int, int] = {}
     for i, a in enumerate(axes):
         unit = tuple(1 if j == i else 0 for j in range(len(axes)))
-        step[a] = pos_rank.get(unit)
-        if step[a] is None:
+        rank = pos_rank.get(unit)
+        if rank is None:
             return None
+        step[a] = rank
     order = sorted(axes, key=lambda a: -step[a])
     expect = 1
     for a in reversed(order):

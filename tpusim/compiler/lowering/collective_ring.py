@@ -30,7 +30,7 @@ from tpusim.compiler.errors import CompileError
 from tpusim.compiler.lowering.collective_sync import Facts
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.isa import Branch, DmaStart, MemRef, Reg, ScalarAlu, SemWait, Space, VpuMap, Window
-from tpusim.memory import Layout, Shape
+from tpusim.memory import Layout, Shape, element_type
 
 __all__ = ["Piece", "Ring", "RingWork", "all_gather_phase", "pieces", "reduce_scatter_phase", "window"]
 
@@ -108,7 +108,7 @@ class RingWork:
             else:
                 vreg = ctx.vreg_bytes
                 n = ctx.vmem_free_bytes() // vreg * vreg
-                self._arena = ctx.vmem(Shape("u8", (max(n, vreg),), layout=Layout((0,))))
+                self._arena = ctx.vmem(Shape(element_type("u8"), (max(n, vreg),), layout=Layout((0,))))
                 state.arena = (ctx.scope, self._arena)
         return self._arena
 

@@ -162,7 +162,7 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     reserved = list(range(total - 1, total - 1 - need, -1))
     for i, ins in enumerate(ctx.stream.instructions):
         used = {getattr(ins, "sem", None), getattr(ins, "dst_sem", None)}
-        clash = used & set(reserved)
+        clash = {s for s in used if isinstance(s, int)} & set(reserved)
         if clash:
             raise CompileError(
                 f"{ctx.hlo}: semaphore {min(clash)} is reserved for collectives, but instruction {i} before it "
