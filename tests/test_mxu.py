@@ -11,7 +11,7 @@ import pytest
 from tpusim.config import load_config, with_overrides
 from tpusim.devices import Chip, ExecutionError
 from tpusim.devices.mxu import matmul_f32, split_bf16
-from tpusim.isa import MemRef, MxuLoadWeights, MxuMatmul, MxuPop, Program, Space, Stream, Symbol
+from tpusim.isa import MemRef, MxuLoadWeights, MxuMatmul, MxuPop, Program, Space, Stream, Symbol, VpuCopy
 from tpusim.memory import parse_shape
 
 BF16 = ml_dtypes.bfloat16
@@ -153,17 +153,98 @@ def run_matmul(lhs: np.ndarray, w: np.ndarray, *, precision="bf16", transpose=Fa
 
 
 def reference(lhs: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Exact products of the bf16 values, float64 sums, one rounding to f32."""
+    """Exact products of the bf16 values, float64 sums, one rounding to f32 (for error bounds)."""
     return (lhs.astype(np.float64) @ w.astype(np.float64)).astype(np.float32)
 
 
-def test_bf16_products_accumulate_in_f32_exactly_as_documented():
+def f32_product(lhs: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The MXU's rule (docs/model.md, MXU numerics): the bf16 values as f32, one f32 matrix product."""
+    return np.ascontiguousarray(lhs, np.float32) @ np.ascontiguousarray(w, np.float32)
+
+
+def within_f32_accumulation(got: np.ndarray, lhs: np.ndarray, w: np.ndarray) -> bool:
+    """|got - exact| <= K u sum |a||w| (u = 2^-24): the error bound of any order of f32 additions."""
+    exact = lhs.astype(np.float64) @ w.astype(np.float64)
+    bound = lhs.shape[1] * 2.0**-24 * (np.abs(lhs.astype(np.float64)) @ np.abs(w.astype(np.float64)))
+    return bool(np.all(np.abs(got - exact) <= bound))
+
+
+def test_bf16_products_accumulate_in_f32_as_documented():
     rng = np.random.default_rng(1)
     a = rng.standard_normal((16, 8)).astype(BF16)
     w = (rng.standard_normal((8, 8)) * 100).astype(BF16)
-    assert np.array_equal(run_matmul(a, w), reference(a, w))
+    got = run_matmul(a, w)
+    assert np.array_equal(got, f32_product(a, w))
+    assert within_f32_accumulation(got, a, w)
+    # a second matmul accumulating into the same rows joins the first: one f32 product over both
     twice = run_matmul(a, w, accumulate_twice=True)
-    assert np.array_equal(twice, (reference(a, w) + reference(a, w)).astype(np.float32))
+    assert np.array_equal(twice, f32_product(np.concatenate([a, a], 1), np.concatenate([w, w], 0)))
+    assert within_f32_accumulation(twice, np.concatenate([a, a], 1), np.concatenate([w, w], 0))
+
+
+def _numeric_program(ins: list, arrays: dict[str, tuple[int, str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Run ``ins`` with VMEM symbols ``name -> (address, shape, value or None)``; the final value of each."""
+    syms = [Symbol(n, vm(at, shape)) for n, (at, shape, _) in arrays.items()]
+    inputs = {n: v for n, (_, _, v) in arrays.items() if v is not None}
+    res = Chip(TEACH).run(Program.single(ins, symbols=syms), inputs)
+    return {n: res.read(n) for n in arrays}
+
+
+def test_groups_on_separate_rows_interleave_and_add_to_earlier_results():
+    rng = np.random.default_rng(6)
+    a0, a1, a2 = (rng.standard_normal((8, 8)).astype(BF16) for _ in range(3))
+    w0, w1 = (rng.standard_normal((8, 8)).astype(BF16) for _ in range(2))
+    t8, f8 = bf16_tile(8, 8), "f32[8,8]{1,0:T(8,8)}"
+    arrays = {
+        "w0": (0x0, t8, w0), "w1": (0x100, t8, w1), "a0": (0x200, t8, a0), "a1": (0x300, t8, a1),
+        "a2": (0x400, t8, a2), "p": (0x1000, f8, None), "q": (0x1100, f8, None), "r": (0x1200, f8, None),
+    }  # fmt: skip
+    ref = {n: vm(at, shape) for n, (at, shape, _) in arrays.items()}
+    ins = [
+        MxuLoadWeights(0, ref["w0"]),
+        MxuMatmul(0, ref["a0"], acc=0),  # rows 0..7: a0 w0 ...
+        MxuMatmul(0, ref["a1"], acc=8),  # rows 8..15: a1 w0 ...
+        MxuLoadWeights(0, ref["w1"]),
+        MxuMatmul(0, ref["a2"], acc=0, accumulate=True),  # ... + a2 w1
+        MxuMatmul(0, ref["a0"], acc=8, accumulate=True),  # ... + a0 w1
+        MxuPop(0, ref["p"], acc=0),
+        MxuPop(0, ref["q"], acc=8),
+        MxuMatmul(0, ref["a1"], acc=0, accumulate=True),  # rows 0..7 again: the popped value + a1 w1
+        MxuPop(0, ref["r"], acc=0),
+    ]
+    out = _numeric_program(ins, arrays)
+    cat = np.concatenate
+    p = f32_product(cat([a0, a2], 1), cat([w0, w1], 0))
+    assert np.array_equal(out["p"], p)
+    assert np.array_equal(out["q"], f32_product(cat([a1, a0], 1), cat([w0, w1], 0)))
+    assert np.array_equal(out["r"], p + f32_product(a1, w1))
+
+
+def test_latched_weights_and_streamed_rows_are_the_values_at_issue():
+    """Overwriting the weights' or the LHS's memory after load_weights / matmul changes nothing: the MXU holds
+    the values it read (the value cache keeps snapshots, and forgets them when memory is written)."""
+    rng = np.random.default_rng(7)
+    a, a_new, w, w_new = (rng.standard_normal((8, 8)).astype(BF16) for _ in range(4))
+    t8, f8 = bf16_tile(8, 8), "f32[8,8]{1,0:T(8,8)}"
+    arrays = {
+        "w": (0x0, t8, w), "a": (0x100, t8, a), "w_new": (0x200, t8, w_new), "a_new": (0x300, t8, a_new),
+        "p": (0x1000, f8, None), "q": (0x1100, f8, None),
+    }  # fmt: skip
+    ref = {n: vm(at, shape) for n, (at, shape, _) in arrays.items()}
+    ins = [
+        MxuLoadWeights(0, ref["w"]),
+        VpuCopy(ref["w"], ref["w_new"]),  # the weights' memory changes after the load ...
+        MxuMatmul(0, ref["a"]),
+        VpuCopy(ref["a"], ref["a_new"]),  # ... and the LHS's after the matmul, before the pop
+        MxuPop(0, ref["p"]),
+        MxuLoadWeights(0, ref["w"]),  # reading them again sees the new values
+        MxuMatmul(0, ref["a"]),
+        MxuPop(0, ref["q"]),
+    ]
+    out = _numeric_program(ins, arrays)
+    assert np.array_equal(out["p"], f32_product(a, w))
+    assert np.array_equal(out["q"], f32_product(a_new, w_new))
+    assert np.array_equal(out["w"], w_new) and np.array_equal(out["a"], a_new)
 
 
 def test_bf16_matmul_agrees_with_jax():
@@ -182,7 +263,7 @@ def test_transposed_weights_and_bf16_results():
     w = rng.standard_normal((8, 8)).astype(BF16)
     got = run_matmul(a, w, transpose=True, out="bf16")
     assert got.dtype == BF16
-    assert np.array_equal(got, reference(a, w.T).astype(BF16))
+    assert np.array_equal(got, f32_product(a, w.T).astype(BF16))
 
 
 def test_int8_accumulates_exactly_in_s32():

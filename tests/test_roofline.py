@@ -217,15 +217,21 @@ def test_tiled_matmul_loop_nest_computes_exact_numbers():
     assert res.instructions > 100
     got = res.read("c")
     assert (got > 0).mean() > 0.3  # relu of random sums: a real result, not zeros
-    # expected: per output tile, f32 accumulation over K steps of (f64 dot of one 128-deep block -> f32)
+    # expected (docs/model.md, MXU numerics): each MXU's K steps accumulate into the same rows, the first one
+    # overwriting them, so each 128-column block of an output tile is ONE f32 product over the whole K
     expect = np.zeros((size, size), np.float32)
     for m0 in range(0, size, tile):
+        for n0 in range(0, size, 128):
+            lhs = np.ascontiguousarray(a[m0 : m0 + tile, :], np.float32)
+            w = np.ascontiguousarray(b[:, n0 : n0 + 128], np.float32)
+            expect[m0 : m0 + tile, n0 : n0 + 128] = lhs @ w
+    for m0 in range(0, size, tile):
         for n0 in range(0, size, tile):
-            acc = np.zeros((tile, tile), np.float32)
-            for k0 in range(0, size, kstep):
-                part = a[m0 : m0 + tile, k0 : k0 + kstep].astype(np.float64) @ b[
-                    k0 : k0 + kstep, n0 : n0 + tile
-                ].astype(np.float64)
-                acc = (acc + part.astype(np.float32)).astype(np.float32)
-            expect[m0 : m0 + tile, n0 : n0 + tile] = np.maximum(acc + bias, np.float32(0))
+            block = expect[m0 : m0 + tile, n0 : n0 + tile]
+            expect[m0 : m0 + tile, n0 : n0 + tile] = np.maximum(block + bias, np.float32(0))
     np.testing.assert_array_equal(got, expect)
+    # and that is f32 accumulation: within the f32 error bound of the exact sums
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    bound = size * 2.0**-24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+    ok = np.abs(got - np.maximum(exact + np.tile(bias, (size // tile, size // tile)), 0)) <= bound + 1e-6
+    assert ok.all()

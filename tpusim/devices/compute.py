@@ -3,8 +3,8 @@
 ``issue_compute`` is the general rule: resolve the operands, ask the scoreboard, wait for the unit's
 FIFO, place the instruction on the unit's timeline from its closed-form cost, record it, and apply its
 numeric effect. ``issue_mxu_fast`` and ``issue_vpu_static`` are the same rule for the common cases the
-core picks at decode (operands fixed, or moved only by base registers, in a timing-only run); they exist
-for speed (see ``benchmarks/bench_devices.py``) and give the same cycles.
+core picks at decode (an MXU operand fixed or moved only by a base register; VPU operands fixed); they exist
+for speed (see ``benchmarks/bench_devices.py``) and give the same cycles and numbers.
 """
 
 from __future__ import annotations

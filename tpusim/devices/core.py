@@ -253,10 +253,9 @@ class Core:
         b = self.bound.get(d.index)
         if b is None:
             stores = self.stores
-            b = self.bound[d.index] = (
-                tuple(a.at(stores[a.space]) for a in d.reads),
-                tuple(a.at(stores[a.space]) for a in d.writes),
-            )
+            r = [a.at(stores[a.space]) for a in d.reads] if d.reads else ()
+            w = [a.at(stores[a.space]) for a in d.writes] if d.writes else ()
+            b = self.bound[d.index] = (tuple(r), tuple(w))
         return b
 
     # ------------------------------------------------------------------ the sequencer process

@@ -55,6 +55,11 @@ class TransferPlan:
         src_runs, dst_runs: ``(start, length)`` byte arrays of each side's own contiguous runs, relative to
             the array's address.
         src_slots, dst_slots: element slots in window order, None for a raw whole-buffer copy.
+        byte_runs: when both sides hold the same whole-byte elements and the runs are few, the joint runs as
+            bytes relative to each array's address: ``("strided", element bytes, src array bytes, dst array
+            bytes, src start, dst start, count, length, src stride, dst stride)`` when they are evenly spaced,
+            else ``("runs", element bytes, src array bytes, dst array bytes, src starts, dst starts,
+            lengths)``; None otherwise (the copy goes element by element).
     """
 
     payload: int
@@ -63,6 +68,7 @@ class TransferPlan:
     dst_runs: tuple[np.ndarray, np.ndarray]
     src_slots: np.ndarray | None
     dst_slots: np.ndarray | None
+    byte_runs: tuple[Any, ...] | None = None
 
 
 def _side_runs(slots_sorted: np.ndarray, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
@@ -95,8 +101,34 @@ def transfer_plan(
         return TransferPlan(0, 0, empty, empty, s, d)
     order = np.argsort(s, kind="stable")
     s_sorted, d_by_s = s[order], d[order]
-    joint = 1 + int(np.count_nonzero((np.diff(s_sorted) != 1) | (np.diff(d_by_s) != 1)))
-    return TransferPlan(ceil(s.size * bits / 8), joint, _side_runs(s_sorted, src), _side_runs(np.sort(d), dst), s, d)
+    breaks = np.flatnonzero((np.diff(s_sorted) != 1) | (np.diff(d_by_s) != 1)) + 1
+    joint = 1 + int(breaks.size)
+    runs = _byte_runs(src, dst, s_sorted, d_by_s, breaks)
+    return TransferPlan(
+        ceil(s.size * bits / 8), joint, _side_runs(s_sorted, src), _side_runs(np.sort(d), dst), s, d, runs
+    )
+
+
+_MAX_BYTE_RUNS = 4096  # more joint runs than this copy element by element
+
+
+def _byte_runs(src: Shape, dst: Shape, s_sorted: np.ndarray, d_by_s: np.ndarray, breaks: np.ndarray) -> Any:
+    """:attr:`TransferPlan.byte_runs` of a window whose element slots are ``s_sorted`` and ``d_by_s``."""
+    gs, gd = geometry(src), geometry(dst)
+    bits = gs.element_bits
+    if src.element_type != dst.element_type or bits != gd.element_bits or bits % 8 or breaks.size >= _MAX_BYTE_RUNS:
+        return None
+    eb = bits // 8
+    first = np.concatenate(([0], breaks))
+    s_at = gs.prefix_bytes + s_sorted[first] * eb
+    d_at = gd.prefix_bytes + d_by_s[first] * eb
+    lengths = np.diff(np.concatenate((first, [s_sorted.size]))) * eb
+    if first.size > 1:
+        ds, dd = np.diff(s_at), np.diff(d_at)
+        if (lengths == lengths[0]).all() and (ds == ds[0]).all() and (dd == dd[0]).all() and ds[0] > 0 and dd[0] > 0:
+            pattern = (int(s_at[0]), int(d_at[0]), int(first.size), int(lengths[0]), int(ds[0]), int(dd[0]))
+            return ("strided", eb, src.byte_size, dst.byte_size, *pattern)
+    return ("runs", eb, src.byte_size, dst.byte_size, s_at.tolist(), d_at.tolist(), lengths.tolist())
 
 
 def burst_bytes(runs: tuple[np.ndarray, np.ndarray], base: int, burst: int) -> int:
@@ -219,6 +251,9 @@ class Transfer(Flow):
         if p.src_slots is None:
             d.store.write(d.address, s.store.read(s.address, p.payload))
             return
+        if p.byte_runs is not None and s.store is not d.store:
+            self._copy_runs(p.byte_runs)
+            return
         et = s.shape.element_type
         assert et.dtype is not None
         gs, gd = geometry(s.shape), geometry(d.shape)
@@ -229,12 +264,33 @@ class Transfer(Flow):
             src_slots, dst_slots = p.src_slots, p.dst_slots
             assert dst_slots is not None
             values = src_raw.view(et.raw_dtype)[src_slots + ss if ss else src_slots]
+            if d.store.values is not None:
+                d.store.values.invalidate(d.lo, d.hi)
             dst_raw = d.store.view(d.address + gd.prefix_bytes, gd.element_slots * et.raw_dtype.itemsize)
             dst_raw.view(et.raw_dtype)[dst_slots + ds if ds else dst_slots] = values
             return
         sizes = s.sizes if s.sizes is not None else s.shape.dimensions
         value = read_value(s.store, s.address, s.shape, s.offsets or (0,) * len(sizes), sizes)
         write_value(d.store, d.address, d.shape, d.offsets or (0,) * len(sizes), sizes, value)
+
+    def _copy_runs(self, runs: tuple[Any, ...]) -> None:
+        """Copy the plan's joint runs as bytes (two different memories, so the views stay valid)."""
+        s, d = self.src, self.dst
+        assert s is not None and d is not None
+        eb, s_bytes, d_bytes = runs[1:4]
+        ss, ds = self.shifts[0] * eb, self.shifts[1] * eb
+        if d.store.values is not None:
+            d.store.values.invalidate(d.lo, d.hi)
+        dst = d.store.view(d.address, d_bytes)
+        src = s.store.view(s.address, s_bytes)
+        if runs[0] == "strided":
+            s0, d0, n, length, s_stride, d_stride = runs[4:]
+            u8 = np.uint8
+            dv = np.ndarray((n, length), u8, dst, d0 + ds, (d_stride, 1))
+            dv[...] = np.ndarray((n, length), u8, src, s0 + ss, (s_stride, 1))
+            return
+        for a, b, n in zip(*runs[4:]):
+            dst[b + ds : b + ds + n] = src[a + ss : a + ss + n]
 
 
 class DmaEngines:

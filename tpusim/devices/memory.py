@@ -16,6 +16,7 @@ from math import ceil, prod
 
 import numpy as np
 
+from tpusim.devices.values import CachedValue, ValueCache
 from tpusim.errors import TpusimError
 from tpusim.memory import Shape, geometry, pack, unpack
 
@@ -49,7 +50,7 @@ class ByteStore:
         capacity: bytes.
     """
 
-    __slots__ = ("_last", "bases", "capacity", "name", "segments")
+    __slots__ = ("_last", "bases", "capacity", "name", "segments", "values")
 
     def __init__(self, name: str, capacity: int) -> None:
         self.name = name
@@ -57,6 +58,7 @@ class ByteStore:
         self.bases: list[int] = []  # sorted segment start addresses
         self.segments: list[np.ndarray] = []  # segments[i] holds bytes bases[i] ..
         self._last: tuple[int, np.ndarray] | None = None
+        self.values: ValueCache | None = None  # decoded operand values (see cached)
 
     @property
     def touched(self) -> int:
@@ -70,9 +72,10 @@ class ByteStore:
         return None
 
     def view(self, address: int, nbytes: int) -> np.ndarray:
-        """A writable view of ``nbytes`` at ``address`` (untouched memory reads as zeros).
+        """A view of ``nbytes`` at ``address`` for reading (untouched memory reads as zeros).
 
-        The view is valid until the next call (a later access may merge segments).
+        The view is valid until the next call (a later access may merge segments). Write through
+        :meth:`write` or :meth:`writable`, which keep cached values (:meth:`cached`) exact.
         """
         end = address + nbytes
         last = self._last
@@ -89,15 +92,24 @@ class ByteStore:
         return seg[address - base : end - base]
 
     def _merge(self, address: int, end: int) -> tuple[int, np.ndarray]:
-        """A segment covering ``[address, end)``, absorbing every segment it overlaps or touches."""
+        """A segment covering ``[address, end)``, absorbing every segment it overlaps.
+
+        Segments next to it stay apart (arrays placed side by side, such as a matmul's operands, each get
+        their own: touching one does not copy its neighbours)."""
         grain = 1 << 16
         lo = address // grain * grain
         hi = min(self.capacity, -(-end // grain) * grain)
-        first = bisect_right(self.bases, lo) - 1
-        if first < 0 or self.bases[first] + self.segments[first].size < lo:
+        bases, segments = self.bases, self.segments
+        k = bisect_right(bases, address) - 1
+        if k >= 0 and bases[k] + segments[k].size <= address:
+            lo = max(lo, bases[k] + segments[k].size)  # the segment before ends first: do not reach into it
+        if k + 1 < len(bases) and bases[k + 1] >= end:
+            hi = min(hi, bases[k + 1])  # nor into the next one
+        first = bisect_right(bases, lo) - 1
+        if first < 0 or bases[first] + segments[first].size <= lo:
             first += 1
         last = first
-        while last < len(self.bases) and self.bases[last] <= hi:
+        while last < len(bases) and bases[last] < hi:
             last += 1
         old = list(zip(self.bases[first:last], self.segments[first:last]))
         if old:
@@ -113,11 +125,40 @@ class ByteStore:
         self.segments[first:last] = [merged]
         return lo, merged
 
+    def writable(self, address: int, nbytes: int) -> np.ndarray:
+        """:meth:`view` for writing: forgets the cached values the bytes hold."""
+        if self.values is not None:
+            self.values.invalidate(address, address + nbytes)
+        return self.view(address, nbytes)
+
     def write(self, address: int, data: np.ndarray) -> None:
-        self.view(address, data.size)[...] = data
+        self.writable(address, data.size)[...] = data
 
     def read(self, address: int, nbytes: int) -> np.ndarray:
         return self.view(address, nbytes).copy()
+
+    def cached(
+        self,
+        address: int,
+        shape: Shape,
+        offsets: tuple[int, ...] | None,
+        sizes: tuple[int, ...] | None,
+        lo: int,
+        hi: int,
+    ) -> CachedValue:
+        """:func:`read_value` of an operand whose bytes are ``[lo, hi)``, decoded once until a write touches
+        them: ``.value`` (read-only) and ``.form(name, derive)`` (e.g. the MXU's f32 matrix of a bf16 block)."""
+        vc = self.values
+        if vc is None:
+            vc = self.values = ValueCache()
+        key = (address, id(shape), offsets, sizes)
+        e = vc.get(key)
+        if e is None:
+            v = read_value(self, address, shape, offsets, sizes)
+            if np.may_share_memory(v, self.view(address, shape.byte_size)):
+                v = v.copy()
+            e = vc.insert(key, shape, lo, hi, v)
+        return e
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -270,6 +311,9 @@ def write_value(
     if offsets is None or sizes is None:
         store.write(address, pack(value, shape))
         return
+    lo, hi = window_extent(shape, offsets, sizes)
+    if store.values is not None:
+        store.values.invalidate(address + lo, address + hi)
     buf = store.view(address, geo.byte_size)
     if _fast_path(shape):
         n = geo.element_slots * et.raw_dtype.itemsize
@@ -278,4 +322,4 @@ def write_value(
         return
     full = unpack(buf, shape)
     full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] = value
-    buf[...] = pack(full, shape)
+    store.writable(address, geo.byte_size)[...] = pack(full, shape)

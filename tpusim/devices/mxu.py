@@ -15,11 +15,10 @@ Timing contract (``R = mxu.rows``, ``C = mxu.cols``, ``L = mxu.weight_load_cycle
   ``ceil(rows / mxu.pop_rows_per_cycle)`` cycles. A matmul writing result rows an earlier pop still reads
   waits for that pop.
 
-Numerics: products of bf16 (or 8-bit integer) values are exact; each output is the float64 sum of its
-products rounded once to f32 (integers: exact, wrapped to s32). f32 operands are split as XLA's
-dot-algorithm rewriter does (``bf16_3x``: hi = truncation to bf16, lo = rounded remainder, passes
-lo*hi + hi*lo, NaN to 0, + hi*hi; ``bf16_6x``: three parts, mid*mid + hi*lo + lo*hi + hi*mid + mid*hi,
-NaN to 0, + hi*hi), each pass rounded to f32, summed in f32. The result buffer holds 32-bit words.
+Numerics (:mod:`tpusim.devices.mxu_numerics`): bf16 values enter the array, their products are exact in
+f32 and accumulate in f32 (BLAS order); one-pass matmuls accumulating into the same rows are evaluated as one
+f32 product over their joint contraction; f32 operands are split into bf16 parts under the multi-pass
+precisions as XLA does; 8-bit integers accumulate exactly in s32. The result buffer holds 32-bit words.
 """
 
 from __future__ import annotations
@@ -27,21 +26,20 @@ from __future__ import annotations
 from math import ceil
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 
-from tpusim.devices.memory import read_value, window_vregs, write_value
+from tpusim.devices.memory import window_vregs, write_value
+from tpusim.devices.mxu_numerics import ResultBuffer, is_one_pass, matmul_f32, one_pass, split_bf16
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
 from tpusim.isa import PRECISION_PASSES, MxuLoadWeights, MxuMatmul, MxuPop
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
 
-__all__ = ["MxuState", "matmul_f32", "split_bf16", "timing_facts"]
+__all__ = ["MxuState", "matmul_f32", "split_bf16", "timing_facts"]  # (the numerics are re-exported)
 
 _FLOAT_INPUTS = ("bf16", "f32", "f16")
 _INT_INPUTS = ("s8", "u8")
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 class MxuState:
@@ -62,6 +60,7 @@ class MxuState:
         "stream_free",
         "weights",
         "weights_dims",
+        "weights_one_pass",
         "weights_parts",
     )
 
@@ -72,16 +71,17 @@ class MxuState:
         self.active_ready = self.last_end = self.pop_free = 0
         self.pending = False
         self.pops: list[tuple[int, int, int]] = []  # (first row, end row, end cycle) of recent pops
-        self.weights: np.ndarray | None = None
+        self.weights: np.ndarray | None = None  # the latched K x N weights (numeric runs)
+        self.weights_one_pass: np.ndarray | None = None  # ... as the one-pass f32 matrix (float weights)
         self.weights_dims: tuple[int, int] | None = None
         self.weights_parts = 1
-        self._result: np.ndarray | None = None
+        self._result: ResultBuffer | None = None
 
     @property
-    def result(self) -> np.ndarray:
-        """The result buffer's 32-bit words (allocated when a numeric run first touches it)."""
+    def result(self) -> ResultBuffer:
+        """The result buffer (allocated when a numeric run first touches it)."""
         if self._result is None:
-            self._result = np.zeros((self.cfg.mxu.result_buffer_rows, self.cfg.mxu.cols), np.uint32)
+            self._result = ResultBuffer(self.cfg.mxu.result_buffer_rows, self.cfg.mxu.cols)
         return self._result
 
     # ------------------------------------------------------------------ timing
@@ -181,60 +181,6 @@ def timing_facts(ins: Any) -> tuple[int, ...]:
     return ins.acc, ins.dst.dims[-2]
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Numerics (pure functions)
-# ---------------------------------------------------------------------------------------------------------
-def _truncate_bf16(x: np.ndarray) -> np.ndarray:
-    """f32 with the low 16 bits cleared (exactly representable in bf16)."""
-    return (np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
-
-
-def split_bf16(x: np.ndarray, parts: int) -> list[np.ndarray]:
-    """Split f32 ``x`` into ``parts`` bf16-valued f32 arrays as XLA's dot-algorithm rewriter does.
-
-    1 part: ``x`` rounded to bf16 (nearest even). 2: truncated high part and the rounded remainder.
-    3: truncated high, truncated middle, rounded low.
-    """
-    x = np.asarray(x, np.float32)
-    if parts == 1:
-        return [x.astype(_BF16).astype(np.float32)]
-    out = []
-    rest = x
-    with np.errstate(invalid="ignore", over="ignore"):
-        for _ in range(parts - 1):
-            hi = _truncate_bf16(rest)
-            out.append(hi)
-            rest = (rest - hi).astype(np.float32)
-        out.append(rest.astype(_BF16).astype(np.float32))
-    return out
-
-
-def _pass(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """One bf16 pass: exact products, float64 sums, one rounding to f32."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
-
-
-def _nan_to_zero(x: np.ndarray) -> np.ndarray:
-    return np.where(np.abs(x) <= np.float32(np.inf), x, np.float32(0))
-
-
-def matmul_f32(lhs: np.ndarray, w: np.ndarray, precision: str) -> np.ndarray:
-    """``lhs @ w`` as the MXU computes it for float operands (see the module docstring)."""
-    passes = PRECISION_PASSES[precision][1]
-    split = passes > 1 and (lhs.dtype == np.float32 or w.dtype == np.float32)
-    if not split:
-        return _pass(split_bf16(lhs, 1)[0], split_bf16(w, 1)[0])
-    n = 2 if passes == 3 else 3
-    a, b = split_bf16(lhs, n), split_bf16(w, n)
-    order = [(1, 0), (0, 1)] if n == 2 else [(1, 1), (0, 2), (2, 0), (0, 1), (1, 0)]
-    with np.errstate(invalid="ignore", over="ignore"):
-        acc = _pass(a[order[0][0]], b[order[0][1]])
-        for i, j in order[1:]:
-            acc = (acc + _pass(a[i], b[j])).astype(np.float32)
-        return (_nan_to_zero(acc) + _pass(a[0], b[0])).astype(np.float32)
-
-
 def _matrix(value: np.ndarray) -> np.ndarray:
     return value.reshape(value.shape[-2], value.shape[-1])
 
@@ -276,10 +222,16 @@ def _cost_load(cfg: ChipConfig, ins: MxuLoadWeights, reads: tuple[Access, ...], 
 
 def _exec_load(core: Any, ins: MxuLoadWeights, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     a = reads[0]
-    w = _matrix(read_value(a.store, a.address, a.shape, a.offsets, a.sizes))
     st: MxuState = core.mxus[ins.mxu]
-    st.weights = w.T.copy() if ins.transpose else w
+    # a cached value is a read-only snapshot: later writes to the memory do not change latched weights
+    e = a.store.cached(a.address, a.shape, a.offsets, a.sizes, a.lo, a.hi)
+    w = _matrix(e.value)
+    t = ins.transpose
+    st.weights = w.T if t else w
     st.weights_parts = _weight_parts(ins)
+    st.weights_one_pass = None
+    if w.dtype.kind not in "iu":
+        st.weights_one_pass = e.form(("mxu", t), _one_pass_transposed if t else _one_pass_matrix)
 
 
 def _check_matmul(cfg: ChipConfig, ins: MxuMatmul) -> str | None:
@@ -316,15 +268,23 @@ def _cost_matmul(cfg: ChipConfig, ins: MxuMatmul, reads: tuple[Access, ...], wri
 def _exec_matmul(core: Any, ins: MxuMatmul, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     st: MxuState = core.mxus[ins.mxu]
     a = reads[0]
-    lhs = _matrix(read_value(a.store, a.address, a.shape, a.offsets, a.sizes))
     w = st.weights
     if w is None:
         raise core.error(ins, "mxu.matmul before any mxu.load_weights on this MXU (numeric state)")
-    m, n = lhs.shape[0], w.shape[1]
-    rows = st.result[ins.acc : ins.acc + m, :n]
-    is_int = lhs.dtype.kind in "iu"
+    dt = a.shape.element_type.dtype
+    assert dt is not None
+    is_int = dt.kind in "iu"
     if is_int != (w.dtype.kind in "iu"):
-        raise core.error(ins, f"cannot multiply {lhs.dtype} operands by {w.dtype} weights")
+        raise core.error(ins, f"cannot multiply {dt} operands by {w.dtype} weights")
+    buf = st.result
+    if not is_int and is_one_pass(ins.precision, dt, w.dtype):
+        lhs = a.store.cached(a.address, a.shape, a.offsets, a.sizes, a.lo, a.hi).form(("mxu", False), _one_pass_matrix)
+        assert st.weights_one_pass is not None
+        buf.accumulate(ins.acc, lhs, st.weights_one_pass, ins.accumulate)
+        return
+    lhs = _matrix(a.store.cached(a.address, a.shape, a.offsets, a.sizes, a.lo, a.hi).value)
+    m, n = lhs.shape[0], w.shape[1]
+    rows = buf.rows_of(ins.acc, m, n)
     if is_int:
         r = (lhs.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
         if ins.accumulate:
@@ -336,6 +296,14 @@ def _exec_matmul(core: Any, ins: MxuMatmul, reads: tuple[Access, ...], writes: t
         with np.errstate(invalid="ignore", over="ignore"):
             r = (rows.view(np.float32) + r).astype(np.float32)
     rows[...] = r.view(np.uint32)
+
+
+def _one_pass_matrix(value: np.ndarray) -> np.ndarray:
+    return one_pass(_matrix(value))
+
+
+def _one_pass_transposed(value: np.ndarray) -> np.ndarray:
+    return one_pass(_matrix(value).T)
 
 
 def _check_pop(cfg: ChipConfig, ins: MxuPop) -> str | None:
@@ -362,7 +330,7 @@ def _exec_pop(core: Any, ins: MxuPop, reads: tuple[Access, ...], writes: tuple[A
     st: MxuState = core.mxus[ins.mxu]
     a = writes[0]
     rows, n = a.dims[-2], a.dims[-1]
-    block = st.result[ins.acc : ins.acc + rows, :n]
+    block = st.result.rows_of(ins.acc, rows, n)
     et = a.shape.element_type
     value = block.view(np.int32) if et.name == "s32" else block.view(np.float32).astype(et.dtype)
     write_value(a.store, a.address, a.shape, a.offsets, a.sizes, np.ascontiguousarray(value).reshape(a.dims))

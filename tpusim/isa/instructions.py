@@ -219,9 +219,11 @@ class MxuMatmul:
     """Stream the ``M x K`` block ``lhs`` through MXU ``mxu``'s latched weights.
 
     Effect: result-buffer rows ``acc .. acc+M-1``, columns ``0 .. N-1`` receive ``lhs @ W`` (f32, or s32
-    for 8-bit integer operands), or have it added when ``accumulate``. Each output is the dot product of
-    exact products, summed in float64 and rounded once to f32 (integers: exact, wrapped to s32); a
-    multi-pass precision sums its bf16 passes the same way, smallest terms first, before accumulating.
+    for 8-bit integer operands), or have it added when ``accumulate``. Products of bf16 values are exact in
+    f32 and summed in f32 (the MXU accumulates in f32) in the BLAS library's order; consecutive one-pass
+    matmuls accumulating into the same rows are one f32 product over their joint contraction (see
+    ``docs/model.md``, MXU numerics). Integers: exact, wrapped to s32. A multi-pass precision sums its bf16
+    passes in f32, smallest terms first, before accumulating.
 
     Timing: ``P * ceil(M / s)`` cycles of occupancy of the input port (``P`` passes, ``s =
     mxu.int8_speedup`` for 8-bit operands, else 1), at least ``V(lhs) / vmem.load_vregs_per_cycle``; the
