@@ -228,8 +228,9 @@ class CollectiveTime:
 
     Attributes:
         chip: the chip.
-        cycles: cycles inside collectives (the union of their spans, an async pair from its start's first
-            instruction to its done's last).
+        cycles: cycles in which some instruction of a collective was at work on this chip (the union of its
+            instructions' ``[start, end)``: transfers in flight, waits, adds; an async pair's start and done
+            count, the compute between them does not).
         overlapped: of those, cycles in which a compute unit (MXU, VPU, XLU, fallback) ran other work.
     """
 
@@ -238,23 +239,31 @@ class CollectiveTime:
     overlapped: int
 
 
-def _collective_names(result: SimulationResult) -> tuple[set[str], dict[str, str]]:
-    """Names of the collective HLO instructions, and done -> start for async pairs."""
-    names: set[str] = set()
-    pairs: dict[str, str] = {}
-    for comp in result.compiled.module.computations:
-        for ins in comp.instructions:
-            if ins.opcode in COLLECTIVE_OPCODES:
-                names.add(ins.name)
-                if ins.opcode.endswith("-done") and ins.operands:
-                    pairs[ins.name] = ins.operands[0]
-    return names, pairs
+def _collective_names(result: SimulationResult) -> set[str]:
+    return {
+        ins.name
+        for comp in result.compiled.module.computations
+        for ins in comp.instructions
+        if ins.opcode in COLLECTIVE_OPCODES or (ins.opcode.startswith("async-") and _wraps_collective(result, ins))
+    }
+
+
+def _wraps_collective(result: SimulationResult, ins: Any) -> bool:
+    from tpusim.compiler.lowering.collective_sync import wrapped_collective
+
+    module = result.compiled.module
+    seen = ins
+    for comp in module.computations:
+        if ins.name in comp:
+            while seen.opcode in ("async-update", "async-done") and seen.operands and seen.operands[0] in comp:
+                seen = comp[seen.operands[0]]
+    return wrapped_collective(module, seen) is not None
 
 
 def collective_time(result: SimulationResult) -> list[CollectiveTime]:
     """Per chip, the cycles spent in collectives and how many of them overlapped compute."""
     tr = result.trace
-    names, pairs = _collective_names(result)
+    names = _collective_names(result)
     hlo = tr.hlo
     units = np.array([u.rsplit(".", 1)[-1].rstrip("0123456789") for u in tr.units])[tr.unit]
     chip_of = np.array([s.chip for s in tr.streams], np.int64)[tr.stream] if len(tr) else np.zeros(0, np.int64)
@@ -263,15 +272,7 @@ def collective_time(result: SimulationResult) -> list[CollectiveTime]:
     out = []
     for chip in sorted({s.chip for s in tr.streams}):
         here = chip_of == chip
-        spans: dict[str, list[int]] = {}
-        for e in np.flatnonzero(here & is_coll).tolist():
-            h = pairs.get(hlo[e], hlo[e])
-            lo, hi = spans.get(h, [int(tr.start[e]), int(tr.end[e])])
-            spans[h] = [min(lo, int(tr.start[e])), max(hi, int(tr.end[e]))]
-        if not spans:
-            out.append(CollectiveTime(chip, 0, 0))
-            continue
-        cs, ce = merged_runs(np.array([v[0] for v in spans.values()]), np.array([v[1] for v in spans.values()]))
+        cs, ce = merged_runs(tr.start[here & is_coll], tr.end[here & is_coll])
         ks, ke = merged_runs(tr.start[here & compute], tr.end[here & compute])
         overlap = 0
         for a, b in zip(cs.tolist(), ce.tolist()):

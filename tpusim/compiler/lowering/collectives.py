@@ -183,12 +183,30 @@ def _bases(facts: Facts, plan: GroupPlan, bank: Bank, sizes: list[int]) -> list[
 
 
 # --------------------------------------------------------------------------------------------- algorithms
+def _all_reduce_in_place(x: MemRef, y: MemRef, plan: GroupPlan) -> bool:
+    """Whether the ring phases can run on the flat views of ``x`` and ``y`` as they are (no relayout copy,
+    no padded scratch copy): the condition for splitting an async all-reduce between its start and done."""
+    xf, yf = flat_view(x), flat_view(y)
+    return xf is not None and yf is not None and x.shape == y.shape and yf.shape.dimensions[0] % plan.size == 0
+
+
 def all_reduce(
-    ctx: Lowering, state: CollectiveState, bank: Bank, plan: GroupPlan, x: MemRef, y: MemRef, fn: str
+    ctx: Lowering,
+    state: CollectiveState,
+    bank: Bank,
+    plan: GroupPlan,
+    x: MemRef,
+    y: MemRef,
+    fn: str,
+    part: str = "all",
 ) -> None:
-    """Reduce-scatter then all-gather over the rings of ``plan``, on flat views of ``x`` and ``y``."""
+    """Reduce-scatter then all-gather over the rings of ``plan``, on flat views of ``x`` and ``y``.
+
+    ``part`` ``start`` stops after the first all-gather step's pushes (async start: the operand is read
+    only up to there), ``done`` emits the rest; both need :func:`_all_reduce_in_place`."""
     if plan.size == 1:
-        copy_arrays(ctx, [(x, y)])
+        if part != "done":
+            copy_arrays(ctx, [(x, y)])
         return
     facts = Facts(ctx, state)
     xf, yf = flat_view(x), flat_view(y)
@@ -197,11 +215,11 @@ def all_reduce(
     lengths = _lengths(plan)
     group = prod(lengths)
     post: tuple[MemRef, MemRef] | None = None
-    if xf is None or x.shape != y.shape:  # different layouts: reduce y in place after a relayout copy
+    if part == "all" and (xf is None or x.shape != y.shape):  # other layouts: reduce y in place after a copy
         copy_arrays(ctx, [(x, y)])
         xf = yf
     n = yf.shape.dimensions[0]
-    if n % group:  # pad to whole chunks in a scratch copy
+    if part == "all" and n % group:  # pad to whole chunks in a scratch copy
         padded = ceil(n / group) * group
         work_ref = ctx.scratch(Shape(yf.shape.element_type, (padded,), layout=Layout((0,))))
         head = MemRef(Space.HBM, work_ref.address, work_ref.shape, Window((0,), (n,)))
@@ -209,18 +227,23 @@ def all_reduce(
         post = (head, yf)
         xf = yf = work_ref
         n = padded
+    assert xf is not None
     sizes = [n // prod(lengths[: i + 1]) for i in range(len(lengths))]
-    dirs = [len(pieces((n,), 0, s)) for s in sizes]
-    _ring_handshake(facts, plan, bank, dirs)
     bases = _bases(facts, plan, bank, sizes)
-    work = RingWork(facts)
-    for i, size in enumerate(sizes):
-        ring = _make_ring(facts, plan, i, bank)
-        reduce_scatter_phase(work, ring, xf if i == 0 else yf, yf, bases[i + 1], 0, bases[i], size, fn)
-        _release(ctx, ring.pos, ring.coord, *ring.to.values())
+    work = RingWork(facts, bank.local if part != "all" else None)
+    last = len(sizes) - 1
+    if part != "done":
+        _ring_handshake(facts, plan, bank, [len(pieces((n,), 0, s)) for s in sizes])
+        for i, size in enumerate(sizes):
+            ring = _make_ring(facts, plan, i, bank)
+            reduce_scatter_phase(work, ring, xf if i == 0 else yf, yf, bases[i + 1], 0, bases[i], size, fn)
+            _release(ctx, ring.pos, ring.coord, *ring.to.values())
     for i in reversed(range(len(sizes))):
+        stages = {"start": (0, 1), "done": (1, lengths[i])}.get(part) if i == last else None
+        if part == "start" and i != last:
+            break
         ring = _make_ring(facts, plan, i, bank)
-        all_gather_phase(work, ring, yf, 0, bases[i], sizes[i])
+        all_gather_phase(work, ring, yf, 0, bases[i], sizes[i], stages=stages)
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
     if post is not None:
         copy_arrays(ctx, [post])
@@ -263,27 +286,27 @@ def all_gather(
     dim: int,
     part: str = "all",
 ) -> None:
-    """All-gather phases along ``dim``, innermost ring first. ``part`` is ``all``, or for an async
-    single-ring gather ``start`` (handshake, stage 0) or ``done`` (the forwarding stages); the split parts
-    signal the bank's ``local`` semaphore, which outlives the start."""
+    """All-gather phases along ``dim``, innermost ring first. ``part`` is ``all``, or for an async gather
+    ``start`` (handshake, the first ring's stage 0) or ``done`` (the rest); the split parts signal the bank's
+    ``local`` semaphore, which outlives the start."""
     if plan.size == 1:
-        copy_arrays(ctx, [(x, y)])
+        if part != "done":
+            copy_arrays(ctx, [(x, y)])
         return
     facts = Facts(ctx, state)
     lengths = _lengths(plan)
     k = x.shape.dimensions[dim]
     sizes = [k * plan.size // prod(lengths[: i + 1]) for i in range(len(lengths))]
     bases = _bases(facts, plan, bank, sizes)
-    sent = None
-    if part != "all":
-        assert bank.local is not None and len(sizes) == 1
-        sent = bank.local
-    work = RingWork(facts, sent)
+    work = RingWork(facts, bank.local if part != "all" else None)
+    last = len(sizes) - 1
     if part != "done":
         _ring_handshake(facts, plan, bank, [len(pieces(y.shape.dimensions, dim, s)) for s in sizes])
     for i in reversed(range(len(sizes))):
+        if part == "start" and i != last:
+            break
         ring = _make_ring(facts, plan, i, bank)
-        if i < len(sizes) - 1:
+        if i < last:
             all_gather_phase(work, ring, y, dim, bases[i], sizes[i])
         elif part == "done":
             all_gather_phase(work, ring, y, dim, bases[i], sizes[i], stages=(1, ring.length))
@@ -342,8 +365,9 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
         pairs = _pairs(instr, xs, ys)
         if op == "all-reduce":
             fn = _reducer(ctx, instr)
+            split = part == "start" and len(pairs) == 1 and _all_reduce_in_place(*pairs[0], plan) and plan.size > 1
             for x, y in pairs:
-                all_reduce(ctx, state, bank, plan, x, y, fn)
+                all_reduce(ctx, state, bank, plan, x, y, fn, "start" if split else "all")
         elif op == "reduce-scatter":
             fn = _reducer(ctx, instr)
             (dim,) = instr.attr("dimensions", (0,))
@@ -352,7 +376,7 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
                 reduce_scatter(ctx, state, bank, plan, x, y, dim, fn)
         elif op == "all-gather":
             (dim,) = instr.attr("dimensions", (0,))
-            split = part == "start" and len(pairs) == 1 and len(_lengths(plan)) == 1 and plan.size > 2
+            split = part == "start" and len(pairs) == 1 and plan.size > 1
             for x, y in pairs:
                 _check_split(instr, y.shape.dimensions, x.shape.dimensions, dim, plan.size, "result", "operand")
                 all_gather(ctx, state, bank, plan, x, y, dim, "start" if split else "all")
@@ -404,8 +428,12 @@ def finish_collective(
         collective_permute(ctx, state, op, _operands(ctx, comp, start)[0], results[0], "done", bank)
     elif split:
         plan = plan_groups(ctx.module, op, state.who, state.topology)
-        (dim,) = op.attr("dimensions", (0,))
-        all_gather(ctx, state, bank, plan, _operands(ctx, comp, start)[0], results[0], dim, "done")
+        x = _operands(ctx, comp, start)[0]
+        if op.opcode.startswith("all-reduce"):
+            all_reduce(ctx, state, bank, plan, x, results[0], _reducer(ctx, op), "done")
+        else:
+            (dim,) = op.attr("dimensions", (0,))
+            all_gather(ctx, state, bank, plan, x, results[0], dim, "done")
     copy_arrays(ctx, list(zip(results, ctx.hbm_leaves(comp.name, instr.name))))
 
 
@@ -446,7 +474,7 @@ def lower_async_start(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     op = _wrapped(ctx, instr)
     assert op is not None
     ys = [ctx.hbm(comp.name, instr.name, path) for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]
-    part = "start" if op.opcode in ("all-gather", "collective-permute") else "all"
+    part = "start" if op.opcode in ("all-reduce", "all-gather", "collective-permute") else "all"
     run_collective(ctx, op, _operands(ctx, comp, instr), ys, part)
     state = collective_state(ctx)
     state.open_async[instr.name] = state.open_async.pop(op.name, (-1, False))  # -1: done, holds no bank
