@@ -92,9 +92,19 @@ class CollectiveState:
     arena: tuple[object, MemRef] | None = None  # (lowering scope, VMEM) the current instruction's rings share
 
     def free_bank(self) -> int:
-        """The lowest bank no open async collective holds."""
+        """The lowest bank no open async collective holds.
+
+        Raises:
+            CompileError: every bank is held (more async collectives in flight than the module's computations
+                showed one at a time, e.g. through a call or loop between a start and its done)."""
         held = {level for level, split in self.open_async.values() if split}
-        return min(set(range(len(self.banks))) - held)
+        free = set(range(len(self.banks))) - held
+        if not free:
+            raise CompileError(
+                f"{len(held)} async collectives are in flight ({', '.join(sorted(self.open_async))}); the "
+                f"{len(self.banks)} semaphore banks reserved for collectives are all held"
+            )
+        return min(free)
 
     def channel(self, axis: int, step: int) -> int:
         """The arrive-semaphore index of ring traffic along topology ``axis`` in direction ``step``."""
@@ -121,13 +131,28 @@ def participants(module: Module, config_shape: tuple[int, ...] | None) -> Partic
 
 
 def _banks_needed(module: Module) -> tuple[int, bool]:
-    """(banks: the most collectives in flight at once, whether any is async)."""
+    """(banks: the most collectives in flight at once, whether any is async). A call, loop or conditional
+    whose computations hold collectives counts as one where it stands."""
+    holds: dict[str, bool] = {}
+
+    def has_collective(name: str) -> bool:
+        if name not in holds:
+            holds[name] = False
+            holds[name] = any(
+                is_collective(i.opcode) or any(has_collective(c) for c in i.called_computations())
+                for i in module[name].instructions
+            )
+        return holds[name]
+
     depth, any_async = 1, False
     for comp in module.computations:
         open_now = 0
         for instr in comp.instructions:
             wrapped = wrapped_collective(module, instr) is not None
-            if is_collective(instr.opcode) or wrapped:
+            nested = instr.opcode in ("call", "while", "conditional") and any(
+                has_collective(c) for c in instr.called_computations()
+            )
+            if is_collective(instr.opcode) or wrapped or nested:
                 depth = max(depth, open_now + 1)
             if instr.opcode in ASYNC_STARTS or wrapped:
                 open_now += 1
