@@ -1,5 +1,6 @@
-"""Collectives as ICI data movement: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute
-(and their async ``-start`` / ``-done`` pairs), replica-id and partition-id.
+"""Collectives as ICI data movement: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute,
+collective-broadcast (and async ``-start`` / ``-done`` pairs, or ``async-start`` wrapping any of them),
+replica-id and partition-id.
 
 Every chip runs the same stream; device ``d`` (``replica * num_partitions + partition``) is chip ``d``.
 Algorithms (docs/multichip.md has the cost model):
@@ -11,12 +12,12 @@ Algorithms (docs/multichip.md has the cost model):
   The reduction runs on the receiving chip's VPU (:mod:`.collective_ring`).
 * reduce-scatter / all-gather: the same phases on windows along the collective's dimension, so chunk
   ``r`` of the result is rank ``r``'s as HLO requires.
-* all-to-all and collective-permute: direct pushes to each partner (routed over the torus).
+* all-to-all, collective-permute, collective-broadcast: direct pushes (:mod:`.collective_direct`).
 
 Each collective starts with the handshake of :mod:`.collective_sync`. An async pair overlaps compute with
 what can be issued without waiting for other chips: collective-permute-start pushes at once and its done
-waits; all-gather-start pushes stage 0 of a single-ring gather and its done runs the forwarding stages;
-all-reduce-start runs the whole reduction (its stages need the operand, which may die at the start).
+waits; all-gather-start and all-reduce-start run up to the pushes of the first all-gather step and their
+done runs the forwarding steps (the reduce-scatter reads the operand, which may die at the start).
 ``-done`` copies the result out of the start's buffer when buffer assignment gave it another one.
 """
 
