@@ -15,6 +15,9 @@ is reused and a sender never waits for its receiver. Stages ``1 .. L - 2`` are o
 All-gather (``L - 1`` stages): every chip owns chunk ``p`` of the array; stage 0 pushes it to the
 neighbour's copy of the array; stage ``k`` forwards chunk ``p - k`` (the one that arrived last).
 
+Positions count along the ring; a ring walked in zigzag along a line (:class:`Ring`) maps position ``q`` to
+the chunk of the coordinate it visits, so "chunk ``p``" above is the chunk of that coordinate.
+
 Ordering: a chip issues the pushes of stage ``k`` only after those of stage ``k - 1`` landed (it waits for
 their local completion signal), so a receiver counting arrivals on one semaphore sees them stage by stage.
 """
@@ -32,7 +35,16 @@ from tpusim.compiler.lowering.context import Lowering
 from tpusim.isa import Branch, DmaStart, MemRef, Reg, ScalarAlu, SemWait, Space, VpuMap, Window
 from tpusim.memory import Layout, Shape, element_type
 
-__all__ = ["Piece", "Ring", "RingWork", "all_gather_phase", "pieces", "reduce_scatter_phase", "window"]
+__all__ = [
+    "Piece",
+    "Ring",
+    "RingWork",
+    "all_gather_phase",
+    "pieces",
+    "reduce_scatter_phase",
+    "window",
+    "zigzag_coordinate",
+]
 
 MIN_BLOCK_BYTES = 64 * 1024
 """Smallest reduce-scatter block (bytes), so tiny chunks do not turn into many tiny transfers."""
