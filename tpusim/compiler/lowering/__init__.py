@@ -6,14 +6,14 @@ without a rule, or whose rule declines, runs as a fallback (:mod:`.fallback`).
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
 
 import numpy as np
 
 from tpusim.compiler.buffer_assignment import BufferAssignment
 from tpusim.compiler.hlo.ir import Module
-import importlib
-import pkgutil
 from tpusim.compiler.lowering.context import CompileOptions, Lowering
 from tpusim.compiler.lowering.registry import LOWERINGS, NotLowerable, lowering
 from tpusim.compiler.lowering.sequential import lower_computation

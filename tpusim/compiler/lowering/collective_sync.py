@@ -168,8 +168,7 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     Raises:
         CompileError: too few semaphores, or an earlier instruction already used the reserved ones.
     """
-    # NOTE: kept as an attribute of the context object: the lowering context has no slot for per-rule state.
-    found = ctx.__dict__.get("_collective_state")
+    found = ctx.rule_state.get("collectives")
     if found is not None:
         return found  # type: ignore[no-any-return]
     who = participants(ctx.module, ctx.config.ici.shape)
@@ -193,18 +192,13 @@ def collective_state(ctx: Lowering) -> CollectiveState:
                 f"{ctx.hlo}: semaphore {min(clash)} is reserved for collectives, but instruction {i} before it "
                 f"({ins.hlo}) uses it; lower the program's semaphore pressure"
             )
-    free: list[int] = ctx.__dict__["_free_sems"]
-    missing = [s for s in reserved if s not in free]
-    if missing:
-        raise CompileError(f"{ctx.hlo}: semaphores {missing} are held while collectives reserve them")
-    for s in reserved:
-        free.remove(s)
+    ctx.reserve_semaphores(reserved, "collectives (other chips signal them)")
     bank_list = []
     for b in range(banks):
         nums = reserved[b * per_bank : (b + 1) * per_bank]
         bank_list.append(Bank(nums[0], tuple(nums[1 : 1 + 2 * axes]), nums[-1] if any_async else None))
     state = CollectiveState(who, topology, bank_list)
-    ctx.__dict__["_collective_state"] = state
+    ctx.rule_state["collectives"] = state
     return state
 
 

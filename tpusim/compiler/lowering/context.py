@@ -8,7 +8,7 @@ arena above the buffer assignment's peak for temporaries an instruction needs on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +115,9 @@ class Lowering:
         # HLO values control flow depends on: their instructions compute even in timing-only runs.
         self.control_values: frozenset[tuple[str, str]] = control_slice(module)
         self.control = False
+        # State a family of rules keeps from one instruction to the next (e.g. the collectives' reserved
+        # semaphores), keyed by a name of the family's choosing.
+        self.rule_state: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ emission
     def emit(self, cls: type, **fields: Any) -> Any:
@@ -299,6 +302,19 @@ class Lowering:
         sem = self._free_sems.pop()
         self.scope.semaphores.append(sem)
         return sem
+
+    def reserve_semaphores(self, numbers: Sequence[int], why: str) -> None:
+        """Take ``numbers`` out of the semaphore pool for the rest of the program (e.g. semaphores other chips
+        signal by number).
+
+        Raises:
+            CompileError: one of them is held by the instruction being lowered.
+        """
+        held = [s for s in numbers if s not in self._free_sems]
+        if held:
+            raise CompileError(f"{self.hlo}: semaphores {held} are in use, but {why} needs them reserved")
+        for s in numbers:
+            self._free_sems.remove(s)
 
     def register(self) -> Reg:
         if not self._free_regs:
