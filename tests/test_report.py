@@ -273,3 +273,30 @@ def test_trace_view_draws_the_trace(run: dict[str, Any], capsys: pytest.CaptureF
     assert img.shape[0] > 400 and 0.02 < (img < 0.9).any(axis=-1).mean() < 0.9
     assert main(["report", str(out), "--trace-view", "soon"]) == 1
     assert "--trace-view takes START:END in cycles" in capsys.readouterr().err
+
+
+def test_report_of_many_chips_has_links_and_collectives(tmp_path: Path) -> None:
+    """A ring all-reduce of V bytes on a 4-chip v4 ring: summary.json lists every directed link with (L-1)/L * V
+    bytes, the per-chip collective time, one ICI unit row per link; trace.json has one counter track per link;
+    report.md has both sections."""
+    sum_ = "sum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n"
+    text = (f"HloModule ar, replica_count=4\n{sum_}ENTRY main {{\n  x = f32[256,128] parameter(0)\n"
+            "  ROOT r = f32[256,128] all-reduce(x), replica_groups={}, to_apply=sum\n}\n")  # fmt: skip
+    result = tpusim.simulate(text, chips=4, config="tpu_v4", timing_only=True)
+    write_report(result, tmp_path, wall_seconds=0.1)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    jsonschema.Draft202012Validator(SUMMARY_SCHEMA).validate(summary)
+    volume = 256 * 128 * 4
+    links = summary["links"]
+    assert len(links) == 8 and {k["bytes"] for k in links} == {3 * volume // 4}
+    assert summary["totals"]["ici_bytes"] == 8 * (3 * volume // 4)
+    assert all(0 < k["busy_fraction"] <= 1 and 0 < k["bandwidth_fraction"] <= 1 for k in links)
+    assert [c["chip"] for c in summary["collectives"]] == [0, 1, 2, 3]
+    assert all(0.5 < c["fraction"] <= 1 for c in summary["collectives"])
+    assert {u["name"] for u in summary["units"] if u["kind"] == "ici_link"} == {k["name"] for k in links}
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    assert check_trace(doc) == []
+    counters = {ev["name"] for ev in doc["traceEvents"] if ev["ph"] == "C"}
+    assert {k["name"] for k in links} <= counters
+    md = (tmp_path / "report.md").read_text()
+    assert "## ICI links" in md and "8 of 8 directed links carried data" in md and "## Collectives" in md

@@ -265,6 +265,7 @@ def simulate_chips(
     from tpusim.devices import System
     from tpusim.topology import parse_topology, system_topology
 
+    began = time.perf_counter()
     if isinstance(program, CompiledProgram):
         compiled = program
         cfg = compiled.config
@@ -282,6 +283,7 @@ def simulate_chips(
         topo = system_topology(cfg.ici, chips, shape)
         cfg = with_overrides(cfg, {"ici.shape": topo.shape})
         compiled = compile_module(module, cfg, options)
+    compiled_at = time.perf_counter()
     n = topo.chips
     placed: dict[str, Any] = {}
     if inputs is not None or not timing_only:  # NOTE: a timing-only run without inputs starts from zeroed memory
@@ -294,10 +296,11 @@ def simulate_chips(
     run = system.run(compiled.program, placed, timing_only=timing_only)
     outputs: tuple[np.ndarray, ...] = ()
     if not timing_only:
-        outputs = tuple(
-            np.stack([run.read(f"out{j}", chip=d) for d in range(n)]) for j in range(len(compiled.outputs))
-        )
-    return SimulationResult(outputs, run.cycles, compiled, run)
+        outputs = tuple(np.stack([run.read(f"out{j}", chip=d) for d in range(n)]) for j in range(len(compiled.outputs)))
+    compile_seconds = compiled_at - began if not isinstance(program, CompiledProgram) else 0.0
+    return SimulationResult(
+        outputs, run.cycles, compiled, run, None, compile_seconds, time.perf_counter() - compiled_at
+    )
 
 
 def _split_chips(module: Module, inputs: Sequence[Any], n: int) -> list[list[Any]]:

@@ -12,8 +12,14 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tpusim.errors import TpusimError
+
+if TYPE_CHECKING:
+    from tpusim.api import SimulationResult
+    from tpusim.check import OutputCheck
+    from tpusim.compiler.hlo.ir import Module
 
 __all__ = ["main"]
 
@@ -94,9 +100,12 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="compare the outputs with the reference interpreter")
     p.add_argument("--reference", action="store_true", help="run only the reference interpreter (the numpy oracle)")
     p.add_argument("--replicas", type=int, default=None, help="with --reference: devices to run (replicas/partitions)")
-    p.add_argument("--chips", type=int, default=None,
-                   help="run on N chips (an SPMD per-device module or N replicas); inputs and outputs get a leading "
-                        "axis of N")
+    p.add_argument(
+        "--chips",
+        type=int,
+        default=None,
+        help="run on N chips (an SPMD per-device module or N replicas); inputs and outputs get a leading axis of N",
+    )
     p.add_argument("--topology", default=None, help="the chips' grid, e.g. 2x4 (default: ici.shape or one for --chips)")
     from tpusim.report.command import add_report_argument
 
@@ -111,7 +120,17 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 @command("run", "compile an HLO program, simulate it and summarise the timing", _configure_run)
 def _run_run(args: argparse.Namespace) -> int:
-    from tpusim.compiler.hlo.reference.io import run_reference_command
+    """``tpusim run PROGRAM``; with ``--chips N`` / ``--topology AxB`` on many chips, where every input and
+    output has a leading chip axis."""
+    import time
+
+    import numpy as np
+
+    from tpusim.api import load_program, simulate
+    from tpusim.compiler.hlo.reference.io import load_inputs, random_inputs, run_reference_command, save_outputs
+    from tpusim.config import load_config
+    from tpusim.report.progress import Activity
+    from tpusim.report.summary import format_summary
 
     if args.reference:
         clash = [flag for flag, on in (("--report", args.report is not None), ("--check", args.check),
@@ -119,36 +138,33 @@ def _run_run(args: argparse.Namespace) -> int:
         if clash:
             raise TpusimError(f"--reference runs only the numpy oracle; it cannot be combined with {', '.join(clash)}")
         return run_reference_command(args)
-    if args.chips is not None or args.topology is not None:
-        return _run_chips(args)
-    import time
-
-    import numpy as np
-
-    from tpusim.api import load_program, simulate
-    from tpusim.compiler.hlo.reference import evaluate
-    from tpusim.compiler.hlo.reference.io import load_inputs, random_inputs, save_outputs
-    from tpusim.config import load_config
-    from tpusim.report.progress import Activity
-    from tpusim.report.summary import format_summary, program_precision
-
     module = load_program(args.program)
     config = load_config(args.config, overrides=args.overrides)
-    inputs = load_inputs(args.inputs, module)[0] if args.inputs else random_inputs(module, args.seed)[0]
+    many = args.chips is not None or args.topology is not None
+    topology = None
+    if many:
+        from tpusim.topology import parse_topology, system_topology
+
+        shape = parse_topology(args.topology) if args.topology else None
+        declared = module.replica_count * module.num_partitions
+        topology = system_topology(config.ici, args.chips or (None if shape else declared), shape)
+    n = topology.chips if topology is not None else 1
+    per_device = load_inputs(args.inputs, module, n) if args.inputs else random_inputs(module, args.seed, n)
+    inputs = [_stack([d[i] for d in per_device]) for i in range(len(per_device[0]))] if many else per_device[0]
     began = time.perf_counter()
     with Activity(f"compiling and simulating {args.program.name} on {config.name}"):  # shown on a terminal only
-        result = simulate(module, inputs, config=config, options=_options(args), timing_only=args.timing_only)
+        result = simulate(
+            module, inputs, config=config, options=_options(args), timing_only=args.timing_only,
+            chips=n if many else None, topology=topology.shape if topology is not None else None,
+        )  # fmt: skip
     wall = time.perf_counter() - began
-    checks = None
-    if args.check and not args.timing_only:
-        from tpusim.check import compare_outputs, emulate_one_pass
-
-        precision = program_precision(result.compiled)
-        exact = frozenset(name for _, name, opcode, _ in result.compiled.fallbacks if opcode in ("dot", "convolution"))
-        oracle = emulate_one_pass(module, exact) if precision == "bf16" else module
-        reference = evaluate(oracle, list(inputs))
-        checks = compare_outputs(result.outputs, reference, precision)
+    checks = _check(module, result, per_device, many) if args.check and not args.timing_only else None
     print(format_summary(result, wall, checks))
+    if many:
+        from tpusim.report.links import format_links
+
+        print()
+        print(format_links(result))
     if args.report is not None:
         from tpusim.report.command import write_run_report
 
@@ -159,56 +175,31 @@ def _run_run(args: argparse.Namespace) -> int:
     return 1 if checks is not None and not all(c.ok for c in checks) else 0
 
 
-def _run_chips(args: argparse.Namespace) -> int:
-    """``tpusim run PROGRAM --chips N [--topology AxB]``: every input and output has a leading chip axis."""
-    import time
-
+def _stack(values: list[Any]) -> Any:
+    """Per-chip values (arrays, or tuples of them) -> one value with a leading chip axis."""
     import numpy as np
 
-    from tpusim.api import load_program, simulate
-    from tpusim.compiler.hlo.reference import evaluate_spmd
-    from tpusim.compiler.hlo.reference.io import load_inputs, random_inputs, save_outputs, stack_devices
-    from tpusim.config import load_config
-    from tpusim.report.links import format_links
-    from tpusim.report.summary import format_summary, program_precision
-    from tpusim.topology import parse_topology, system_topology
+    if isinstance(values[0], tuple):
+        return tuple(_stack([v[j] for v in values]) for j in range(len(values[0])))
+    return np.stack([np.asarray(v) for v in values])
 
-    module = load_program(args.program)
-    config = load_config(args.config, overrides=args.overrides)
-    shape = parse_topology(args.topology) if args.topology else None
-    declared = module.replica_count * module.num_partitions
-    topo = system_topology(config.ici, args.chips or (None if shape else declared), shape)
-    n = topo.chips
-    per_device = load_inputs(args.inputs, module, n) if args.inputs else random_inputs(module, args.seed, n)
 
-    def stack(values: list):  # type: ignore[no-untyped-def,type-arg]
-        first = values[0]
-        return tuple(stack([v[j] for v in values]) for j in range(len(first))) if isinstance(first, tuple) else (
-            np.stack([np.asarray(v) for v in values]))  # fmt: skip
+def _check(module: Module, result: SimulationResult, per_device: list[list[Any]], many: bool) -> list[OutputCheck]:
+    """``--check``: the outputs against the reference interpreter (one pass of bf16 where the program's dots
+    ran that way; ``evaluate_spmd`` on many chips)."""
+    from tpusim.check import compare_outputs, emulate_one_pass
+    from tpusim.compiler.hlo.reference import evaluate, evaluate_spmd
+    from tpusim.compiler.hlo.reference.io import stack_devices
+    from tpusim.report.summary import program_precision
 
-    inputs = [stack([d[i] for d in per_device]) for i in range(len(per_device[0]))]
-    began = time.perf_counter()
-    result = simulate(
-        module, inputs, config=config, options=_options(args), timing_only=args.timing_only, chips=n,
-        topology=topo.shape,
-    )  # fmt: skip
-    wall = time.perf_counter() - began
-    checks = None
-    if args.check and not args.timing_only:
-        from tpusim.check import compare_outputs, emulate_one_pass
-
-        precision = program_precision(result.compiled)
-        exact = frozenset(name for _, name, opcode, _ in result.compiled.fallbacks if opcode in ("dot", "convolution"))
-        oracle = emulate_one_pass(module, exact) if precision == "bf16" else module
-        reference = stack_devices(evaluate_spmd(oracle, per_device, num_devices=n))
-        checks = compare_outputs(result.outputs, reference, precision)
-    print(format_summary(result, wall, checks))
-    print()
-    print(format_links(result))
-    if args.out is not None and result.outputs:
-        save_outputs(args.out, [np.asarray(o) for o in result.outputs])
-        print(f"wrote {args.out}", file=sys.stderr)
-    return 1 if checks is not None and not all(c.ok for c in checks) else 0
+    precision = program_precision(result.compiled)
+    exact = frozenset(name for _, name, opcode, _ in result.compiled.fallbacks if opcode in ("dot", "convolution"))
+    oracle = emulate_one_pass(module, exact) if precision == "bf16" else module
+    if many:
+        reference = stack_devices(evaluate_spmd(oracle, per_device, num_devices=len(per_device)))
+    else:
+        reference = evaluate(oracle, list(per_device[0]))
+    return compare_outputs(result.outputs, reference, precision)
 
 
 def _configure_compile(p: argparse.ArgumentParser) -> None:

@@ -49,6 +49,9 @@ class RunAnalysis:
         ops: one row per HLO instruction, as dicts, costliest on the critical path first.
         occupancy: per memory name (``chip0.hbm``, ``chip0.core0.vmem``), its occupancy over time.
         notes: statements about methods and limits that apply to this run.
+        links: one row per directed ICI link of a run on several chips, as dicts (empty on one chip).
+        collectives: per chip of a run on several chips, cycles in collectives and how many of them overlapped
+            compute, as dicts.
     """
 
     result: SimulationResult
@@ -61,6 +64,8 @@ class RunAnalysis:
     ops: list[dict[str, Any]]
     occupancy: dict[str, Occupancy]
     notes: list[str]
+    links: list[dict[str, Any]]
+    collectives: list[dict[str, Any]]
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -361,7 +366,37 @@ def analyse(result: SimulationResult) -> RunAnalysis:
     units += engine_rows + hbm_rows
     memories, occ = _memories(result, f, total, hbm)
     ops = _ops(result, f, critical, total)
-    if f.remote_dmas:
-        notes.append(f"{f.remote_dmas} transfers went to other chips: the trace does not record their link hops, "
-                     "so per-link rows are missing and their engine time includes the hop latency")  # fmt: skip
-    return RunAnalysis(result, f, total, critical, engine, units, memories, ops, occ, notes)
+    links, collectives = _ici(result, total, notes) if len(chips) > 1 else ([], [])
+    units += [
+        {"name": k["name"], "kind": "ici_link", "chip": k["chip"], "core": None, "instructions": k["transfers"],
+         "busy_cycles": k["busy_cycles"], "busy_fraction": k["busy_fraction"], "bytes": k["bytes"], "flops": 0,
+         "critical_path_cycles": None}
+        for k in links if k["bytes"]
+    ]  # fmt: skip
+    return RunAnalysis(result, f, total, critical, engine, units, memories, ops, occ, notes, links, collectives)
+
+
+def _ici(result: SimulationResult, total: int, notes: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Link rows (every directed link of the topology) and per-chip collective time of a multi-chip run.
+    Link traffic is reconstructed from the remote DMAs (see :mod:`tpusim.report.links`)."""
+    from tpusim.report.links import collective_time, link_usage
+
+    cfg = result.compiled.config
+    seconds = total / cfg.clock_hz
+    uses, unknown = link_usage(result)
+    if unknown:
+        notes.append(f"{unknown} transfers to other chips have a destination computed at run time that the "
+                     "report could not evaluate; their bytes are missing from the link rows")  # fmt: skip
+    links = [
+        {"name": u.name, "chip": u.link[0], "axis": u.link[1], "direction": "+" if u.link[2] > 0 else "-",
+         "transfers": u.transfers, "bytes": u.bytes, "bytes_per_s": u.bytes / seconds if seconds else None,
+         "peak_bytes_per_s": cfg.ici.link_bandwidth_bytes_per_s, "bandwidth_fraction": u.utilisation,
+         "busy_cycles": u.busy_cycles, "busy_fraction": u.busy_cycles / total if total else None}
+        for u in uses
+    ]  # fmt: skip
+    collectives = [
+        {"chip": t.chip, "cycles": t.cycles, "fraction": t.cycles / total if total else None,
+         "overlapped_cycles": t.overlapped}
+        for t in collective_time(result)
+    ]  # fmt: skip
+    return links, collectives

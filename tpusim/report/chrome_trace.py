@@ -129,6 +129,11 @@ def trace_events(a: RunAnalysis) -> Iterator[dict[str, Any]]:
         label = "HBM occupancy" if name.endswith("hbm") else f"{name.split('.')[1]} VMEM occupancy"
         for c, v in zip(occ.cycles.tolist(), occ.bytes.tolist()):
             timed.append((c, 2, {"ph": "C", "name": label, "ts": c, "pid": chip + 1, "args": {"bytes": v}}))
+    if a.links:
+        from tpusim.report.links import link_trace_events
+
+        for ev in link_trace_events(a.result, pid=len(a.result.trace.streams) + 2):
+            timed.append((ev.get("ts", -1), 2, ev))
     timed.sort(key=lambda x: (x[0], x[1]))
     for _, _, ev in timed:
         yield ev

@@ -216,9 +216,7 @@ def link_usage(result: SimulationResult) -> tuple[list[LinkUse], int]:
         ends = np.array([b for _, b, _ in iv], np.int64)
         rs, re = merged_runs(starts, ends)
         total = sum(b for _, _, b in iv)
-        out.append(
-            LinkUse(link, _link_name(link), len(iv), total, int(np.sum(re - rs)), total / capacity, tuple(iv))
-        )
+        out.append(LinkUse(link, _link_name(link), len(iv), total, int(np.sum(re - rs)), total / capacity, tuple(iv)))
     return out, unknown
 
 

@@ -19,6 +19,9 @@ _BOUND_MEANING = (
 )
 
 
+_TOP_LINKS = 16
+
+
 def _table(header: list[str], rows: list[list[str]], align: str) -> list[str]:
     marks = {"l": "---", "r": "---:"}
     return ["| " + " | ".join(header) + " |", "| " + " | ".join(marks[a] for a in align) + " |"] + [
@@ -94,13 +97,21 @@ def render_markdown(s: dict[str, Any], plots: dict[str, str]) -> str:
     if "memory" in plots:
         lines += [f"![memory occupancy]({plots['memory']})", ""]
     if s["links"]:
-        lines += ["## ICI links", ""]
+        used = sorted((k for k in s["links"] if k["bytes"]), key=lambda k: (-k["bytes"], k["name"]))
+        lines += ["## ICI links", "", f"{len(used)} of {len(s['links'])} directed links carried data"
+                  + (f"; the {_TOP_LINKS} busiest:" if len(used) > _TOP_LINKS else ":"), ""]  # fmt: skip
         link_rows = [
             [k["name"], fmt.bytes_(k["bytes"]), fmt.rate(k["bytes_per_s"]), fmt.percent(k["bandwidth_fraction"]),
              fmt.percent(k["busy_fraction"])]
-            for k in s["links"]
+            for k in used[:_TOP_LINKS]
         ]  # fmt: skip
         lines += [*_table(["link", "bytes", "bandwidth", "of peak", "busy share"], link_rows, "lrrrr"), ""]
+    if s.get("collectives"):
+        lines += ["## Collectives", ""]
+        rows = [[f"chip{c['chip']}", fmt.cycles(c["cycles"]), fmt.percent(c["fraction"]),
+                 fmt.percent(c["overlapped_cycles"] / c["cycles"] if c["cycles"] else None)]
+                for c in s["collectives"]]  # fmt: skip
+        lines += [*_table(["chip", "cycles in collectives", "of the run", "overlapped compute"], rows, "lrrr"), ""]
     lines += ["## HLO instructions", ""]
     op_rows = [
         [

@@ -45,7 +45,9 @@ _MEMORY = _obj({
 _LINK = _obj({
     "name": _STR, "chip": _INT, "bytes": _INT, "bytes_per_s": _NUM_OR_NULL, "peak_bytes_per_s": _NUM,
     "bandwidth_fraction": _FRACTION, "busy_cycles": _INT, "busy_fraction": _FRACTION,
-})  # fmt: skip
+}, {"axis": _INT, "direction": {"enum": ["+", "-"]}, "transfers": _INT})  # fmt: skip
+
+_COLLECTIVE = _obj({"chip": _INT, "cycles": _INT, "fraction": _FRACTION, "overlapped_cycles": _INT})
 
 _OP = _obj({
     "name": _STR, "computation": _STR_OR_NULL, "opcode": _STR_OR_NULL, "source": _STR_OR_NULL,
@@ -99,7 +101,7 @@ _TOP = _obj({
     }),
     "notes": {"type": "array", "items": _STR},
     "host": _obj({"wall_seconds": _NUM_OR_NULL, "instructions_per_s": _NUM_OR_NULL}),
-})  # fmt: skip
+}, {"collectives": {"type": "array", "items": _COLLECTIVE}})  # fmt: skip
 
 SUMMARY_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

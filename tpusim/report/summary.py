@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from tpusim.check import OutputCheck
 from tpusim.isa import MxuMatmul
-from tpusim.report.stats import op_stats, unit_stats
+from tpusim.report.stats import UnitStats, op_stats, unit_stats
 
 if TYPE_CHECKING:
     from tpusim.api import SimulationResult
@@ -45,15 +45,8 @@ def format_summary(result: SimulationResult, wall_seconds: float, checks: Sequen
         f"({result.instructions / max(result.run_seconds, 1e-9):,.0f} instructions/s); "
         f"{wall_seconds:.2f} s in all",
         "",
-        f"units (busy share of {result.cycles:,} cycles):",
     ]
-    for u in unit_stats(result.trace):
-        if u.name.endswith(".sync"):
-            lines.append(f"  {u.name:24} waiting on semaphores and barriers {u.busy_cycles / cycles:6.1%} of the time")
-            continue
-        extra = f", {u.flops / u.busy_cycles:,.0f} flop/cycle" if u.flops and u.busy_cycles else ""
-        lines.append(f"  {u.name:24} {u.busy_cycles / cycles:6.1%}  {u.instructions:6,} instructions, "
-                     f"{u.bytes:,} bytes{extra}")  # fmt: skip
+    lines += _unit_lines(unit_stats(result.trace), cycles)
     lines += ["", "HLO instructions by span (first issue to last completion):"]
     for op in op_stats(result.trace)[:10]:
         lines.append(f"  {op.hlo:32} {op.span:10,} cycles {op.span / cycles:6.1%}  {op.instructions:5,} instructions")
@@ -68,3 +61,33 @@ def format_summary(result: SimulationResult, wall_seconds: float, checks: Sequen
     if checks is not None:
         lines += ["", "check against the reference interpreter:"] + [f"  {c}" for c in checks]
     return "\n".join(lines)
+
+
+def _unit_lines(stats: list[UnitStats], cycles: int) -> list[str]:
+    """One line per unit; on several chips, one line per unit role (``core0.mxu0``) with the mean busy share
+    over the chips, its range, and counts summed over the chips."""
+    roles: dict[str, list[UnitStats]] = {}
+    for u in stats:
+        roles.setdefault(u.name.split(".", 1)[1] if u.name.startswith("chip") else u.name, []).append(u)
+    chips = max((len(us) for us in roles.values()), default=1)
+    if chips == 1:
+        lines = [f"units (busy share of {cycles:,} cycles):"]
+        rows = [(u.name, [u]) for u in stats]
+    else:
+        lines = [
+            f"units of {chips} chips (busy share of {cycles:,} cycles: mean over the chips [range]; counts summed):"
+        ]
+        rows = list(roles.items())
+    for name, us in rows:
+        shares = [u.busy_cycles / cycles for u in us]
+        share = f"{sum(shares) / len(shares):6.1%}" + (f" [{min(shares):.1%}-{max(shares):.1%}]" if len(us) > 1 else "")
+        if name.endswith("sync"):
+            lines.append(f"  {name:24} waiting on semaphores and barriers {share} of the time")
+            continue
+        busy, flops = sum(u.busy_cycles for u in us), sum(u.flops for u in us)
+        extra = f", {flops / busy:,.0f} flop/cycle" if flops and busy else ""
+        lines.append(
+            f"  {name:24} {share}  {sum(u.instructions for u in us):6,} instructions, "
+            f"{sum(u.bytes for u in us):,} bytes{extra}"
+        )
+    return lines

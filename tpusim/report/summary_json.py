@@ -169,7 +169,7 @@ def summary_from_analysis(
             "hbm_bytes_per_s": hbm_bytes / seconds if seconds else None,
             "peak_hbm_bytes_per_s": peak_hbm,
             "hbm_bandwidth_fraction": (hbm_bytes / seconds / peak_hbm) if seconds else None,
-            "ici_bytes": 0,
+            "ici_bytes": sum(k["bytes"] for k in a.links),
             "critical_path_cycles_by_bound": by_bound,
         },
         "peaks": {
@@ -181,7 +181,8 @@ def summary_from_analysis(
         },
         "units": a.units,
         "memories": a.memories,
-        "links": [],
+        "links": a.links,
+        "collectives": a.collectives,
         "ops": a.ops,
         "fallbacks": [
             {"computation": c, "instruction": n, "opcode": o, "reason": why} for c, n, o, why in compiled.fallbacks
