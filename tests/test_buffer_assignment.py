@@ -108,3 +108,29 @@ def test_out_of_memory_names_buffer_memory_and_sizes() -> None:
         r"byte \d+, but HBM holds 70000 bytes$",
     ):
         _assign(CHAIN, capacity=70000)
+
+
+ASYNC = """
+HloModule pairs, replica_count=4
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[8,128] parameter(0)
+  rs = f32[8,128] all-reduce-start(x), replica_groups={}, to_apply=sum
+  r = f32[8,128] all-reduce-done(rs)
+  gs = (f32[8,128], f32[32,128]) all-gather-start(x), replica_groups={}, dimensions={0}
+  g = f32[32,128] all-gather-done(gs)
+  ROOT t = (f32[8,128], f32[32,128]) tuple(r, g)
+}
+"""
+
+
+def test_async_done_shares_the_start_buffer_that_holds_its_result() -> None:
+    """The done of an async pair reads its result from the start, so it is the same buffer (no copy)."""
+    _, buffers = _assign(ASYNC)
+    assert buffers.buffer("main", "r") == buffers.buffer("main", "rs")
+    assert buffers.buffer("main", "g") == buffers.buffer("main", "gs", (1,))
+    assert buffers.buffer("main", "g") != buffers.buffer("main", "gs", (0,))

@@ -104,8 +104,7 @@ def _collective_and_dot(kind: str, asynchronous: bool) -> str:
 def test_ring_collectives_overlap_their_first_step() -> None:
     """An async all-reduce or all-gather pushes its first all-gather step at the start; the matmul between
     start and done runs while those bytes cross the links (the later steps need the sequencer, which is
-    at the done), so the run is shorter than the synchronous one, by the overlap less the done's copy of
-    the result out of the start's buffer."""
+    at the done), so the run is shorter than the synchronous one."""
     for kind in ("all-reduce", "all-gather"):
         runs = {a: tpusim.simulate(_collective_and_dot(kind, a), chips=4, config="tpu_v4", timing_only=True)
                 for a in (False, True)}  # fmt: skip

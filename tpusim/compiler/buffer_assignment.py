@@ -8,6 +8,7 @@ Which values share one buffer (an *alias class*):
 - a ``while`` loop's state: the loop result, the body's and the condition's parameters, and, when it is
   safe, the loop operand (if the loop is its last use) and the body's result (if the state it replaces
   is dead by the time it is produced; otherwise the lowering copies it back at the end of an iteration);
+- an async ``-done`` (and ``async-update``) and the part of its start that holds the result;
 - a ``dynamic-update-slice`` and its operand, when the operand dies there and is writable (not an entry
   parameter or constant): the update is then done in place, as XLA does.
 
@@ -35,6 +36,8 @@ __all__ = ["ALIGNMENT", "ELEMENTWISE", "Buffer", "BufferAssignment", "OutOfMemor
 
 ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | frozenset({"clamp", "select", "compare", "convert", "copy"})
 """Opcodes whose output element i depends only on operand elements i."""
+
+_ASYNC_DONES = frozenset({"all-reduce-done", "all-gather-done", "collective-permute-done", "async-done"})
 
 ALIGNMENT = 512
 """Buffer alignment in bytes (the 512-byte native DMA access size of TPUv4i, chips.md section 2.3)."""
@@ -291,6 +294,16 @@ class _Planner:
                         self.uf.union((c, o, path), (callee, p.name, path))
         elif op == "while":
             self._alias_while(comp, instr)
+        elif op in _ASYNC_DONES or op == "async-update":
+            # The result an async pair computes lives in the start's buffer: the done (or update) reads it
+            # from there, so it shares it when the layouts agree (all-reduce-start is the result itself;
+            # the other starts hold it at index 1, async-update is its start again).
+            start = comp[instr.operands[0]]
+            part = () if start.opcode == "all-reduce-start" or op == "async-update" else (1,)
+            for path, shape in leaf_paths(instr.shape):
+                source = (c, start.name, part + path)
+                if self.shapes.get(source) == shape:
+                    self.uf.union(source, (c, instr.name, path))
         elif op == "dynamic-update-slice":
             target = (c, instr.operands[0], ())
             if self._overwritable(c, target, self.position[(c, instr.name)]):
