@@ -1,8 +1,8 @@
 """Generate the generated sections of docs/reference.md: the HLO coverage table and the tolerance table.
 
 The coverage table lists every opcode of the parser's table (``tpusim.compiler.hlo.opcodes.OPCODES``) with
-whether the reference interpreter has a function for it (``REFERENCE``) and whether the compiler has a
-device lowering for it (``tpusim.compiler.lowering.LOWERINGS``, when that package exists). The tolerance
+whether the reference interpreter has a function for it (``REFERENCE``) and how the compiler runs it on the
+device (``tpusim.compiler.lowering``: ``LOWERINGS``, ``SPECIALISED``, ``NO_CODE``, else the fallback). The tolerance
 table is ``tests/jax_oracle.TOLERANCES`` (with the heavy-op rows of ``tests/heavy_checks``).
 
     python tools/coverage_table.py            # print both sections
@@ -26,12 +26,17 @@ SECTIONS = ("coverage", "tolerances")
 HANDLED_BY_CORE = {"parameter": "bound by the caller (evaluate / ctx.call)"}
 
 
-def _lowerings() -> dict[str, object]:
-    try:
-        module = importlib.import_module("tpusim.compiler.lowering")
-    except ImportError:
-        return {}
-    return dict(getattr(module, "LOWERINGS", {}) or {})
+def _device(op: str) -> str:
+    """How the compiler runs ``op`` on the device: ``yes`` (a lowering rule), ``some`` (a rule for some
+    instances, the rest fall back), ``no code`` (buffer aliasing or data the loader places), ``fallback``."""
+    from tpusim.compiler.lowering import LOWERINGS
+    from tpusim.compiler.lowering.registry import NO_CODE, SPECIALISED
+
+    if op in LOWERINGS:
+        return "yes"
+    if op in NO_CODE:
+        return "no code"
+    return "some" if op in SPECIALISED else "fallback"
 
 
 def coverage_table() -> str:
@@ -39,13 +44,11 @@ def coverage_table() -> str:
     from tpusim.compiler.hlo.opcodes import OPCODES
     from tpusim.compiler.hlo.reference import REFERENCE
 
-    lowerings = _lowerings()
-    rows = ["| opcode | parsed | reference | device lowering |", "| --- | --- | --- | --- |"]
+    rows = ["| opcode | parsed | reference | device |", "| --- | --- | --- | --- |"]
     for op in sorted(set(OPCODES) | set(REFERENCE)):
         parsed = "yes" if op in OPCODES else "alias"
         ref = "yes" if op in REFERENCE else ("core" if op in HANDLED_BY_CORE else "**no**")
-        low = "yes" if op in lowerings else ""
-        rows.append(f"| `{op}` | {parsed} | {ref} | {low} |")
+        rows.append(f"| `{op}` | {parsed} | {ref} | {_device(op)} |")
     missing = sorted(op for op in OPCODES if op not in REFERENCE and op not in HANDLED_BY_CORE)
     rows.append("")
     rows.append(f"{len(OPCODES)} parsed opcodes; the reference lacks {len(missing)}: {', '.join(missing) or 'none'}.")
