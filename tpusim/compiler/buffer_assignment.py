@@ -8,7 +8,10 @@ Which values share one buffer (an *alias class*):
 - a ``while`` loop's state: the loop result, the body's and the condition's parameters, and, when it is
   safe, the loop operand (if the loop is its last use) and the body's result (if the state it replaces
   is dead by the time it is produced; otherwise the lowering copies it back at the end of an iteration);
-- an async ``-done`` (and ``async-update``) and the part of its start that holds the result;
+- an async ``-done`` (and ``async-update``) and the part of its start that holds the result; a ``copy-done``
+  and its ``copy-start``'s destination, and the start's source part and its operand;
+- an ``add-dependency`` or ``domain`` and its (first) operand, and a ``bitcast-convert`` between types of one
+  width whose layouts agree, when their layouts match;
 - a ``dynamic-update-slice`` and its operand, when the operand dies there and is writable (not an entry
   parameter or constant): the update is then done in place, as XLA does.
 
@@ -304,10 +307,36 @@ class _Planner:
                 source = (c, start.name, part + path)
                 if self.shapes.get(source) == shape:
                     self.uf.union(source, (c, instr.name, path))
+        elif op in ("add-dependency", "domain"):
+            # The value passes through unchanged (add-dependency's second operand is a token).
+            self._union_same((c, instr.operands[0], ()), (c, instr.name, ()), instr.shape)
+        elif op == "bitcast-convert":
+            # Same width, same dimensions and layout: the result's bytes are the operand's.
+            a, b = comp[instr.operands[0]].shape, instr.shape
+            if (
+                isinstance(a, Shape)
+                and isinstance(b, Shape)
+                and a.element_type.bits == b.element_type.bits
+                and a.dimensions == b.dimensions
+                and a.effective_layout == b.effective_layout
+            ):
+                self.uf.union((c, instr.operands[0], ()), (c, instr.name, ()))
+        elif op == "copy-start":
+            # (destination, source, context): the source part is the operand itself.
+            self._union_same((c, instr.operands[0], ()), (c, instr.name, (1,)), comp[instr.operands[0]].shape)
+        elif op == "copy-done":
+            self._union_same((c, instr.operands[0], (0,)), (c, instr.name, ()), instr.shape)
         elif op == "dynamic-update-slice":
             target = (c, instr.operands[0], ())
             if self._overwritable(c, target, self.position[(c, instr.name)]):
                 self.uf.union(target, (c, instr.name, ()))
+
+    def _union_same(self, a: Key, b: Key, shape: AnyShape) -> None:
+        """Share one buffer between every leaf of ``a`` and ``b`` (both of ``shape``) that has one layout."""
+        for path, _ in leaf_paths(shape):
+            x, y = (a[0], a[1], a[2] + path), (b[0], b[1], b[2] + path)
+            if x in self.shapes and self.shapes.get(x) == self.shapes.get(y):
+                self.uf.union(x, y)
 
     def _alias_while(self, comp: Computation, instr: Instruction) -> None:
         c = comp.name

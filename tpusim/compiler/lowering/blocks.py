@@ -49,7 +49,7 @@ def rule(*opcodes: str) -> Callable[[NeedRule], NeedRule]:
     return register
 
 
-@rule(*ELEMENTWISE_OPS)
+@rule(*ELEMENTWISE_OPS, "reduce-precision")
 def _elementwise(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
     if any(s.element_type.is_complex for s in [*operands, instr.array_shape]):
         raise NotLowerable("complex numbers on the VPU (it computes real 32-bit lanes)")

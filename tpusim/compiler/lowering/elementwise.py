@@ -17,6 +17,7 @@ from tpusim.compiler.lowering.blocks import NEED_RULES, Plan, block_shape, plan_
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
+from tpusim.compiler.lowering.reinterpret import emit_reduce_precision
 from tpusim.isa import (
     REDUCE_FUNCTIONS,
     VPU_FUNCTIONS,
@@ -442,6 +443,7 @@ _EMITTERS = {
     "iota": _emit_iota,
     "reduce": _emit_reduce,
     "dynamic-slice": _emit_dynamic_slice,
+    "reduce-precision": emit_reduce_precision,
 }
 
 
