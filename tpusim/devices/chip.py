@@ -62,7 +62,7 @@ class Machine:
         self.fallback_evaluator = fallback_evaluator
         self.env = make_env()
         self.network = FlowNetwork(self.env)
-        self.records: list[tuple[int, int, int, int, int, int, int, int]] = []
+        self.records: list[int] = []  # trace records, 8 ints each (see trace.Record), flat
         self.units: list[str] = []
         self._unit_ids: dict[str, int] = {}
         self.barriers: dict[Any, BarrierState] = {}

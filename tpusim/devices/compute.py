@@ -93,7 +93,7 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
     if end > core.max_end:
         core.max_end = end
     core.scoreboard.add(rr, rw, end)
-    core.records.append((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))
+    core.records.extend((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))
     if numeric:
         d.spec.execute(core, ins, reads, writes)  # type: ignore[union-attr]
     core.pc = d.index + 1
@@ -123,21 +123,27 @@ def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Any:
         need, dma = sb.check_one(t, key, lo, hi, is_write)
         if dma is not None:
             return core.block(d, "waits for {}, which touches its operands", dma.wait_event(), dma)
-    mxu, q, unit = core.mxu_ctx[d.mxu]
-    if len(q) == q.maxlen and q[0] > t:
+    mxu, q, unit, depth = core.mxu_ctx[d.mxu]
+    if len(q) == depth and q[0] > t:
         t = q[0]
     cost = d.cost
-    start, end, flops = d.sched(mxu, d.mx, t, need, cost, core, d.index)
+    index = d.index
+    start, end, flops = d.sched(mxu, d.mx, t, need, cost, core, index)
     q.append(start)
     if end > core.max_end:
         core.max_end = end
     # sb.add, inlined: the one range this instruction reads or writes
     if end > sb.horizon:
         sb.horizon = end
-    table = sb.writers if is_write else sb.readers
+    if is_write:
+        table = sb.writers
+        if end > sb.w_horizon:
+            sb.w_horizon = end
+    else:
+        table = sb.readers
     if table.get(rng, -1) < end:
         table[rng] = end
-    core.records.append((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))  # type: ignore[union-attr]
+    core.records.extend((core.stream_id, index, unit, core.first_try, start, end, cost.nbytes, flops))  # type: ignore[union-attr]
     if d.numeric:
         if d.static:
             reads, writes = core.bind(d)
@@ -146,7 +152,7 @@ def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Any:
             acc = (Access(core.stores[p.space], p.space, a, p.shape, p.offsets, p.sizes, lo, hi),)
             reads, writes = ((), acc) if is_write else (acc, ())
         d.spec.execute(core, d.ins, reads, writes)  # type: ignore[union-attr]
-    core.pc = d.index + 1
+    core.pc = index + 1
     return t + 1
 
 
@@ -178,7 +184,7 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Any:
     if end > core.max_end:
         core.max_end = end
     sb.add(rr, rw, end)
-    core.records.append(
+    core.records.extend(
         (
             core.stream_id,
             d.index,

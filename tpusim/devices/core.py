@@ -70,6 +70,7 @@ class Core:
         "decoded",
         "decoding",
         "dma",
+        "dma_unit",
         "env",
         "fallback_free",
         "final_cycle",
@@ -85,6 +86,7 @@ class Core:
         "network",
         "numeric",
         "pc",
+        "place",
         "queues",
         "records",
         "regs",
@@ -95,6 +97,7 @@ class Core:
         "stores",
         "stream",
         "stream_id",
+        "sync_unit",
         "system",
         "unit",
         "vmem",
@@ -113,6 +116,7 @@ class Core:
         self.index = index
         self.stream = stream
         self.stream_id = stream_id
+        self.place = (chip.index, index)  # (chip, core): keys per-core facts kept on decoded instructions
         self.cfg = cfg
         self.env = system.env
         self.network = system.network
@@ -137,10 +141,12 @@ class Core:
         self.unit = {u: system.unit_id(f"{name}.{u}") for u in ("scalar", "sync", "dma", "vpu", "fallback")}
         self.vpu_unit = self.unit["vpu"]
         self.scalar_unit = self.unit["scalar"]
+        self.sync_unit = self.unit["sync"]
+        self.dma_unit = self.unit["dma"]
         self.xlu_units = [system.unit_id(f"{name}.xlu{i}") for i in range(cfg.xlu.count)]
         self.mxu_units = [system.unit_id(f"{name}.mxu{i}") for i in range(cfg.mxu.count)]
-        # per MXU: its state, its FIFO of start cycles and its trace unit id (for issue_mxu_fast)
-        self.mxu_ctx = list(zip(self.mxus, self.mxu_queues, self.mxu_units))
+        # per MXU: its state, its FIFO of start cycles, its trace unit id and the FIFO's depth (issue_mxu_fast)
+        self.mxu_ctx = [(m, q, u, depth) for m, q, u in zip(self.mxus, self.mxu_queues, self.mxu_units)]
         self.dma = DmaEngines(self)
         self.pc = 0
         self.first_try = 0  # cycle the current instruction was first tried (for stalls in the trace)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tpusim.devices.engine import Event, Timeout
 from tpusim.devices.flows import Flow, resource
 from tpusim.devices.memory import read_value, window_slots, write_value
 from tpusim.devices.units import Access
@@ -225,14 +226,14 @@ class Transfer(Flow):
     def wait_event(self) -> Any:
         """An event that fires at completion (created on demand: a transfer nobody waits for costs none)."""
         if self.event is None:
-            self.event = self.core.env.event()
+            self.event = Event(self.core.env)
         return self.event
 
     def finish(self, now: int) -> None:
         """The flow moved its last byte at ``now``: free the engine; complete after the latency."""
         self.core.dma.release(now)
         if self.latency:
-            self.core.env.timeout(self.latency).callbacks.append(self._complete_cb)
+            Timeout(self.core.env, self.latency).callbacks.append(self._complete_cb)
         else:
             _complete(self)
 
@@ -395,7 +396,7 @@ def issue_dma(core: Any, d: Any, t: int) -> Any:
     """
     ins = d.ins
     i = d.index
-    fixed = d.extra.get((core.chip.index, core.index)) if d.static else None
+    fixed = d.extra.get(core.place) if d.static else None
     if fixed is not None:
         # NOTE: speed. Fixed windows (the common case): everything but the memories is known.
         facts, rr, rw, dst_core = fixed
@@ -415,7 +416,7 @@ def issue_dma(core: Any, d: Any, t: int) -> Any:
     engines = core.dma
     if len(engines.queue) >= engines.depth:
         if engines.space_event is None:
-            engines.space_event = core.env.event()
+            engines.space_event = Event(core.env)
         return core.block(d, "waits for room in the DMA queue", engines.space_event)
     dst_bank = dst_chip.sems[dst_core] if ins.dst_sem is not None else None
     tr = Transfer(core, i, core.first_try, facts, ins.sem, dst_bank, ins.dst_sem, copy)
@@ -448,7 +449,7 @@ def _prepare(core: Any, d: Any) -> tuple[TransferFacts, tuple[Any, ...], tuple[A
     rr = ((sp.key, s_lo, s_hi),)
     rw = ((dst_key, d_lo, d_hi),)
     if d.static and dst_key is dp.key:
-        d.extra[(core.chip.index, core.index)] = (facts, rr, rw, dst_core)
+        d.extra[core.place] = (facts, rr, rw, dst_core)
     copy = None
     if core.numeric or ins.control:
         src = Access(s_store, sp.space, s_addr, sp.shape, s_off, sp.sizes, s_lo, s_hi)
@@ -496,6 +497,6 @@ def _complete(tr: Transfer) -> None:
         tr.dst_bank.signal(tr.dst_sem, 1)
     tr.done = True
     core.scoreboard.dma_done(tr)
-    core.records.append((tr.stream, tr.index, core.unit["dma"], tr.issue, tr.start, core.env.now, tr.plan.payload, 0))
+    core.records.extend((tr.stream, tr.index, core.dma_unit, tr.issue, tr.start, core.env.now, tr.plan.payload, 0))
     if tr.event is not None:
         tr.event.succeed()

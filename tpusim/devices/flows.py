@@ -22,6 +22,8 @@ from collections.abc import Callable
 from math import ceil
 from typing import Any
 
+from tpusim.devices.engine import Timeout
+
 __all__ = ["Flow", "FlowNetwork", "Resource", "resource"]
 
 _EPS = 1e-6  # bytes: a flow with less left is finished (float rounding)
@@ -143,18 +145,25 @@ class FlowNetwork:
                         for f in self.active:
                             f.remaining -= f.rate * dt
                         self.last = at
+                    active = self.active
                     while pending and pending[0][0] == at:
-                        self.active.append(heapq.heappop(pending)[2])
-                    self._rates()
+                        active.append(heapq.heappop(pending)[2])
+                    if len(active) == 1:  # (_rates, inlined for the common case)
+                        active[0].rate = active[0].solo
+                    else:
+                        self._rates()
                 active = self.active
                 dt = now - self.last
                 if dt > 0:
                     for f in active:
                         f.remaining -= f.rate * dt
                     self.last = now
+                for f in active:
+                    if f.remaining <= _EPS:
+                        break
+                else:
+                    break  # nothing done (NOTE: speed: the common case builds no lists)
                 done = [f for f in active if f.remaining <= _EPS]
-                if not done:
-                    break
                 self.active = [f for f in active if f.remaining > _EPS]
                 sigs = self.sigs
                 for f in done:
@@ -163,7 +172,10 @@ class FlowNetwork:
                         sigs[f.sig] = n
                     else:
                         del sigs[f.sig]
-                self._rates()
+                if len(self.active) > 1:
+                    self._rates()
+                elif self.active:
+                    self.active[0].rate = self.active[0].solo
                 for f in done:
                     f.finish(now)
         finally:
@@ -213,7 +225,10 @@ class FlowNetwork:
         idx = range(len(left))
         unfrozen = flows
         while unfrozen:
-            level = min(f.cap for f in unfrozen)
+            level = _INF
+            for f in unfrozen:
+                if f.cap < level:
+                    level = f.cap
             for i in idx:
                 w = 0.0
                 for f in unfrozen:
@@ -221,7 +236,8 @@ class FlowNetwork:
                 x = left[i] / w
                 if x < level:
                     level = x
-            capped = [f for f in unfrozen if f.cap <= level * (1 + 1e-12)]
+            lim = level * (1 + 1e-12)
+            capped = [f for f in unfrozen if f.cap <= lim]
             if not capped or len(capped) == len(unfrozen):
                 for f in unfrozen:
                     f.rate = level
@@ -230,7 +246,7 @@ class FlowNetwork:
                 f.rate = f.cap
                 for i in idx:
                     left[i] -= f.cap * f.uses[i][1]
-            unfrozen = [f for f in unfrozen if f.cap > level * (1 + 1e-12)]
+            unfrozen = [f for f in unfrozen if f.cap > lim]
 
     def _schedule(self, now: int) -> None:
         t = _INF
@@ -261,7 +277,7 @@ class FlowNetwork:
             return
         self.gen += 1
         self.timer_at = nxt
-        self.env.timeout(nxt - now, self.gen).callbacks.append(self._fire)
+        Timeout(self.env, nxt - now, self.gen).callbacks.append(self._fire)
 
     def _fire(self, ev: Any) -> None:
         if ev.value != self.gen:

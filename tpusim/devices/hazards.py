@@ -45,10 +45,11 @@ _PRUNE_AT = 32  # entries before dead ones (end cycle passed) are dropped
 class Scoreboard:
     """In-flight reads and writes of one core."""
 
-    __slots__ = ("dmas", "horizon", "readers", "writers")
+    __slots__ = ("dmas", "horizon", "readers", "w_horizon", "writers")
 
     def __init__(self) -> None:
         self.horizon = 0  # the latest end cycle of any compute entry
+        self.w_horizon = 0  # ... of any compute entry that writes
         # Compute entries: (memory key, lo, hi) -> latest end cycle. Programs reuse buffers, so these stay small.
         self.writers: dict[Range, int] = {}
         self.readers: dict[Range, int] = {}
@@ -116,12 +117,13 @@ class Scoreboard:
                 self.writers = {}
                 self.readers = {}
         else:
-            w = self.writers
-            if len(w) > _PRUNE_AT:
-                w = self.writers = {k: e for k, e in w.items() if e > t}
-            for (sp, l2, h2), end in w.items():
-                if end > need and sp is key and l2 < hi and lo < h2:
-                    need = end
+            if self.w_horizon > t:  # (else every writer has ended)
+                w = self.writers
+                if len(w) > _PRUNE_AT:
+                    w = self.writers = {k: e for k, e in w.items() if e > t}
+                for (sp, l2, h2), end in w.items():
+                    if end > need and sp is key and l2 < hi and lo < h2:
+                        need = end
             if write:
                 r = self.readers
                 if len(r) > _PRUNE_AT:
@@ -129,11 +131,14 @@ class Scoreboard:
                 for (sp, l2, h2), end in r.items():
                     if end > need and sp is key and l2 < hi and lo < h2:
                         need = end
-        for tr, rs, rl, rh, ws, wl, wh in self.dmas:
-            if ws is key and wl < hi and lo < wh:
-                return need, tr
-            if write and rs is key and rl < hi and lo < rh:
-                return need, tr
+        if write:
+            for tr, rs, rl, rh, ws, wl, wh in self.dmas:
+                if (ws is key and wl < hi and lo < wh) or (rs is key and rl < hi and lo < rh):
+                    return need, tr
+        else:
+            for tr, _, _, _, ws, wl, wh in self.dmas:
+                if ws is key and wl < hi and lo < wh:
+                    return need, tr
         return need, None
 
     def check_copy(self, t: int, read: Range, write: Range) -> tuple[int, Any]:
@@ -174,6 +179,8 @@ class Scoreboard:
         """Record an issued compute instruction's ranges until cycle ``end``."""
         if end > self.horizon:
             self.horizon = end
+        if writes and end > self.w_horizon:
+            self.w_horizon = end
         w = self.writers
         for k in writes:
             if w.get(k, -1) < end:

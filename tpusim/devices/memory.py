@@ -18,7 +18,8 @@ import numpy as np
 
 from tpusim.devices.values import CachedValue, ValueCache
 from tpusim.errors import TpusimError
-from tpusim.memory import Shape, geometry, pack, unpack
+from tpusim.memory import Geometry, Shape, geometry, pack, unpack
+from tpusim.memory.tiling import axis_slots, is_separable
 
 __all__ = [
     "Affine",
@@ -166,13 +167,48 @@ class ByteStore:
 # ---------------------------------------------------------------------------------------------------------
 @lru_cache(maxsize=512)
 def window_slots(shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
-    """Element slots (``Geometry.linear_index``) of a window, in row-major order of its sizes (read-only)."""
+    """Element slots (``Geometry.linear_index``) of a window, in row-major order of its sizes (read-only).
+
+    NOTE: speed. For layouts without ``*`` merges a slot is a sum of one term per dimension
+    (:func:`~tpusim.memory.tiling.is_separable`): the window is the outer sum of ``rank`` short vectors, not
+    ``prod(sizes)`` evaluations of the index map."""
     count = int(np.prod(sizes))  # a rank-0 window (a scalar) holds one element
-    grids = np.indices(sizes, dtype=np.int64).reshape(len(sizes), count)
-    grids += np.asarray(offsets, np.int64).reshape(-1, 1)
-    slots = geometry(shape).linear_index(grids.T).reshape(count)
+    geo = geometry(shape)
+    terms = _axis_terms(geo, offsets, sizes)
+    if terms is not None:
+        slots = terms[0]
+        for t in terms[1:]:
+            slots = np.add.outer(slots, t)
+        slots = np.ascontiguousarray(slots, np.int64).reshape(count)
+    else:
+        grids = np.indices(sizes, dtype=np.int64).reshape(len(sizes), count)
+        grids += np.asarray(offsets, np.int64).reshape(-1, 1)
+        slots = geo.linear_index(grids.T).reshape(count)
     slots.setflags(write=False)
     return slots
+
+
+def _axis_terms(geo: Geometry, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> list[np.ndarray] | None:
+    """Per dimension, the slot terms of the window's coordinates (None when the layout is not separable)."""
+    if not sizes:
+        return None
+    full = _shape_axis_terms(geo.shape)
+    if full is None or any(o + s > t.size for t, o, s in zip(full, offsets, sizes)):
+        return None  # (a window reaching past the array is left to the index map, as before)
+    return [t[o : o + s] for t, o, s in zip(full, offsets, sizes)]
+
+
+@lru_cache(maxsize=1024)
+def _shape_axis_terms(shape: Shape) -> tuple[np.ndarray, ...] | None:
+    """The slot term of every coordinate of every dimension (:func:`~tpusim.memory.tiling.axis_slots`), or
+    None when the layout is not separable."""
+    geo = geometry(shape)
+    if not is_separable(geo):
+        return None
+    terms = tuple(axis_slots(geo, d, np.arange(n, dtype=np.int64)) for d, n in enumerate(shape.dimensions))
+    for t in terms:
+        t.setflags(write=False)
+    return terms
 
 
 @lru_cache(maxsize=4096)
@@ -181,10 +217,16 @@ def window_extent(shape: Shape, offsets: tuple[int, ...] | None, sizes: tuple[in
     geo = geometry(shape)
     if offsets is None or sizes is None or prod(sizes) == 0:
         return (0, geo.byte_size) if offsets is None else (0, 0)
-    slots = window_slots(shape, offsets, sizes)
+    terms = _axis_terms(geo, offsets, sizes)
+    if terms is not None:  # the extremes of a sum of independent terms are the sums of their extremes
+        first = sum(int(t.min()) for t in terms)
+        last = sum(int(t.max()) for t in terms)
+    else:
+        slots = window_slots(shape, offsets, sizes)
+        first, last = int(slots.min()), int(slots.max())
     bits = geo.element_bits
-    lo = geo.prefix_bytes + int(slots.min()) * bits // 8
-    hi = geo.prefix_bytes + ceil((int(slots.max()) + 1) * bits / 8)
+    lo = geo.prefix_bytes + first * bits // 8
+    hi = geo.prefix_bytes + ceil((last + 1) * bits / 8)
     return lo, hi
 
 

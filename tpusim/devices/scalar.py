@@ -70,7 +70,7 @@ _COND = {
 
 
 def _record(core: Any, d: Any, start: int, end: int, unit: str = "scalar") -> None:
-    core.records.append((core.stream_id, d.index, core.unit[unit], core.first_try, start, end, 0, 0))
+    core.records.extend((core.stream_id, d.index, core.unit[unit], core.first_try, start, end, 0, 0))
 
 
 _CORE_FACTS = {
@@ -109,7 +109,7 @@ def issue_scalar_alu(core: Any, d: Any, t: int) -> int:
         if zero_check and b == 0:
             raise core.error(d.index, f"s.{d.ins.fn} by zero")
         regs[dst] = ((fn(a, b) + 0x80000000) & 0xFFFFFFFF) - 0x80000000
-    core.records.append((core.stream_id, d.index, core.scalar_unit, core.first_try, t, t + 1, 0, 0))
+    core.records.extend((core.stream_id, d.index, core.scalar_unit, core.first_try, t, t + 1, 0, 0))
     core.pc = d.index + 1
     return t + 1
 
@@ -186,7 +186,7 @@ def issue_branch(core: Any, d: Any, t: int) -> int:
     regs = core.regs
     if cond(regs[ar], regs[br] if br >= 0 else bv):
         return _jump(core, d, t, d.ins.target)
-    core.records.append((core.stream_id, d.index, core.scalar_unit, core.first_try, t, t + 1, 0, 0))
+    core.records.extend((core.stream_id, d.index, core.scalar_unit, core.first_try, t, t + 1, 0, 0))
     core.pc = d.index + 1
     return t + 1
 

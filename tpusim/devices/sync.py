@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpusim.devices.engine import Event
 from tpusim.devices.units import handles
 from tpusim.isa import Barrier, Reg, SemSignal, SemWait
 
@@ -47,7 +48,7 @@ class BarrierState:
 
 
 def _record(core: Any, d: Any, start: int, end: int) -> None:
-    core.records.append((core.stream_id, d.index, core.unit["sync"], core.first_try, start, end, 0, 0))
+    core.records.extend((core.stream_id, d.index, core.sync_unit, core.first_try, start, end, 0, 0))
 
 
 @handles(SemWait)
@@ -60,7 +61,7 @@ def issue_sem_wait(core: Any, d: Any, t: int) -> Any:
         _record(core, d, core.first_try, t + 1)
         core.pc = d.index + 1
         return t + 1
-    ev = core.env.event()
+    ev = Event(core.env)
     bank.waiting = (ins.sem, ins.count, ev)
     return core.block(
         d, "waits for semaphore {} to reach {} (it holds {}) and nothing left to run can signal it", ev, ins.sem,

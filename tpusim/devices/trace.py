@@ -1,12 +1,11 @@
 """Trace records: one per executed instruction, the raw material for reports.
 
-During a run, units append plain tuples to one list (STYLE 2.1 idiom 9); :meth:`Trace.build` turns them
+During a run, units append plain ints to one list, 8 per record (STYLE 2.1 idiom 9); :meth:`Trace.build` turns them
 into numpy arrays at the end. No plotting here: reports live in ``tpusim/report``.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -74,7 +73,8 @@ def _order(a: np.ndarray) -> np.ndarray:
     if not len(a):
         return np.zeros(0, np.int64)
     # NOTE: speed. Two packed keys sort like the four when every field fits its bits (the usual case).
-    if a[:, 5].max() < 1 << 31 and a[:, 4].max() < 1 << 32 and a[:, 1].max() < 1 << 32 and a[:, 0].max() < 1 << 31:
+    top = a.max(axis=0)
+    if top[5] < 1 << 31 and top[4] < 1 << 32 and top[1] < 1 << 32 and top[0] < 1 << 31:
         return np.lexsort(((a[:, 0] << 32) | a[:, 1], (a[:, 4] << 31) | a[:, 5]))
     return np.lexsort((a[:, 1], a[:, 0], a[:, 5], a[:, 4]))
 
@@ -108,13 +108,11 @@ class Trace:
     streams: tuple[TraceStream, ...]
 
     @staticmethod
-    def build(records: list[Record], units: list[str], streams: list[TraceStream]) -> Trace:
-        """Arrays from records, ordered by (start, end, stream, index) so the order never depends on event
-        scheduling details."""
-        flat = itertools.chain.from_iterable(records)
-        a = np.fromiter(flat, dtype=np.int64, count=8 * len(records)).reshape(-1, 8)
-        a = a[_order(a)]
-        col = [np.ascontiguousarray(a[:, i]) for i in range(8)]
+    def build(records: list[int], units: list[str], streams: list[TraceStream]) -> Trace:
+        """Arrays from records (8 ints each, one after the other: NOTE speed, a flat list converts faster),
+        ordered by (start, end, stream, index) so the order never depends on event scheduling details."""
+        a = np.fromiter(records, dtype=np.int64, count=len(records)).reshape(-1, 8)
+        col = a[_order(a)].T.copy()  # one copy: each column contiguous
         return Trace(
             stream=col[0],
             index=col[1],

@@ -27,7 +27,7 @@ import numpy as np
 from tpusim.errors import LayoutError
 from tpusim.memory.shape import COMBINE, AnyShape, Shape
 
-__all__ = ["Geometry", "TilingLevel", "geometry"]
+__all__ = ["Geometry", "TilingLevel", "axis_slots", "geometry", "is_separable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,3 +335,30 @@ def _split_coords(coords: list[np.ndarray], lvl: TilingLevel) -> list[np.ndarray
 def geometry(shape: Shape) -> Geometry:
     """The (cached) :class:`Geometry` of an array shape."""
     return Geometry.of(shape)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Closed forms for windows (additive helpers; the index maps above are the definition)
+# ---------------------------------------------------------------------------------------------------------
+def is_separable(geo: Geometry) -> bool:
+    """True when a slot is a sum of one term per logical dimension: ``linear_index(x) == sum(axis_slots(geo,
+    d, x[d]))``.
+
+    It holds for every layout without ``*`` merges: each tiling level replaces a coordinate by its quotient and
+    remainder by the tile size (functions of that one coordinate), and the final ravel is a sum of coordinates
+    times strides. A merge multiplies one coordinate into the next before dividing, which mixes them.
+    """
+    return not any(lvl.merges for lvl in geo.levels)
+
+
+def axis_slots(geo: Geometry, dim: int, coords: np.ndarray) -> np.ndarray:
+    """The term of logical dimension ``dim`` in the slot of indices whose ``dim`` coordinate is ``coords`` (a
+    1-D int array): ``linear_index`` of the index that is ``coords`` along ``dim`` and 0 elsewhere.
+
+    With :func:`is_separable`, the slots of a window are the outer sum of these terms over its coordinate
+    ranges: ``sum(rank)`` index-map evaluations instead of ``prod(sizes)``.
+    """
+    c = np.asarray(coords, np.int64).reshape(-1)
+    idx = np.zeros((c.size, geo.shape.rank), np.int64)
+    idx[:, dim] = c
+    return geo.linear_index(idx)
