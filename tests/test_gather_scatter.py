@@ -164,6 +164,19 @@ def test_text_tiled_layouts_rows_not_whole_tiles() -> None:
     run(text, RNG.standard_normal((37, 200)).astype(np.float32), RNG.integers(-3, 40, (11,)).astype(np.int32))
 
 
+@pytest.mark.parametrize(("dtype", "rows"), [(ml_dtypes.bfloat16, 20001), (np.int8, 8003)])
+def test_packed_rows_fetch_whole_words(dtype: type, rows: int) -> None:
+    """A few rows of a big bf16 / int8 table: the plan fetches the 2 / 4 rows sharing each 32-bit word (whole
+    runs) and picks the row by its recorded parity; the last, partial group of rows and clamped ids included."""
+    table = (RNG.standard_normal((rows, 256)) * 50).astype(dtype)
+    ids = np.concatenate([[rows - 1, rows - 2, rows, -1, 0, 1, 2, 3], RNG.integers(0, rows, 56)]).astype(np.int32)
+    result = run(lambda t, i: t[i], table, ids)
+    code = [i for s in result.compiled.program.streams for i in s.instructions if i.hlo and "gather" in i.hlo]
+    assert sum(type(i).__name__ == "ScalarStore" for i in code) == len(ids)  # one parity per slice
+    (pick,) = [i for i in code if isinstance(i, DmaStart) and i.src.space.value == "hbm"][1:2]
+    assert pick.src.window is not None and pick.src.dims[0] == np.dtype(np.int32).itemsize // np.dtype(dtype).itemsize
+
+
 def test_gather_chunks_on_the_teaching_chip() -> None:
     # The teaching chip's 64 KiB VMEM and 1 KiB SMEM force many chunks of slices (and index loads).
     table = RNG.standard_normal((500, 40)).astype(np.float32)
