@@ -1,8 +1,8 @@
 """gather on the modelled hardware: one DMA (or one vector copy) per gathered slice, addressed by registers
 loaded from the index array.
 
-Plan (docs/compiler.md, "Gather and scatter"). The slices are visited in chunks of rows of the first batch
-axis; per chunk:
+Plan (docs/compiler.md, "Gather, scatter, async copies and bit-level ops"). The slices are visited in chunks
+of rows of the first batch axis; per chunk:
 
 1. the chunk's index vectors are DMA'd into SMEM (:func:`.indexed.index_chunk`);
 2. straight-line code (:func:`.indexed.each_slice`) loads each index vector into registers and moves the slice

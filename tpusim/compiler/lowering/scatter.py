@@ -1,20 +1,23 @@
 """scatter on the modelled hardware: the operand in VMEM, each update window combined into it by one vector
 instruction at register offsets, in update order.
 
-Plan (docs/compiler.md, "Gather and scatter"):
+Plan (docs/compiler.md, "Gather, scatter, async copies and bit-level ops"):
 
 1. the operand (or a block of it, cut along an indexed dimension whose update windows are one element
    wide) is DMA'd into VMEM;
 2. per chunk of update slices (rows of the first batch axis), the index vectors are DMA'd into SMEM and the
    updates into VMEM, and ``vpu.copy`` lays the updates out as a row-major staging array, one slice after
    the other (:mod:`.indexed`);
-3. a scalar loop loads each index vector into registers, skips the slice when its window leaves the operand
-   (XLA's scatter drops such windows whole; it does not clamp, Operation Semantics "Scatter" and
-   ``tpusim.compiler.hlo.reference.gather_scatter``) or the block, and otherwise combines the window with
-   one ``vpu.FN dst <- dst, update`` (``FN`` the combiner: add, multiply, maximum, minimum, and, or, xor),
-   or ``vpu.copy`` for a combiner that returns the update (``.at[].set``). The vector instructions run in
-   program order and the scoreboard orders overlapping windows, so duplicate indices combine in update
-   order, as the reference does;
+3. straight-line code (:func:`.indexed.each_slice`) loads each index vector into registers and combines
+   the update window with one vector instruction at those offsets: ``vpu.FN dst <- dst, update`` (``FN``
+   the combiner: add, multiply, maximum, minimum, and, or, xor), or ``vpu.copy`` for a combiner that
+   returns the update (``.at[].set``). The vector instructions run in program order and the scoreboard
+   orders overlapping windows, so duplicate indices combine in update order, as the reference does. XLA
+   drops a window that leaves the operand (it does not clamp: Operation Semantics "Scatter" and
+   ``tpusim.compiler.hlo.reference.gather_scatter``); branches would force every DMA in flight to be waited
+   for first (the program verifier's rule), so the code is branch-free: a register ``bad``, negative
+   exactly when a start is out of range (or outside the block), and one ``vpu.fused`` that keeps the
+   clamped window's own value there, ``select(bad >= 0, fn(window, update), window)``;
 4. the block is DMA'd to the result.
 
 Chunks are prefetched one ahead. Declined (the op falls back): variadic scatters, combiners other than one
@@ -25,8 +28,6 @@ blocks cannot be cut, and more than 4 x :data:`.indexed.MAX_SLICES` slice visits
 from __future__ import annotations
 
 from math import prod
-
-import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
@@ -51,6 +52,8 @@ from tpusim.memory import ElementType, Shape, element_type
 
 __all__ = ["lower_scatter"]
 
+S32 = element_type("s32")
+
 
 def _combine_kind(ctx: Lowering, instr: Instruction, sl: Slices) -> str:
     """``add`` ... (a VPU function), ``set`` (the update replaces), or ``keep`` (the operand stays)."""
@@ -68,28 +71,14 @@ def _combine_kind(ctx: Lowering, instr: Instruction, sl: Slices) -> str:
     return fn
 
 
-def _identity(fn: str, et: ElementType) -> float | int | bool:
-    """The value ``x`` with ``fn(v, x) == v`` bit for bit for every ``v`` of type ``et`` (``-0.0`` for a float
-    sum, so that ``-0.0`` stays negative; NaNs propagate through all of them)."""
-    if et.name == "pred":
-        return fn in ("and", "multiply", "minimum")
-    if et.is_float:
-        return {"add": -0.0, "multiply": 1.0, "maximum": float("-inf"), "minimum": float("inf")}[fn]
-    info = np.iinfo(et.dtype)
-    values = {"add": 0, "multiply": 1, "maximum": int(info.min), "minimum": int(info.max), "or": 0, "xor": 0}
-    return values.get(fn, -1 if info.min < 0 else int(info.max))  # and: all ones
-
-
 def _guarded(kind: str, et: ElementType) -> tuple[tuple[Const, ...], tuple[FusedOp, ...]]:
-    """The ``vpu.fused`` chain of one guarded combine: sources ``(window, update, bad, *constants)``; the
-    update is replaced by the identity (a set by the window's own value) where ``bad < 0``."""
-    s32, pred = element_type("s32"), element_type("pred")
-    ok = FusedOp("compare", pred, (2, 3), "GE")  # bad >= 0: value 4 for a set, 5 otherwise
+    """The ``vpu.fused`` chain of one guarded combine: sources ``(window, update, bad, 0)``; where ``bad < 0``
+    the window keeps its own value (a select moves bits, so even denormals the VPU's arithmetic would flush
+    stay as they were, as in a window XLA drops)."""
+    ok = FusedOp("compare", element_type("pred"), (2, 3), "GE")  # value 4: bad >= 0
     if kind == "set":
-        return (Const(0, s32),), (ok, FusedOp("select", et, (4, 1, 0)))
-    identity = Const(_identity(kind, et), et)
-    pick = FusedOp("select", et, (5, 1, 4))  # the update or the identity: value 6
-    return (Const(0, s32), identity), (ok, pick, FusedOp(kind, et, (0, 6)))
+        return (Const(0, S32),), (ok, FusedOp("select", et, (4, 1, 0)))
+    return (Const(0, S32),), (ok, FusedOp(kind, et, (0, 1)), FusedOp("select", et, (4, 5, 0)))
 
 
 def _block_dim(sl: Slices) -> int | None:
@@ -242,8 +231,7 @@ def _emit(ctx: Lowering, sl: Slices, kind: str, operand: MemRef, indices: MemRef
                     ctx.emit(VpuMap, fn=kind, dst=dst, srcs=(dst, update))
                 return
             # ``bad`` ends negative exactly when some start is below 0 or above its limit: it ORs in each start
-            # and each ``limit - start``. The clamped window then receives the combiner's identity (or, for a
-            # set, its own value): the window is dropped, as XLA drops it.
+            # and each ``limit - start``. The clamped window then keeps its value: dropped, as XLA drops it.
             for i, (reg, high) in enumerate(checks):
                 ctx.emit(ScalarAlu, fn="sub", dst=tmp, a=high, b=reg)
                 ctx.emit(ScalarAlu, fn="or", dst=bad, a=reg if i == 0 else bad, b=tmp)
