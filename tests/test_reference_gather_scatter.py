@@ -97,6 +97,16 @@ def test_scatter_add_is_ordered_for_floats() -> None:
     check_against_jax(lambda v, i: jnp.zeros(2, jnp.float32).at[i].add(v), u, np.zeros(500, np.int32))
 
 
+def test_scatter_arithmetic_flushes_denormals_like_xla() -> None:
+    """XLA CPU's f32 (and bf16-in-f32) arithmetic flushes denormal operands and results; scatter's combiner
+    is that arithmetic: 1e-39 + 1e-39 adds two zeros, and 1.5e-38 - 1.4e-38 (a denormal) becomes 0."""
+    x = np.array([0, 1.5e-38, 0, 2], np.float32)
+    u = np.array([1e-39, 1e-39, -1.4e-38, 1e-39, 5], np.float32)
+    i = np.array([0, 0, 1, 2, 3], np.int32)
+    for dtype in (np.float32, ml_dtypes.bfloat16):
+        check_against_jax(lambda a, j, v: (a.at[j].add(v), a.at[j].max(v)), x.astype(dtype), i, u.astype(dtype))
+
+
 def test_non_commutative_scatter_applies_updates_in_order_against_xla() -> None:
     # subtract is order-sensitive: rows 1 and 3 receive two updates each; index 9 drops its whole window.
     text = """HloModule m

@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.hlo.reference.convert import compute_dtype, flush, round_result
 from tpusim.compiler.hlo.reference.core import ELEMENTWISE, REFERENCE, EvalContext, EvaluationError, Value
 
 __all__ = [
@@ -216,18 +217,30 @@ def apply_ordered(
     if proj is not None:
         return  # ROOT parameter(i < N): the operand keeps its value
     opcode = binary_ufunc(comp) if n == 1 else None
-    if opcode is not None and outputs[0].dtype not in NARROW_FLOATS:
+    if opcode is not None and not _is_float(outputs[0].dtype):
         # ufunc.at applies the updates unbuffered, one after the other, in index order.
         ufunc_for(opcode, outputs[0].dtype).at(outputs[0], targets, updates[0])
         return
     for idx in duplicate_rounds(targets):
         t = targets[idx]
         if opcode is not None:
-            outputs[0][t] = ufunc_for(opcode, outputs[0].dtype)(outputs[0][t], updates[0][idx])
+            outputs[0][t] = _float_binary(opcode, outputs[0][t], updates[0][idx])
             continue
         res = combine(ctx, comp.name, [o[t] for o in outputs], [u[idx] for u in updates])
         for o, r in zip(outputs, res):
             o[t] = r
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind in "fc" or dtype in NARROW_FLOATS
+
+
+def _float_binary(opcode: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``opcode(a, b)`` as XLA CPU's float arithmetic: narrow floats in f32, denormal operands and results
+    flushed to zero (convert.py), rounded back to the type (``ufunc.at`` would neither widen nor flush)."""
+    wide = compute_dtype(a.dtype)
+    r = ufunc_for(opcode, wide)(flush(a.astype(wide, copy=False)), flush(b.astype(wide, copy=False)))
+    return round_result(flush(np.asarray(r)), a.dtype)
 
 
 def key_expression(comp: Computation, root: str, param: int) -> list[Instruction] | None:
