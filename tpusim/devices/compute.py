@@ -132,15 +132,21 @@ def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Any:
     q.append(start)
     if end > core.max_end:
         core.max_end = end
-    # sb.add, inlined: the one range this instruction reads or writes
+    # sb.add_one, inlined: the one range this instruction reads or writes
     if end > sb.horizon:
         sb.horizon = end
     if is_write:
-        table = sb.writers
         if end > sb.w_horizon:
             sb.w_horizon = end
+        table = sb.writers
+        b_lo, b_hi = sb.writers_box
+        if lo < b_lo or hi > b_hi:
+            sb.writers_box = (lo if lo < b_lo else b_lo, hi if hi > b_hi else b_hi)
     else:
         table = sb.readers
+        b_lo, b_hi = sb.readers_box
+        if lo < b_lo or hi > b_hi:
+            sb.readers_box = (lo if lo < b_lo else b_lo, hi if hi > b_hi else b_hi)
     if table.get(rng, -1) < end:
         table[rng] = end
     core.records.extend((core.stream_id, index, unit, core.first_try, start, end, cost.nbytes, flops))  # type: ignore[union-attr]

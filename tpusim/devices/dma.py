@@ -145,16 +145,18 @@ class TransferFacts:
     """What a transfer of one instruction costs, by the alignment of its windows (kept across runs).
 
     Attributes:
-        plan: the layout facts.
+        plan: the layout facts; bytes: its payload (payload: the same as a float, as the flow network counts).
         latency: cycles from the last byte moved to completion.
         uses, cap: the flow's ``(resource, weight)`` pairs and its own rate cap (:func:`flow_specs`).
         shape: :meth:`Flow.shape_of` of them.
     """
 
-    __slots__ = ("cap", "latency", "plan", "shape", "uses")
+    __slots__ = ("bytes", "cap", "latency", "payload", "plan", "shape", "uses")
 
     def __init__(self, plan: TransferPlan, latency: int, uses: list[Any], cap: float) -> None:
         self.plan = plan
+        self.bytes = plan.payload
+        self.payload = float(plan.payload)  # a flow's bytes left, as the network counts them
         self.latency = latency
         self.uses = uses
         self.cap = cap
@@ -164,24 +166,7 @@ class TransferFacts:
 class Transfer(Flow):
     """One DMA in flight: its flow through the network plus what completion must do."""
 
-    __slots__ = (
-        "copy_bytes",
-        "core",
-        "done",
-        "dst",
-        "dst_bank",
-        "dst_sem",
-        "event",
-        "index",
-        "issue",
-        "latency",
-        "plan",
-        "sem",
-        "shifts",
-        "src",
-        "start",
-        "stream",
-    )
+    __slots__ = ("copy", "core", "done", "dst_bank", "dst_sem", "event", "facts", "index", "issue", "sem", "start")
 
     def __init__(
         self,
@@ -194,31 +179,24 @@ class Transfer(Flow):
         dst_sem: int | None,
         copy: tuple[Access, Access, tuple[int, int]] | None,
     ) -> None:
-        # NOTE: speed. Flow's fields are set here directly (no super().__init__ call on this hot path).
-        plan = facts.plan
-        self.remaining = float(plan.payload)
+        # NOTE: speed. Flow's fields are set here directly (no super().__init__ call on this hot path; on_done is
+        # never read, finish() is overridden).
+        self.remaining = facts.payload
         self.uses = facts.uses
         self.cap = facts.cap
-        self.on_done = None  # (finish() is overridden: no bound method is stored, so no reference cycle)
         self.rate = 0.0
         self.seq = 0
         self.solo, self.sig = facts.shape
         self.core = core
-        self.stream = core.stream_id
         self.index = index
         self.issue = issue
-        self.plan = plan
-        self.latency = facts.latency
+        self.facts = facts
         self.sem = sem  # incremented at completion on the issuing core, and dst_sem on dst_bank
         self.dst_bank = dst_bank
         self.dst_sem = dst_sem
-        self.copy_bytes = copy is not None
-        if copy is None:  # timing-only: the bytes need not move
-            self.src = self.dst = None
-            self.shifts = (0, 0)
-        else:
-            # shifts: slot shifts of the actual windows from the plan's normalized ones
-            self.src, self.dst, self.shifts = copy
+        # (source, destination, slot shifts of the actual windows from the plan's normalized ones); None in
+        # a timing-only run, when the bytes need not move
+        self.copy = copy
         self.start = 0
         self.done = False
         self.event: Any = None
@@ -231,9 +209,11 @@ class Transfer(Flow):
 
     def finish(self, now: int) -> None:
         """The flow moved its last byte at ``now``: free the engine; complete after the latency."""
-        self.core.dma.release(now)
-        if self.latency:
-            Timeout(self.core.env, self.latency).callbacks.append(self._complete_cb)
+        core = self.core
+        core.dma.release(now)
+        latency = self.facts.latency
+        if latency:
+            Timeout(core.env, latency).callbacks.append(self._complete_cb)
         else:
             _complete(self)
 
@@ -245,22 +225,23 @@ class Transfer(Flow):
 
     __str__ = describe
 
-    def copy(self) -> None:
+    def move(self) -> None:
         """Move the bytes (at completion)."""
-        s, d, p = self.src, self.dst, self.plan
-        assert s is not None and d is not None
+        assert self.copy is not None
+        s, d, shifts = self.copy
+        p = self.facts.plan
         if p.src_slots is None:
             d.store.write(d.address, s.store.read(s.address, p.payload))
             return
         if p.byte_runs is not None and s.store is not d.store:
-            self._copy_runs(p.byte_runs)
+            _copy_runs(s, d, shifts, p.byte_runs)
             return
         et = s.shape.element_type
         assert et.dtype is not None
         gs, gd = geometry(s.shape), geometry(d.shape)
         width = 8 * et.raw_dtype.itemsize
         if gs.element_bits == width == gd.element_bits and et.bits >= 8:
-            ss, ds = self.shifts
+            ss, ds = shifts
             src_raw = s.store.view(s.address + gs.prefix_bytes, gs.element_slots * et.raw_dtype.itemsize)
             src_slots, dst_slots = p.src_slots, p.dst_slots
             assert dst_slots is not None
@@ -274,24 +255,22 @@ class Transfer(Flow):
         value = read_value(s.store, s.address, s.shape, s.offsets or (0,) * len(sizes), sizes)
         write_value(d.store, d.address, d.shape, d.offsets or (0,) * len(sizes), sizes, value)
 
-    def _copy_runs(self, runs: tuple[Any, ...]) -> None:
-        """Copy the plan's joint runs as bytes (two different memories, so the views stay valid)."""
-        s, d = self.src, self.dst
-        assert s is not None and d is not None
-        eb, s_bytes, d_bytes = runs[1:4]
-        ss, ds = self.shifts[0] * eb, self.shifts[1] * eb
-        if d.store.values is not None:
-            d.store.values.invalidate(d.lo, d.hi)
-        dst = d.store.view(d.address, d_bytes)
-        src = s.store.view(s.address, s_bytes)
-        if runs[0] == "strided":
-            s0, d0, n, length, s_stride, d_stride = runs[4:]
-            u8 = np.uint8
-            dv = np.ndarray((n, length), u8, dst, d0 + ds, (d_stride, 1))
-            dv[...] = np.ndarray((n, length), u8, src, s0 + ss, (s_stride, 1))
-            return
-        for a, b, n in zip(*runs[4:]):
-            dst[b + ds : b + ds + n] = src[a + ss : a + ss + n]
+def _copy_runs(s: Access, d: Access, shifts: tuple[int, int], runs: tuple[Any, ...]) -> None:
+    """Copy a plan's joint runs as bytes between two different memories (so the two views stay valid)."""
+    eb, s_bytes, d_bytes = runs[1:4]
+    ss, ds = shifts[0] * eb, shifts[1] * eb
+    if d.store.values is not None:
+        d.store.values.invalidate(d.lo, d.hi)
+    dst = d.store.view(d.address, d_bytes)
+    src = s.store.view(s.address, s_bytes)
+    if runs[0] == "strided":
+        s0, d0, n, length, s_stride, d_stride = runs[4:]
+        u8 = np.uint8
+        dv = np.ndarray((n, length), u8, dst, d0 + ds, (d_stride, 1))
+        dv[...] = np.ndarray((n, length), u8, src, s0 + ss, (s_stride, 1))
+        return
+    for a, b, n in zip(*runs[4:]):
+        dst[b + ds : b + ds + n] = src[a + ss : a + ss + n]
 
 
 class DmaEngines:
@@ -301,12 +280,14 @@ class DmaEngines:
         core: the owning core (for the config, the flow network and completion bookkeeping).
     """
 
-    __slots__ = ("core", "depth", "free", "queue", "space_event")
+    __slots__ = ("core", "depth", "free", "network", "queue", "setup", "space_event")
 
     def __init__(self, core: Any) -> None:
         self.core = core
+        self.network = core.network
         self.depth = core.cfg.dma.queue_depth
         self.free = core.cfg.dma.engines
+        self.setup = core.cfg.dma.setup_cycles
         self.queue: list[tuple[Transfer, int]] = []
         self.space_event: Any = None
 
@@ -315,7 +296,7 @@ class DmaEngines:
         if self.free > 0:
             self.free -= 1
             tr.start = ready
-            self.core.network.add(tr, ready + self.core.cfg.dma.setup_cycles)
+            self.network.add(tr, ready + self.setup)
         else:
             self.queue.append((tr, ready))
 
@@ -324,7 +305,7 @@ class DmaEngines:
         if self.queue:
             tr, ready = self.queue.pop(0)
             tr.start = max(now, ready)
-            self.core.network.add(tr, tr.start + self.core.cfg.dma.setup_cycles)
+            self.network.add(tr, tr.start + self.setup)
             if self.space_event is not None:
                 ev, self.space_event = self.space_event, None
                 ev.succeed()
@@ -399,18 +380,19 @@ def issue_dma(core: Any, d: Any, t: int) -> Any:
     fixed = d.extra.get(core.place) if d.static else None
     if fixed is not None:
         # NOTE: speed. Fixed windows (the common case): everything but the memories is known.
-        facts, rr, rw, dst_core = fixed
+        facts, r, w, dst_core = fixed
         dst_chip = core.chip
         copy = None
-        if core.numeric or ins.control:
+        if d.numeric:
             sp, dp = d.plans_r[0], d.plans_w[0]
-            src = Access(core.stores[sp.space], sp.space, sp.address, sp.shape, sp.offsets, sp.sizes, *rr[0][1:])
+            src = Access(core.stores[sp.space], sp.space, sp.address, sp.shape, sp.offsets, sp.sizes, r[1], r[2])
             dst_store = dst_chip.store(dp.space, dst_core)
-            dst = Access(dst_store, dp.space, dp.address, dp.shape, dp.offsets, dp.sizes, *rw[0][1:])
+            dst = Access(dst_store, dp.space, dp.address, dp.shape, dp.offsets, dp.sizes, w[1], w[2])
             copy = (src, dst, (0, 0))
     else:
-        facts, rr, rw, dst_chip, dst_core, copy = _prepare(core, d)
-    need, busy = core.scoreboard.check_copy(t, rr[0], rw[0])
+        facts, r, w, dst_chip, dst_core, copy = _prepare(core, d)
+    sb = core.scoreboard
+    need, busy = sb.check_copy(t, r, w)
     if busy is not None:
         return core.block(d, "waits for {}, which touches the same memory", busy.wait_event(), busy)
     engines = core.dma
@@ -420,15 +402,15 @@ def issue_dma(core: Any, d: Any, t: int) -> Any:
         return core.block(d, "waits for room in the DMA queue", engines.space_event)
     dst_bank = dst_chip.sems[dst_core] if ins.dst_sem is not None else None
     tr = Transfer(core, i, core.first_try, facts, ins.sem, dst_bank, ins.dst_sem, copy)
-    core.scoreboard.add_dma(tr, rr[0], rw[0])
-    engines.submit(tr, max(t, need))
+    sb.add_dma(tr, r, w)
+    engines.submit(tr, need if need > t else t)
     core.pc = i + 1
     return t + 1
 
 
 def _prepare(core: Any, d: Any) -> tuple[TransferFacts, tuple[Any, ...], tuple[Any, ...], Any, int, Any]:
     """Resolve the operands of ``d``: ``(facts, read range, write range, destination chip and core, what
-    copying needs or None)``."""
+    copying needs or None)``; keeps the first four on ``d`` for fixed windows into the core's memories."""
     ins = d.ins
     i = d.index
     sp, dp = d.plans_r[0], d.plans_w[0]
@@ -446,18 +428,18 @@ def _prepare(core: Any, d: Any) -> tuple[TransferFacts, tuple[Any, ...], tuple[A
     facts = facts_cache.get(key)
     if facts is None:
         facts = facts_cache[key] = _facts(core, d, key, dst_chip, dst_core, s_at, d_at)
-    rr = ((sp.key, s_lo, s_hi),)
-    rw = ((dst_key, d_lo, d_hi),)
+    r = (sp.key, s_lo, s_hi)
+    w = (dst_key, d_lo, d_hi)
     if d.static and dst_key is dp.key:
-        d.extra[core.place] = (facts, rr, rw, dst_core)
+        d.extra[core.place] = (facts, r, w, dst_core)
     copy = None
-    if core.numeric or ins.control:
+    if d.numeric:
         src = Access(s_store, sp.space, s_addr, sp.shape, s_off, sp.sizes, s_lo, s_hi)
         dst = Access(d_store, dp.space, d_addr, dp.shape, d_off, dp.sizes, d_lo, d_hi)
         eb_s = max(1, geometry(sp.shape).element_bits // 8)
         eb_d = max(1, geometry(dp.shape).element_bits // 8)
         copy = (src, dst, (s_shift // eb_s, d_shift // eb_d))
-    return facts, rr, rw, dst_chip, dst_core, copy
+    return facts, r, w, dst_chip, dst_core, copy
 
 
 def _destination(core: Any, d: Any) -> tuple[Any, int, Any, Any, dict[Any, TransferFacts]]:
@@ -489,14 +471,14 @@ def _destination(core: Any, d: Any) -> tuple[Any, int, Any, Any, dict[Any, Trans
 
 def _complete(tr: Transfer) -> None:
     core = tr.core
-    if tr.copy_bytes:
-        tr.copy()
+    if tr.copy is not None:
+        tr.move()
     if tr.sem is not None:
         core.sems.signal(tr.sem, 1)
     if tr.dst_sem is not None:
         tr.dst_bank.signal(tr.dst_sem, 1)
     tr.done = True
     core.scoreboard.dma_done(tr)
-    core.records.extend((tr.stream, tr.index, core.dma_unit, tr.issue, tr.start, core.env.now, tr.plan.payload, 0))
+    core.records.extend((core.stream_id, tr.index, core.dma_unit, tr.issue, tr.start, core.env.now, tr.facts.bytes, 0))
     if tr.event is not None:
         tr.event.succeed()

@@ -11,6 +11,10 @@ in another core's or chip's memory is keyed by that memory object itself. A wind
 tracked by the byte extent of its window, a conservative over-estimate. Compute entries keep the latest
 end cycle per range (exact for the hazard bound, which is a maximum) and are dropped lazily once the
 sequencer's clock (which never goes back) passes them; DMA entries are dropped when the transfer completes.
+
+NOTE: speed. Each table also keeps the bounding box ``[lo, hi)`` of its ranges' addresses (of any memory); a
+range outside the box overlaps none of them, so most checks scan nothing (an entry that overlaps a range
+always overlaps the box, so the answers are exactly those of the full scans).
 """
 
 from __future__ import annotations
@@ -40,12 +44,23 @@ OWN: dict[Space, MemoryKey] = {s: MemoryKey(s) for s in Space}
 """Memory keys of the core's own HBM (its chip's), VMEM and SMEM."""
 
 _PRUNE_AT = 32  # entries before dead ones (end cycle passed) are dropped
+_EMPTY = (1 << 62, -1)  # an empty bounding box: no range overlaps it
 
 
 class Scoreboard:
     """In-flight reads and writes of one core."""
 
-    __slots__ = ("dmas", "horizon", "readers", "w_horizon", "writers")
+    __slots__ = (
+        "dma_reads",
+        "dma_writes",
+        "dmas",
+        "horizon",
+        "readers",
+        "readers_box",
+        "w_horizon",
+        "writers",
+        "writers_box",
+    )
 
     def __init__(self) -> None:
         self.horizon = 0  # the latest end cycle of any compute entry
@@ -53,7 +68,24 @@ class Scoreboard:
         # Compute entries: (memory key, lo, hi) -> latest end cycle. Programs reuse buffers, so these stay small.
         self.writers: dict[Range, int] = {}
         self.readers: dict[Range, int] = {}
+        self.writers_box = self.readers_box = _EMPTY  # bounding boxes (lo, hi) of the entries' addresses
         self.dmas: list[tuple[Any, Any, int, int, Any, int, int]] = []  # see check
+        self.dma_reads = self.dma_writes = _EMPTY  # bounding boxes of the in-flight DMAs' read / write ranges
+
+    def _clear(self) -> None:
+        self.writers = {}
+        self.readers = {}
+        self.writers_box = self.readers_box = _EMPTY
+
+    def _live_writers(self, t: int) -> dict[Range, int]:
+        w = self.writers = {k: e for k, e in self.writers.items() if e > t}
+        self.writers_box = _box(w)
+        return w
+
+    def _live_readers(self, t: int) -> dict[Range, int]:
+        r = self.readers = {k: e for k, e in self.readers.items() if e > t}
+        self.readers_box = _box(r)
+        return r
 
     def check(self, t: int, reads: tuple[Range, ...], writes: tuple[Range, ...]) -> tuple[int, Any]:
         """The earliest start allowed by compute hazards, and an in-flight DMA to wait for (or None).
@@ -67,12 +99,11 @@ class Scoreboard:
         if self.horizon <= t:
             # every compute entry has ended: nothing to scan (and nothing worth keeping)
             if self.writers or self.readers:
-                self.writers = {}
-                self.readers = {}
+                self._clear()
         else:
             w = self.writers
             if len(w) > _PRUNE_AT:
-                w = self.writers = {k: e for k, e in w.items() if e > t}
+                w = self._live_writers(t)
             for (sp, lo, hi), end in w.items():
                 if end <= need:
                     continue
@@ -88,7 +119,7 @@ class Scoreboard:
             if writes:
                 r = self.readers
                 if len(r) > _PRUNE_AT:
-                    r = self.readers = {k: e for k, e in r.items() if e > t}
+                    r = self._live_readers(t)
                 for (sp, lo, hi), end in r.items():
                     if end <= need:
                         continue
@@ -109,65 +140,75 @@ class Scoreboard:
     def check_one(self, t: int, key: Any, lo: int, hi: int, write: bool) -> tuple[int, Any]:
         """:meth:`check` for an instruction with one range ``(key, lo, hi)``, read or written.
 
-        NOTE: speed. Most instructions touch one range; this is the same rule without the inner loops.
+        NOTE: speed. Most instructions touch one range; this is the same rule without the inner loops, and
+        with the bounding boxes.
         """
         need = t
         if self.horizon <= t:
             if self.writers or self.readers:
-                self.writers = {}
-                self.readers = {}
+                self._clear()
         else:
-            if self.w_horizon > t:  # (else every writer has ended)
+            b_lo, b_hi = self.writers_box
+            if self.w_horizon > t and lo < b_hi and b_lo < hi:  # (else no writer is alive or near)
                 w = self.writers
                 if len(w) > _PRUNE_AT:
-                    w = self.writers = {k: e for k, e in w.items() if e > t}
+                    w = self._live_writers(t)
                 for (sp, l2, h2), end in w.items():
                     if end > need and sp is key and l2 < hi and lo < h2:
                         need = end
             if write:
-                r = self.readers
-                if len(r) > _PRUNE_AT:
-                    r = self.readers = {k: e for k, e in r.items() if e > t}
-                for (sp, l2, h2), end in r.items():
-                    if end > need and sp is key and l2 < hi and lo < h2:
-                        need = end
-        if write:
-            for tr, rs, rl, rh, ws, wl, wh in self.dmas:
-                if (ws is key and wl < hi and lo < wh) or (rs is key and rl < hi and lo < rh):
-                    return need, tr
-        else:
-            for tr, _, _, _, ws, wl, wh in self.dmas:
-                if ws is key and wl < hi and lo < wh:
-                    return need, tr
+                b_lo, b_hi = self.readers_box
+                if lo < b_hi and b_lo < hi:
+                    r = self.readers
+                    if len(r) > _PRUNE_AT:
+                        r = self._live_readers(t)
+                    for (sp, l2, h2), end in r.items():
+                        if end > need and sp is key and l2 < hi and lo < h2:
+                            need = end
+        if self.dmas:
+            b_lo, b_hi = self.dma_writes
+            if write:
+                c_lo, c_hi = self.dma_reads
+                if (lo < b_hi and b_lo < hi) or (lo < c_hi and c_lo < hi):
+                    for tr, rs, rl, rh, ws, wl, wh in self.dmas:
+                        if (ws is key and wl < hi and lo < wh) or (rs is key and rl < hi and lo < rh):
+                            return need, tr
+            elif lo < b_hi and b_lo < hi:
+                for tr, _, _, _, ws, wl, wh in self.dmas:
+                    if ws is key and wl < hi and lo < wh:
+                        return need, tr
         return need, None
 
     def check_copy(self, t: int, read: Range, write: Range) -> tuple[int, Any]:
         """:meth:`check` for a DMA: one range read, one written.
 
-        NOTE: speed. The same rule without the loops over the ranges.
+        NOTE: speed. The same rule without the loops over the ranges, and with the bounding boxes.
         """
         need = t
         rk, rlo, rhi = read
         wk, wlo, whi = write
         if self.horizon <= t:
             if self.writers or self.readers:
-                self.writers = {}
-                self.readers = {}
+                self._clear()
         else:
-            w = self.writers
-            if len(w) > _PRUNE_AT:
-                w = self.writers = {k: e for k, e in w.items() if e > t}
-            for (sp, l2, h2), end in w.items():
-                if end > need and (
-                    (sp is rk and l2 < rhi and rlo < h2) or (sp is wk and l2 < whi and wlo < h2)
-                ):  # fmt: skip
-                    need = end
-            r = self.readers
-            if len(r) > _PRUNE_AT:
-                r = self.readers = {k: e for k, e in r.items() if e > t}
-            for (sp, l2, h2), end in r.items():
-                if end > need and sp is wk and l2 < whi and wlo < h2:
-                    need = end
+            b_lo, b_hi = self.writers_box
+            if self.w_horizon > t and ((rlo < b_hi and b_lo < rhi) or (wlo < b_hi and b_lo < whi)):
+                w = self.writers
+                if len(w) > _PRUNE_AT:
+                    w = self._live_writers(t)
+                for (sp, l2, h2), end in w.items():
+                    if end > need and (
+                        (sp is rk and l2 < rhi and rlo < h2) or (sp is wk and l2 < whi and wlo < h2)
+                    ):  # fmt: skip
+                        need = end
+            b_lo, b_hi = self.readers_box
+            if wlo < b_hi and b_lo < whi:
+                r = self.readers
+                if len(r) > _PRUNE_AT:
+                    r = self._live_readers(t)
+                for (sp, l2, h2), end in r.items():
+                    if end > need and sp is wk and l2 < whi and wlo < h2:
+                        need = end
         for tr, rs, rl, rh, ws, wl, wh in self.dmas:
             if ws is rk and wl < rhi and rlo < wh:
                 return need, tr
@@ -177,29 +218,80 @@ class Scoreboard:
 
     def add(self, reads: tuple[Range, ...], writes: tuple[Range, ...], end: int) -> None:
         """Record an issued compute instruction's ranges until cycle ``end``."""
+        for k in writes:
+            self.add_one(k, True, end)
+        for k in reads:
+            self.add_one(k, False, end)
+
+    def add_one(self, rng: Range, write: bool, end: int) -> None:
+        """Record one range an issued compute instruction reads or writes until cycle ``end``."""
         if end > self.horizon:
             self.horizon = end
-        if writes and end > self.w_horizon:
-            self.w_horizon = end
-        w = self.writers
-        for k in writes:
-            if w.get(k, -1) < end:
-                w[k] = end
-        r = self.readers
-        for k in reads:
-            if r.get(k, -1) < end:
-                r[k] = end
+        _, lo, hi = rng
+        if write:
+            if end > self.w_horizon:
+                self.w_horizon = end
+            table = self.writers
+            b_lo, b_hi = self.writers_box
+            if lo < b_lo or hi > b_hi:
+                self.writers_box = (lo if lo < b_lo else b_lo, hi if hi > b_hi else b_hi)
+        else:
+            table = self.readers
+            b_lo, b_hi = self.readers_box
+            if lo < b_lo or hi > b_hi:
+                self.readers_box = (lo if lo < b_lo else b_lo, hi if hi > b_hi else b_hi)
+        if table.get(rng, -1) < end:
+            table[rng] = end
 
     def add_dma(self, transfer: Any, read: Range, write: Range) -> None:
         """Record an issued DMA's source and destination ranges until :meth:`dma_done`."""
         self.dmas.append((transfer, *read, *write))
+        _, lo, hi = read
+        b_lo, b_hi = self.dma_reads
+        if lo < b_lo or hi > b_hi:
+            self.dma_reads = (lo if lo < b_lo else b_lo, hi if hi > b_hi else b_hi)
+        _, lo, hi = write
+        b_lo, b_hi = self.dma_writes
+        if lo < b_lo or hi > b_hi:
+            self.dma_writes = (lo if lo < b_lo else b_lo, hi if hi > b_hi else b_hi)
 
     def dma_done(self, transfer: Any) -> None:
-        for i, e in enumerate(self.dmas):
-            if e[0] is transfer:
-                del self.dmas[i]
+        dmas = self.dmas
+        if dmas[0][0] is transfer:  # (transfers mostly complete in order)
+            e = dmas.pop(0)
+        else:
+            for i, e in enumerate(dmas):
+                if e[0] is transfer:
+                    del dmas[i]
+                    break
+            else:
                 return
+        _, _, rl, rh, _, wl, wh = e
+        r_lo, r_hi = self.dma_reads
+        w_lo, w_hi = self.dma_writes
+        if dmas and rl != r_lo and rh != r_hi and wl != w_lo and wh != w_hi:
+            return  # the boxes still bound the rest (and only a bound matters)
+        r_lo = w_lo = _EMPTY[0]
+        r_hi = w_hi = _EMPTY[1]
+        for _, _, rl, rh, _, wl, wh in dmas:
+            if rl < r_lo:
+                r_lo = rl
+            if rh > r_hi:
+                r_hi = rh
+            if wl < w_lo:
+                w_lo = wl
+            if wh > w_hi:
+                w_hi = wh
+        self.dma_reads = (r_lo, r_hi)
+        self.dma_writes = (w_lo, w_hi)
 
     def pending_dma(self) -> Any:
         """Some in-flight DMA of this core, or None (used by barriers to drain)."""
         return self.dmas[0][0] if self.dmas else None
+
+
+def _box(table: dict[Range, int]) -> tuple[int, int]:
+    """The bounding box of a table's ranges."""
+    if not table:
+        return _EMPTY
+    return min(k[1] for k in table), max(k[2] for k in table)
