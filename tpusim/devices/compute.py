@@ -58,7 +58,7 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
         rr, rw, reads, writes = tuple(rl), tuple(wl), tuple(ra), tuple(wa)
         if cost is None:
             cost = d.cost_fn(core.cfg, ins, reads, writes)
-    need, dma = core.scoreboard.check(t, rr, rw)
+    need, dma = core.scoreboard.check(t, rr, rw, d.box if d.static else None)
     if dma is not None:
         return core.block(d, "waits for {}, which touches its operands", dma.wait_event(), dma)
     assert cost is not None
@@ -172,7 +172,7 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Any:
     if sb.horizon <= t and not sb.dmas:
         need = t
     else:
-        need, dma = sb.check(t, rr, rw)
+        need, dma = sb.check(t, rr, rw, d.box)
         if dma is not None:
             return core.block(d, "waits for {}, which touches its operands", dma.wait_event(), dma)
     q = core.vpu_queue

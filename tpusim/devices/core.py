@@ -284,8 +284,9 @@ class Core:
             yield r
             self.blocked = None
             retry = True
-            if env.now > t:
-                t = int(env.now)
+            now = env.now
+            if now > t:
+                t = int(now)
         self.finished = True
         self.final_cycle = max(t, self.max_end)
 

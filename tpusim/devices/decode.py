@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpusim.devices.compute import issue_mxu_fast, issue_vpu_static
 from tpusim.devices.fallback import fallback_cost
-from tpusim.devices.hazards import OWN
+from tpusim.devices.hazards import OWN, box_of
 from tpusim.devices.memory import affine, window_extent
 from tpusim.devices.mxu import MxuState, timing_facts
 from tpusim.devices.trace import InstructionTexts
@@ -52,7 +52,7 @@ class Decoded:
         spec: the compute spec (None for scalar, sync and DMA instructions).
         static: every operand is fixed (no base register, no register offset).
         reads, writes: for static operands, :class:`Access` templates without a store (``Core.bind`` adds it).
-        rr, rw: for static operands, their scoreboard ranges ``(memory key, lo, hi)``.
+        rr, rw, box: for static operands, their scoreboard ranges ``(memory key, lo, hi)`` and their bounding box.
         extra: for operands that only a base register moves, ``(memory key, address, base register, lo, hi,
             largest address, is write)`` per operand; DMAs: a cache of transfer facts by window alignment;
             scalar instructions: their prepared operands.
@@ -64,6 +64,7 @@ class Decoded:
     """
 
     __slots__ = (
+        "box",
         "cost",
         "cost_fn",
         "extra",
@@ -97,6 +98,7 @@ class Decoded:
         self.writes: tuple[Access, ...] = ()
         self.rr: tuple[Any, ...] = ()
         self.rw: tuple[Any, ...] = ()
+        self.box: tuple[int, int] | None = None  # bounding box of rr and rw
         self.read_refs: tuple[MemRef, ...] = ()
         self.write_refs: tuple[MemRef, ...] = ()
         self.plans_r: tuple[OperandPlan, ...] = ()
@@ -265,6 +267,7 @@ def _decode(core: Any, ds: DecodedStream, ins: Instruction, index: int) -> Decod
         d.writes = tuple(p.template() for p in d.plans_w)
         d.rr = tuple((p.key, a.lo, a.hi) for p, a in zip(d.plans_r, d.reads))
         d.rw = tuple((p.key, a.lo, a.hi) for p, a in zip(d.plans_w, d.writes))
+        d.box = box_of(d.rr + d.rw)
         d.cost = d.cost_fn(cfg, ins, d.reads, d.writes)
         if d.cost.unit == "vpu":
             d.handler = issue_vpu_static

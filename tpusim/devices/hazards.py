@@ -23,7 +23,7 @@ from typing import Any
 
 from tpusim.isa import Space
 
-__all__ = ["OWN", "MemoryKey", "Range", "Scoreboard"]
+__all__ = ["OWN", "MemoryKey", "Range", "Scoreboard", "box_of"]
 
 Range = tuple[Any, int, int]  # (memory key, lo, hi)
 
@@ -87,22 +87,29 @@ class Scoreboard:
         self.readers_box = _box(r)
         return r
 
-    def check(self, t: int, reads: tuple[Range, ...], writes: tuple[Range, ...]) -> tuple[int, Any]:
+    def check(
+        self, t: int, reads: tuple[Range, ...], writes: tuple[Range, ...], box: tuple[int, int] | None = None
+    ) -> tuple[int, Any]:
         """The earliest start allowed by compute hazards, and an in-flight DMA to wait for (or None).
 
         Args:
             t: the sequencer's clock.
             reads: ranges the new instruction reads.
             writes: ranges it writes.
+            box: the bounding box of all of them, when known (tables outside it are not scanned).
         """
         need = t
+        q_lo, q_hi = box if box is not None else (0, 1 << 62)
         if self.horizon <= t:
             # every compute entry has ended: nothing to scan (and nothing worth keeping)
             if self.writers or self.readers:
                 self._clear()
         else:
             w = self.writers
-            if len(w) > _PRUNE_AT:
+            b_lo, b_hi = self.writers_box
+            if self.w_horizon <= t or not (q_lo < b_hi and b_lo < q_hi):
+                w = {}  # no writer is alive or near
+            elif len(w) > _PRUNE_AT:
                 w = self._live_writers(t)
             for (sp, lo, hi), end in w.items():
                 if end <= need:
@@ -116,7 +123,8 @@ class Scoreboard:
                         if s2 is sp and l2 < hi and lo < h2:
                             need = end
                             break
-            if writes:
+            b_lo, b_hi = self.readers_box
+            if writes and q_lo < b_hi and b_lo < q_hi:
                 r = self.readers
                 if len(r) > _PRUNE_AT:
                     r = self._live_readers(t)
@@ -128,6 +136,12 @@ class Scoreboard:
                             need = end
                             break
         # A DMA reads one range and writes one: (transfer, read key, lo, hi, write key, lo, hi).
+        if not self.dmas:
+            return need, None
+        b_lo, b_hi = self.dma_writes
+        c_lo, c_hi = self.dma_reads
+        if not ((q_lo < b_hi and b_lo < q_hi) or (q_lo < c_hi and c_lo < q_hi)):
+            return need, None
         for tr, rs, rl, rh, ws, wl, wh in self.dmas:
             for s2, l2, h2 in reads:
                 if s2 is ws and l2 < wh and wl < h2:
@@ -209,11 +223,15 @@ class Scoreboard:
                 for (sp, l2, h2), end in r.items():
                     if end > need and sp is wk and l2 < whi and wlo < h2:
                         need = end
-        for tr, rs, rl, rh, ws, wl, wh in self.dmas:
-            if ws is rk and wl < rhi and rlo < wh:
-                return need, tr
-            if (ws is wk and wl < whi and wlo < wh) or (rs is wk and rl < whi and wlo < rh):
-                return need, tr
+        if self.dmas:
+            b_lo, b_hi = self.dma_writes
+            c_lo, c_hi = self.dma_reads
+            if (rlo < b_hi and b_lo < rhi) or (wlo < b_hi and b_lo < whi) or (wlo < c_hi and c_lo < whi):
+                for tr, rs, rl, rh, ws, wl, wh in self.dmas:
+                    if ws is rk and wl < rhi and rlo < wh:
+                        return need, tr
+                    if (ws is wk and wl < whi and wlo < wh) or (rs is wk and rl < whi and wlo < rh):
+                        return need, tr
         return need, None
 
     def add(self, reads: tuple[Range, ...], writes: tuple[Range, ...], end: int) -> None:
@@ -288,6 +306,13 @@ class Scoreboard:
     def pending_dma(self) -> Any:
         """Some in-flight DMA of this core, or None (used by barriers to drain)."""
         return self.dmas[0][0] if self.dmas else None
+
+
+def box_of(ranges: tuple[Range, ...]) -> tuple[int, int]:
+    """The bounding box ``(lo, hi)`` of some ranges (for :meth:`Scoreboard.check`)."""
+    if not ranges:
+        return _EMPTY
+    return min(r[1] for r in ranges), max(r[2] for r in ranges)
 
 
 def _box(table: dict[Range, int]) -> tuple[int, int]:

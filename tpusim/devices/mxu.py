@@ -148,12 +148,17 @@ class MxuState:
     ) -> tuple[int, int, int]:
         self.weights_dims = mx
         occ = cost.occupancy
+        start = need if need > t else t
+        if self.load_free > start:
+            start = self.load_free
         if self.double_buffered:
-            start = max(t, need, self.load_free, self.staging_free)
+            if self.staging_free > start:
+                start = self.staging_free
             self.staged_ready = start + occ
             self.pending = True
         else:
-            start = max(t, need, self.load_free, self.last_end)
+            if self.last_end > start:
+                start = self.last_end
             self.active_ready = start + occ
         self.load_free = start + occ
         return start, start + occ, 0
@@ -161,7 +166,11 @@ class MxuState:
     def schedule_pop(
         self, mx: tuple[int, int], t: int, need: int, cost: Cost, core: Any, index: int
     ) -> tuple[int, int, int]:
-        start = max(t, need, self.pop_free, self.last_end)
+        start = need if need > t else t
+        if self.pop_free > start:
+            start = self.pop_free
+        if self.last_end > start:
+            start = self.last_end
         end = start + cost.occupancy
         self.pop_free = end
         acc, rows = mx
