@@ -213,12 +213,26 @@ class Transfer(Flow):
         core.dma.release(now)
         latency = self.facts.latency
         if latency:
-            Timeout(core.env, latency).callbacks.append(self._complete_cb)
+            Timeout(core.env, latency).callbacks.append(self.complete)
         else:
-            _complete(self)
+            self.complete()
 
-    def _complete_cb(self, _ev: Any) -> None:
-        _complete(self)
+    def complete(self, _ev: Any = None) -> None:
+        """The bytes land (numeric runs), the semaphores count, the trace records the transfer."""
+        core = self.core
+        if self.copy is not None:
+            self.move()
+        if self.sem is not None:
+            core.sems.signal(self.sem, 1)
+        if self.dst_sem is not None:
+            self.dst_bank.signal(self.dst_sem, 1)
+        self.done = True
+        core.scoreboard.dma_done(self)
+        core.records.extend(
+            (core.stream_id, self.index, core.dma_unit, self.issue, self.start, core.env.now, self.facts.bytes, 0)
+        )
+        if self.event is not None:
+            self.event.succeed()
 
     def describe(self) -> str:
         return f"DMA {self.core.text(self.index)} (instruction {self.index})"
@@ -467,18 +481,3 @@ def _destination(core: Any, d: Any) -> tuple[Any, int, Any, Any, dict[Any, Trans
         if facts is None:
             facts = core.cache[("remote", i)] = {}
     return dst_chip, dst_core, store, dp.key if own else store, facts
-
-
-def _complete(tr: Transfer) -> None:
-    core = tr.core
-    if tr.copy is not None:
-        tr.move()
-    if tr.sem is not None:
-        core.sems.signal(tr.sem, 1)
-    if tr.dst_sem is not None:
-        tr.dst_bank.signal(tr.dst_sem, 1)
-    tr.done = True
-    core.scoreboard.dma_done(tr)
-    core.records.extend((core.stream_id, tr.index, core.dma_unit, tr.issue, tr.start, core.env.now, tr.facts.bytes, 0))
-    if tr.event is not None:
-        tr.event.succeed()

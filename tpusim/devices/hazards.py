@@ -236,30 +236,32 @@ class Scoreboard:
 
     def add(self, reads: tuple[Range, ...], writes: tuple[Range, ...], end: int) -> None:
         """Record an issued compute instruction's ranges until cycle ``end``."""
-        for k in writes:
-            self.add_one(k, True, end)
-        for k in reads:
-            self.add_one(k, False, end)
-
-    def add_one(self, rng: Range, write: bool, end: int) -> None:
-        """Record one range an issued compute instruction reads or writes until cycle ``end``."""
         if end > self.horizon:
             self.horizon = end
-        _, lo, hi = rng
-        if write:
+        if writes:
             if end > self.w_horizon:
                 self.w_horizon = end
-            table = self.writers
             b_lo, b_hi = self.writers_box
-            if lo < b_lo or hi > b_hi:
-                self.writers_box = (lo if lo < b_lo else b_lo, hi if hi > b_hi else b_hi)
-        else:
-            table = self.readers
+            w = self.writers
+            for k in writes:
+                if w.get(k, -1) < end:
+                    w[k] = end
+                if k[1] < b_lo:
+                    b_lo = k[1]
+                if k[2] > b_hi:
+                    b_hi = k[2]
+            self.writers_box = (b_lo, b_hi)
+        if reads:
             b_lo, b_hi = self.readers_box
-            if lo < b_lo or hi > b_hi:
-                self.readers_box = (lo if lo < b_lo else b_lo, hi if hi > b_hi else b_hi)
-        if table.get(rng, -1) < end:
-            table[rng] = end
+            r = self.readers
+            for k in reads:
+                if r.get(k, -1) < end:
+                    r[k] = end
+                if k[1] < b_lo:
+                    b_lo = k[1]
+                if k[2] > b_hi:
+                    b_hi = k[2]
+            self.readers_box = (b_lo, b_hi)
 
     def add_dma(self, transfer: Any, read: Range, write: Range) -> None:
         """Record an issued DMA's source and destination ranges until :meth:`dma_done`."""

@@ -58,7 +58,7 @@ def issue_sem_wait(core: Any, d: Any, t: int) -> Any:
     v = bank.values[ins.sem]
     if v >= ins.count:
         bank.values[ins.sem] = v - ins.count
-        _record(core, d, core.first_try, t + 1)
+        core.records.extend((core.stream_id, d.index, core.sync_unit, core.first_try, core.first_try, t + 1, 0, 0))
         core.pc = d.index + 1
         return t + 1
     ev = Event(core.env)
