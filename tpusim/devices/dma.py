@@ -166,7 +166,20 @@ class TransferFacts:
 class Transfer(Flow):
     """One DMA in flight: its flow through the network plus what completion must do."""
 
-    __slots__ = ("copy", "core", "done", "dst_bank", "dst_sem", "event", "facts", "index", "issue", "sem", "start")
+    __slots__ = (
+        "copy",
+        "core",
+        "done",
+        "dst_bank",
+        "dst_sem",
+        "end",
+        "event",
+        "facts",
+        "index",
+        "issue",
+        "sem",
+        "start",
+    )
 
     def __init__(
         self,
@@ -198,6 +211,7 @@ class Transfer(Flow):
         # a timing-only run, when the bytes need not move
         self.copy = copy
         self.start = 0
+        self.end = 0  # the completion cycle, known when the last byte moved
         self.done = False
         self.event: Any = None
 
@@ -210,8 +224,13 @@ class Transfer(Flow):
     def finish(self, now: int) -> None:
         """The flow moved its last byte at ``now``: free the engine; complete after the latency."""
         core = self.core
-        core.dma.release(now)
+        engines = core.dma
+        if engines.queue:
+            engines.release(now)
+        else:
+            engines.free += 1  # (release, inlined for the common case)
         latency = self.facts.latency
+        self.end = now + latency
         if latency:
             Timeout(core.env, latency).callbacks.append(self.complete)
         else:
@@ -229,7 +248,7 @@ class Transfer(Flow):
         self.done = True
         core.scoreboard.dma_done(self)
         core.records.extend(
-            (core.stream_id, self.index, core.dma_unit, self.issue, self.start, core.env.now, self.facts.bytes, 0)
+            (core.stream_id, self.index, core.dma_unit, self.issue, self.start, self.end, self.facts.bytes, 0)
         )
         if self.event is not None:
             self.event.succeed()
@@ -417,7 +436,13 @@ def issue_dma(core: Any, d: Any, t: int) -> Any:
     dst_bank = dst_chip.sems[dst_core] if ins.dst_sem is not None else None
     tr = Transfer(core, i, core.first_try, facts, ins.sem, dst_bank, ins.dst_sem, copy)
     sb.add_dma(tr, r, w)
-    engines.submit(tr, need if need > t else t)
+    ready = need if need > t else t
+    if engines.free > 0:  # (engines.submit, inlined for the common case)
+        engines.free -= 1
+        tr.start = ready
+        engines.network.add(tr, ready + engines.setup)
+    else:
+        engines.submit(tr, ready)
     core.pc = i + 1
     return t + 1
 

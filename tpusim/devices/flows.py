@@ -282,5 +282,7 @@ class FlowNetwork:
     def _fire(self, ev: Any) -> None:
         if ev.value != self.gen:
             return  # superseded by an earlier timer
+        now = self.timer_at  # (the current timer fires at its cycle: env.now)
+        assert now is not None
         self.timer_at = None
-        self._process(self.env.now)
+        self._process(now)
