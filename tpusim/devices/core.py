@@ -180,6 +180,7 @@ class Core:
 
     # ------------------------------------------------------------------ operands
     def plan(self, ref: MemRef) -> OperandPlan:
+        assert self.decoding is not None  # (set in __init__, before any operand is planned)
         return self.decoding.plan(ref)
 
     def resolve(self, p: OperandPlan, index: int, store: Any = None) -> tuple[Any, int, Any, int, int, Any, int]:

@@ -280,7 +280,7 @@ def _decode(core: Any, ds: DecodedStream, ins: Instruction, index: int) -> Decod
             for p in plans_
         )
     if d.cost is not None and d.cost.unit == "mxu":
-        d.mxu = ins.mxu  # type: ignore[attr-defined]
+        d.mxu = ins.mxu  # type: ignore[union-attr]
         d.sched = MxuState.scheduler_of(ins)
         d.mx = timing_facts(ins)
         if d.static:

@@ -288,6 +288,7 @@ class Transfer(Flow):
         value = read_value(s.store, s.address, s.shape, s.offsets or (0,) * len(sizes), sizes)
         write_value(d.store, d.address, d.shape, d.offsets or (0,) * len(sizes), sizes, value)
 
+
 def _copy_runs(s: Access, d: Access, shifts: tuple[int, int], runs: tuple[Any, ...]) -> None:
     """Copy a plan's joint runs as bytes between two different memories (so the two views stay valid)."""
     eb, s_bytes, d_bytes = runs[1:4]

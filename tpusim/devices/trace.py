@@ -54,6 +54,7 @@ class InstructionTexts(Sequence[str]):
     def __repr__(self) -> str:
         return f"InstructionTexts({len(self)} instructions)"
 
+
 # Record layout: (stream id, instruction index, unit id, issue cycle, start cycle, end cycle, bytes, flops)
 Record = tuple[int, int, int, int, int, int, int, int]
 
