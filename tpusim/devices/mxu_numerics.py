@@ -36,7 +36,7 @@ from tpusim.isa import PRECISION_PASSES
 __all__ = ["ResultBuffer", "matmul_f32", "one_pass", "split_bf16"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-_CONCAT_LIMIT = 64 << 20  # bytes of concatenated group operands kept for reuse (an LHS panel, a weight column)
+_CONCAT_LIMIT = 32 << 20  # bytes of concatenated group operands kept for reuse (an LHS panel, weight columns)
 
 
 def _truncate_bf16(x: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 __all__ = ["CachedValue", "ValueCache"]
 
 _PAGE_BITS = 16  # entries are indexed by the 64 KiB pages of memory their bytes touch
-_LIMIT_BYTES = 256 << 20  # of cached arrays per memory; the least recently used go first
+_LIMIT_BYTES = 64 << 20  # of cached arrays per memory (each core has its own VMEM); least recently used go first
 
 
 class CachedValue:

@@ -1,0 +1,70 @@
+"""The decoded-value cache of a memory (tpusim/devices/values.py): values are read-only snapshots, forgotten
+when a write overlaps their bytes, and bounded in size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tpusim.devices import memory, values
+from tpusim.devices.memory import ByteStore, window_extent, write_value
+from tpusim.memory import pack, parse_shape
+
+SHAPE = parse_shape("f32[16,16]{1,0:T(8,8)}")
+
+
+def cached(store: ByteStore, address: int, offsets=None, sizes=None):
+    lo, hi = window_extent(SHAPE, offsets, sizes)
+    return store.cached(address, SHAPE, offsets, sizes, address + lo, address + hi)
+
+
+def test_values_are_snapshots_until_a_write_overlaps():
+    store = ByteStore("vmem", 1 << 20)
+    x = np.arange(256, dtype=np.float32).reshape(16, 16)
+    store.write(0, pack(x, SHAPE))
+    store.write(0x1000, pack(-x, SHAPE))
+    a, b = cached(store, 0), cached(store, 0x1000)
+    assert cached(store, 0) is a  # decoded once
+    np.testing.assert_array_equal(a.value, x)
+    with pytest.raises(ValueError):
+        a.value[0, 0] = 1  # read-only: holders keep what they read
+    f = a.form("f64", lambda v: v.astype(np.float64))
+    assert a.form("f64", lambda v: 1 / 0) is f  # derived once
+    # a window write into the second array forgets it, not the first
+    write_value(store, 0x1000, SHAPE, (8, 8), (8, 8), np.zeros((8, 8), np.float32))
+    assert cached(store, 0) is a
+    b2 = cached(store, 0x1000)
+    assert b2 is not b and not b2.value[8:, 8:].any()
+    np.testing.assert_array_equal(b.value, -x)  # the old snapshot is unchanged
+    # a plain write over the first one's bytes
+    store.write(0x10, np.zeros(4, np.uint8))
+    assert cached(store, 0) is not a
+    # a window of the array is its own entry
+    w = cached(store, 0x1000, (0, 0), (8, 8))
+    np.testing.assert_array_equal(w.value, -x[:8, :8])
+
+
+def test_the_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(values, "_LIMIT_BYTES", 3 * 1024)  # three 16x16 f32 values
+    store = ByteStore("vmem", 1 << 20)
+    for k in range(6):
+        store.write(0x1000 * k, pack(np.full((16, 16), k, np.float32), SHAPE))
+    entries = [cached(store, 0x1000 * k) for k in range(6)]
+    vc = store.values
+    assert vc is not None and len(vc.entries) == 3 and vc.nbytes == 3 * 1024
+    assert list(vc.entries.values()) == entries[3:]  # the least recently used went first
+    assert all(int(e.value[0, 0]) == k for k, e in enumerate(entries))
+    assert cached(store, 0x5000) is entries[5]
+    assert cached(store, 0) is not entries[0] and int(cached(store, 0).value[0, 0]) == 0
+    vc.invalidate(0, 1 << 20)
+    assert not vc.entries and not vc.pages and vc.nbytes == 0
+
+
+def test_reads_never_alias_memory(monkeypatch):
+    # a row-major window can be a view of the bytes: the cache copies it
+    shape = parse_shape("f32[4,4]{1,0}")
+    store = ByteStore("vmem", 1 << 16)
+    store.write(0, pack(np.ones((4, 4), np.float32), shape))
+    monkeypatch.setattr(memory, "unpack", lambda buf, s: buf.view(np.float32).reshape(4, 4))
+    e = store.cached(0, shape, None, None, 0, 64)
+    assert not np.may_share_memory(e.value, store.view(0, 64))
