@@ -133,6 +133,23 @@ def _symbol(prefix: str, i: int, path: tuple[int, ...]) -> str:
     return f"{prefix}{i}" + "".join(f".{j}" for j in path)
 
 
+def compile_program(
+    program: str | Path | Module,
+    *,
+    config: ChipConfig | str | Path = "tpu_v5e",
+    overrides: Sequence[str] = (),
+    options: CompileOptions | None = None,
+) -> CompiledProgram:
+    """Compile ``program`` for ``config`` without running it: its layouts, buffers, instruction stream and
+    fallbacks. Pass the result to :func:`simulate` to run it (as often as you like, compiling once).
+
+    Raises:
+        HloParseError, HloVerifyError, ConfigError, CompileError (all TpusimError): naming the file position,
+            key or instruction at fault.
+    """
+    return compile_module(load_program(program), _config(config, overrides), options)
+
+
 def simulate(
     program: str | Path | Module | CompiledProgram,
     inputs: Sequence[Any] | None = None,
