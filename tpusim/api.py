@@ -309,7 +309,6 @@ def simulate_chips(
         placed = {k: [f[k] for f in flat] for k in (flat[0] if flat else {})}
     placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
     system = System(compiled.config, n, topo.shape)
-    system.topology = topo  # type: ignore[assignment]  # per-axis wraparound and routing (tpusim.topology)
     run = system.run(compiled.program, placed, timing_only=timing_only)
     outputs: tuple[np.ndarray, ...] = ()
     if not timing_only:

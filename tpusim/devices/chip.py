@@ -14,10 +14,10 @@ from tpusim.devices.core import Core
 from tpusim.devices.engine import make_env
 from tpusim.devices.fallback import FallbackEvaluator
 from tpusim.devices.flows import FlowNetwork
-from tpusim.devices.ici import Topology
 from tpusim.devices.memory import ByteStore
 from tpusim.devices.sync import BarrierState, Semaphores
 from tpusim.isa import Program, Space
+from tpusim.topology import Topology
 
 __all__ = ["ChipState", "Machine"]
 

@@ -13,6 +13,7 @@ final memories. Same program, inputs and config give the same cycles and bytes o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
@@ -26,13 +27,13 @@ from tpusim.devices.chip import ChipState, Machine
 from tpusim.devices.core import DeadlockError
 from tpusim.devices.engine import events_scheduled
 from tpusim.devices.fallback import FallbackEvaluator, reference_evaluator
-from tpusim.devices.ici import Topology
 from tpusim.devices.memory import ByteStore, MemoryAccessError
 from tpusim.devices.trace import Trace, TraceStream
 from tpusim.devices.units import ExecutionError
-from tpusim.errors import ConfigError, TpusimError
+from tpusim.errors import TpusimError
 from tpusim.isa import Program, Space, Symbol
 from tpusim.memory import pack, unpack
+from tpusim.topology import system_topology
 
 __all__ = ["Chip", "RunResult", "System"]
 
@@ -46,6 +47,9 @@ class RunResult:
         trace: every executed instruction with its unit, cycles, bytes and flops.
         config: the chip config.
         events: SimPy events scheduled (the cost of the simulation, for budgets).
+        host_seconds: wall time of the run's phases on the host: ``place`` (packing the inputs into memory),
+            ``decode`` (preparing the streams; nothing when the same program ran before), ``simulate`` (the
+            SimPy run) and ``trace`` (building the trace).
     """
 
     cycles: int
@@ -53,6 +57,7 @@ class RunResult:
     config: ChipConfig
     events: int
     _machine: Machine
+    host_seconds: Mapping[str, float]
 
     @property
     def seconds(self) -> float:
@@ -86,16 +91,14 @@ class System:
 
     def __init__(self, config: ChipConfig | str | Path, n_chips: int = 1, shape: tuple[int, ...] | None = None) -> None:
         cfg = config if isinstance(config, ChipConfig) else load_config(config)
-        shape = tuple(shape) if shape is not None else (n_chips,)
-        if prod(shape) != n_chips and shape != (n_chips,):
-            if n_chips == 1:
-                n_chips = prod(shape)
-            else:
-                raise ConfigError(f"system shape {shape} holds {prod(shape)} chips, not {n_chips}")
-        if len(shape) > cfg.ici.dims and prod(shape) > 1:
-            raise ConfigError(f"{cfg.name} connects chips in {cfg.ici.dims} dimensions; shape {shape} has {len(shape)}")
+        if shape is not None and n_chips == 1:
+            n_chips = prod(shape)
+        if shape is None:
+            # the config's slice when it holds these chips, else the one the chip forms for them
+            fits = cfg.ici.shape is not None and prod(cfg.ici.shape) == n_chips
+            shape = cfg.ici.shape if fits else cfg.ici.default_shape(n_chips)
         self.config = cfg
-        self.topology = Topology(shape, wrap=cfg.ici.topology == "torus")
+        self.topology = system_topology(cfg.ici, n_chips, tuple(shape))
 
     @property
     def n_chips(self) -> int:
@@ -126,12 +129,22 @@ class System:
         Raises:
             ExecutionError: a bad instruction (naming it), an access outside a memory, a deadlock.
         """
+        clock = [time.perf_counter()]
+        phases: dict[str, float] = {}
+
+        def lap(phase: str) -> None:
+            now = time.perf_counter()
+            phases[phase] = now - clock[0]
+            clock[0] = now
+
         m = Machine(
             self.config, self.topology, program, not timing_only, max_jumps, fallback_evaluator or reference_evaluator
         )
         for name, value in (inputs or {}).items():
             _place(m, program.symbol(name), value)
+        lap("place")
         m.start()
+        lap("decode")
         try:
             m.env.run()
         except TpusimError as e:
@@ -141,9 +154,11 @@ class System:
         blocked = [c for c in m.cores if not c.finished]
         if blocked:
             raise _deadlock(blocked)
+        lap("simulate")
         trace = Trace.build(m.records, m.units, [_trace_stream(c) for c in m.cores])
         cycles = max([int(trace.end.max()) if len(trace) else 0] + [c.final_cycle for c in m.cores])
-        return RunResult(cycles, trace, self.config, events_scheduled(m.env), m)
+        lap("trace")
+        return RunResult(cycles, trace, self.config, events_scheduled(m.env), m, phases)
 
 
 class Chip(System):
