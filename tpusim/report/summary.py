@@ -41,9 +41,7 @@ def format_summary(result: SimulationResult, wall_seconds: float, checks: Sequen
         f"program {compiled.source.name} on {cfg.name} ({cfg.clock_hz / 1e9:.2f} GHz): {result.cycles:,} cycles "
         f"= {result.seconds * 1e6:,.2f} us; {result.instructions:,} instructions executed "
         f"({compiled.program.instruction_count:,} in the program)",
-        f"compiled in {result.compile_seconds:.2f} s, simulated in {result.run_seconds:.2f} s "
-        f"({result.instructions / max(result.run_seconds, 1e-9):,.0f} instructions/s); "
-        f"{wall_seconds:.2f} s in all",
+        _host_line(result, wall_seconds),
         "",
     ]
     lines += _unit_lines(unit_stats(result.trace), cycles)
@@ -61,6 +59,20 @@ def format_summary(result: SimulationResult, wall_seconds: float, checks: Sequen
     if checks is not None:
         lines += ["", "check against the reference interpreter:"] + [f"  {c}" for c in checks]
     return "\n".join(lines)
+
+
+def _host_line(result: SimulationResult, wall_seconds: float) -> str:
+    """Where the host's time went: compiling, and the run's phases (decoding the streams is done once per
+    program; the simulation rate counts the SimPy run alone)."""
+    phases = result.run.host_seconds
+    sim = phases.get("simulate", 0.0)
+    rest = max(0.0, result.run_seconds - sum(phases.get(k, 0.0) for k in ("place", "decode", "simulate")))
+    return (
+        f"host: compiled in {result.compile_seconds:.2f} s; ran in {result.run_seconds:.2f} s: inputs "
+        f"{phases.get('place', 0.0):.2f} s, decode {phases.get('decode', 0.0):.2f} s, simulation {sim:.2f} s "
+        f"({result.instructions / max(sim, 1e-9):,.0f} instructions/s), trace and outputs {rest:.2f} s; "
+        f"{wall_seconds:.2f} s in all"
+    )
 
 
 def _unit_lines(stats: list[UnitStats], cycles: int) -> list[str]:
