@@ -1,4 +1,4 @@
-"""Examples in the README and in docs/ run as doctests, so the documentation cannot rot."""
+"""Examples in the README, in docs/ and in tpusim's docstrings run as doctests, so the documentation cannot rot."""
 
 import doctest
 from pathlib import Path
@@ -21,3 +21,21 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert readme[marker + 1] == "```sh"
     assert "pytest" in readme[marker + 2]
     assert "<!-- test-command -->" in (ROOT / ".ci" / "run").read_text()
+
+
+def _modules_with_examples() -> list[str]:
+    names = []
+    for path in sorted((ROOT / "tpusim").rglob("*.py")):
+        if any(line.lstrip().startswith(">>> ") and "+SKIP" not in line for line in path.read_text().splitlines()):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+@pytest.mark.parametrize("name", _modules_with_examples())
+def test_module_examples_run(name: str) -> None:
+    """The ``>>>`` examples in tpusim's docstrings."""
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

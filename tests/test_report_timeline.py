@@ -66,3 +66,30 @@ def test_progress_line() -> None:
     q.close()
     assert quiet.getvalue() == ""
     assert format_duration(75.3) == "1:15" and format_duration(3700) == "1:01:40"
+
+
+def test_a_long_run_shows_cycles_rate_and_eta() -> None:
+    """``tpusim run`` draws the monitor's state while SimPy runs: simulated cycles, instructions of the known
+    total (a program without branches), their rate and an ETA; a loop has no known total."""
+    from pathlib import Path
+
+    import tpusim
+    from tpusim.devices import RunMonitor
+    from tpusim.report.progress import Activity, run_status
+
+    monitor = RunMonitor()
+    assert run_status(monitor) == "compiling"
+    out = io.StringIO()
+    program = Path(__file__).resolve().parents[1] / "examples" / "transformer_block_bf16.hlo"
+    with Activity("block", stream=out, enabled=True, interval=0.005, probe=lambda: run_status(monitor)):
+        result = tpusim.simulate(program, monitor=monitor)
+    assert monitor.instructions == result.instructions == monitor.total
+    drawn = out.getvalue()
+    assert "cycles simulated" in drawn and f"of {result.instructions:,}" in drawn and "/s)" in drawn
+    loop = tpusim.simulate(
+        "HloModule l\nc {\n  p = s32[] parameter(0)\n  n = s32[] constant(3)\n  ROOT lt = pred[] compare(p, n), "
+        "direction=LT\n}\nb {\n  p = s32[] parameter(0)\n  one = s32[] constant(1)\n  ROOT q = s32[] add(p, one)\n}\n"
+        "ENTRY e {\n  z = s32[] parameter(0)\n  ROOT w = s32[] while(z), condition=c, body=b\n}\n",
+        monitor=(looped := RunMonitor()),
+    )
+    assert looped.total is None and looped.instructions == loop.instructions

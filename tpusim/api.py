@@ -29,7 +29,7 @@ from tpusim.compiler.hlo.reference.io import DEFAULT_SEED, random_inputs
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.pipeline import CompiledProgram, compile_module
 from tpusim.config import ChipConfig, load_config
-from tpusim.devices import Chip, RunResult, Trace
+from tpusim.devices import Chip, RunMonitor, RunResult, Trace
 from tpusim.errors import TpusimError
 
 __all__ = ["InputError", "SimulationResult", "load_program", "simulate", "simulate_chips", "simulate_jax"]
@@ -162,6 +162,7 @@ def simulate(
     host: Host | None = None,
     chips: int | None = None,
     topology: str | tuple[int, ...] | None = None,
+    monitor: RunMonitor | None = None,
 ) -> SimulationResult:
     """Compile ``program`` for ``config`` and simulate it.
 
@@ -180,6 +181,7 @@ def simulate(
             and output then has a leading chip axis (see :func:`simulate_chips`).
         topology: the chips' grid, ``"2x4"`` or ``(2, 4)`` (default: the config's ``ici.shape``, or one
             chosen for ``chips``).
+        monitor: a :class:`tpusim.devices.RunMonitor` another thread may read for progress while it runs.
 
     Returns:
         Outputs, cycles, the compiled program and the device run (trace, memories).
@@ -189,7 +191,7 @@ def simulate(
             raise InputError("host transfers are not supported in a run of several chips")
         return simulate_chips(
             program, inputs, chips=chips, topology=topology, config=config, overrides=overrides,
-            options=options, timing_only=timing_only, seed=seed,
+            options=options, timing_only=timing_only, seed=seed, monitor=monitor,
         )  # fmt: skip
     began = time.perf_counter()
     if isinstance(program, CompiledProgram):
@@ -209,7 +211,11 @@ def simulate(
     placed = _flatten_inputs(module, inputs)
     placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
     run = Chip(compiled.config).run(
-        compiled.program, placed, timing_only=timing_only, fallback_evaluator=_evaluator(host or Host())
+        compiled.program,
+        placed,
+        timing_only=timing_only,
+        fallback_evaluator=_evaluator(host or Host()),
+        monitor=monitor,
     )
     outputs = () if timing_only else tuple(run.read(f"out{j}") for j in range(len(compiled.outputs)))
     done = time.perf_counter()
@@ -257,6 +263,7 @@ def simulate_chips(
     options: CompileOptions | None = None,
     timing_only: bool = False,
     seed: int = DEFAULT_SEED,
+    monitor: RunMonitor | None = None,
 ) -> SimulationResult:
     """Compile ``program`` for a system of chips and run every chip's copy of it in one simulation.
 
@@ -309,7 +316,7 @@ def simulate_chips(
         placed = {k: [f[k] for f in flat] for k in (flat[0] if flat else {})}
     placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
     system = System(compiled.config, n, topo.shape)
-    run = system.run(compiled.program, placed, timing_only=timing_only)
+    run = system.run(compiled.program, placed, timing_only=timing_only, monitor=monitor)
     outputs: tuple[np.ndarray, ...] = ()
     if not timing_only:
         outputs = tuple(np.stack([run.read(f"out{j}", chip=d) for d in range(n)]) for j in range(len(compiled.outputs)))

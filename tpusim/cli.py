@@ -129,7 +129,8 @@ def _run_run(args: argparse.Namespace) -> int:
     from tpusim.api import load_program, simulate
     from tpusim.compiler.hlo.reference.io import load_inputs, random_inputs, run_reference_command, save_outputs
     from tpusim.config import load_config
-    from tpusim.report.progress import Activity
+    from tpusim.devices import RunMonitor
+    from tpusim.report.progress import Activity, run_status
     from tpusim.report.summary import format_summary
 
     if args.reference:
@@ -152,10 +153,12 @@ def _run_run(args: argparse.Namespace) -> int:
     per_device = load_inputs(args.inputs, module, n) if args.inputs else random_inputs(module, args.seed, n)
     inputs = [_stack([d[i] for d in per_device]) for i in range(len(per_device[0]))] if many else per_device[0]
     began = time.perf_counter()
-    with Activity(f"compiling and simulating {args.program.name} on {config.name}"):  # shown on a terminal only
+    monitor = RunMonitor()
+    # shown on a terminal only: compiling, then simulated cycles, instructions/s and an ETA when known
+    with Activity(f"{args.program.name} on {config.name}", probe=lambda: run_status(monitor)):
         result = simulate(
             module, inputs, config=config, options=_options(args), timing_only=args.timing_only,
-            chips=n if many else None, topology=topology.shape if topology is not None else None,
+            chips=n if many else None, topology=topology.shape if topology is not None else None, monitor=monitor,
         )  # fmt: skip
     wall = time.perf_counter() - began
     checks = _check(module, result, per_device, many) if args.check and not args.timing_only else None

@@ -4,12 +4,14 @@ Public surface (``docs/model.md`` documents every timing rule)::
 
     Chip(config).run(program, inputs, timing_only=False) -> RunResult
     System(config, n_chips, shape).run(...)              -> RunResult
+    RunMonitor(): pass as run(..., monitor=) to read progress from another thread
 """
 
 from tpusim.devices.core import DeadlockError
 from tpusim.devices.engine import events_scheduled
 from tpusim.devices.fallback import FallbackEvaluator, reference_evaluator
 from tpusim.devices.memory import ByteStore, MemoryAccessError
+from tpusim.devices.monitor import RunMonitor
 from tpusim.devices.system import Chip, RunResult, System
 from tpusim.devices.trace import Trace, TraceStream
 from tpusim.devices.units import ExecutionError
@@ -21,6 +23,7 @@ __all__ = [
     "ExecutionError",
     "FallbackEvaluator",
     "MemoryAccessError",
+    "RunMonitor",
     "RunResult",
     "System",
     "Trace",

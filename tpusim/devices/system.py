@@ -28,6 +28,7 @@ from tpusim.devices.core import DeadlockError
 from tpusim.devices.engine import events_scheduled
 from tpusim.devices.fallback import FallbackEvaluator, reference_evaluator
 from tpusim.devices.memory import ByteStore, MemoryAccessError
+from tpusim.devices.monitor import RunMonitor
 from tpusim.devices.trace import Trace, TraceStream
 from tpusim.devices.units import ExecutionError
 from tpusim.errors import TpusimError
@@ -112,6 +113,7 @@ class System:
         timing_only: bool = False,
         max_jumps: int = 100_000_000,
         fallback_evaluator: FallbackEvaluator | None = None,
+        monitor: RunMonitor | None = None,
     ) -> RunResult:
         """Simulate ``program``.
 
@@ -122,6 +124,7 @@ class System:
             timing_only: skip numeric work except scalar instructions and instructions flagged ``control``.
             max_jumps: taken branches and jumps allowed per core (guards against endless loops).
             fallback_evaluator: runs fallback kernels; default: the reference interpreter.
+            monitor: a :class:`RunMonitor` another thread may read while the run goes on (for progress).
 
         Returns:
             The cycles, the trace and the final memories.
@@ -145,6 +148,8 @@ class System:
         lap("place")
         m.start()
         lap("decode")
+        if monitor is not None:
+            monitor.attach(m)
         try:
             m.env.run()
         except TpusimError as e:

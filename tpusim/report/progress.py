@@ -16,9 +16,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-__all__ = ["Activity", "Progress", "format_duration"]
+if TYPE_CHECKING:
+    from tpusim.devices import RunMonitor
+
+__all__ = ["Activity", "Progress", "format_duration", "run_status"]
 
 
 def format_duration(seconds: float) -> str:
@@ -27,6 +30,23 @@ def format_duration(seconds: float) -> str:
     h, rest = divmod(s, 3600)
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def run_status(monitor: RunMonitor) -> str:
+    """The state of a simulation for :class:`Activity`: simulated cycles, instructions and their rate, and
+    an ETA when the run's instruction count is known (no loops); ``compiling`` before it starts."""
+    if not monitor.running:
+        return "compiling"
+    done, sec = monitor.instructions, monitor.seconds
+    text = f"{monitor.cycles:,} cycles simulated, {done:,} instructions"
+    if monitor.total:
+        text += f" of {monitor.total:,}"
+    if sec > 0 and done:
+        rate = done / sec
+        text += f" ({rate:,.0f}/s)"
+        if monitor.total and done < monitor.total:
+            text += f", ETA {format_duration((monitor.total - done) / rate)}"
+    return text
 
 
 class Progress:
