@@ -12,11 +12,9 @@ from tpusim.isa import (
     Branch,
     Const,
     DmaStart,
-    Jump,
     MemRef,
     MxuLoadWeights,
     MxuMatmul,
-    MxuPop,
     Program,
     Reg,
     ScalarAlu,
@@ -27,6 +25,7 @@ from tpusim.isa import (
     VpuMap,
     Window,
 )
+from tpusim.isa.kernels import matmul_relu_loop_nest
 from tpusim.memory import parse_shape
 
 V5E = load_config("tpu_v5e")
@@ -131,89 +130,13 @@ def test_tiled_matmul_loop_nest_computes_exact_numbers():
     windows, a VPU epilogue. The numbers must match the MXU's documented arithmetic bit for bit."""
     import ml_dtypes
 
-    size, tile, kstep = 512, 256, 128
-    tm, ks = size // tile, size // kstep
-    a_s = parse_shape(f"bf16[{size},{size}]{{1,0:T(8,128)(2,1)}}")
-    c_s = parse_shape(f"f32[{size},{size}]{{1,0:T(8,128)}}")
-    a_buf = parse_shape(f"bf16[{tile},{kstep}]{{1,0:T(8,128)(2,1)}}")
-    b_buf = parse_shape(f"bf16[{kstep},{tile}]{{1,0:T(8,128)(2,1)}}")
-    out = parse_shape(f"f32[{tile},{tile}]{{1,0:T(8,128)}}")
-    bias_s = parse_shape(f"f32[{tile},{tile}]{{1,0:T(8,128)}}")
-    a_at, b_at, c_at = 0, a_s.byte_size, 2 * a_s.byte_size
-    a_vm, b_vm, out_vm, bias_vm = 0x0, 0x40000, 0x100000, 0x200000
-    r = Reg
-    s = StreamBuilder()
-    s.emit(ScalarAlu("mov", r(1), 0))
-    s.label("rows")
-    s.emit(ScalarAlu("mov", r(2), 0), ScalarAlu("mul", r(4), r(1), tile))
-    s.label("cols")
-    s.emit(ScalarAlu("mul", r(5), r(2), tile), ScalarAlu("mov", r(3), 0), ScalarAlu("mov", r(6), 0))
-    s.emit(ScalarAlu("mov", r(8), 0))
-    s.emit(
-        DmaStart(
-            MemRef(Space.HBM, a_at, a_s, Window((r(4), r(6)), (tile, kstep))), MemRef(Space.VMEM, a_vm, a_buf), sem=0
-        ),
-        DmaStart(
-            MemRef(Space.HBM, b_at, a_s, Window((r(6), r(5)), (kstep, tile))), MemRef(Space.VMEM, b_vm, b_buf), sem=0
-        ),
-    )
-    s.label("k")
-    s.emit(ScalarAlu("add", r(7), r(6), kstep), ScalarAlu("xor", r(9), r(8), 0x20000))
-    s.emit(Branch("ge", r(3), ks - 1, "compute"))
-    s.emit(
-        DmaStart(
-            MemRef(Space.HBM, a_at, a_s, Window((r(4), r(7)), (tile, kstep))),
-            MemRef(Space.VMEM, a_vm, a_buf, base=r(9)),
-            sem=0,
-        ),
-        DmaStart(
-            MemRef(Space.HBM, b_at, a_s, Window((r(7), r(5)), (kstep, tile))),
-            MemRef(Space.VMEM, b_vm, b_buf, base=r(9)),
-            sem=0,
-        ),
-    )
-    s.label("compute")
-    s.emit(SemWait(0, 2))
-    for first in (True, False):  # the first K step overwrites the result rows, later ones accumulate
-        s.label("first" if first else "accumulate")
-        if first:
-            s.emit(Branch("ne", r(3), 0, "accumulate"))
-        for j in range(tile // 128):
-            weights = MemRef(Space.VMEM, b_vm, b_buf, Window((0, 128 * j), (kstep, 128)), base=r(8))
-            s.emit(MxuLoadWeights(j, weights))
-            s.emit(MxuMatmul(j, MemRef(Space.VMEM, a_vm, a_buf, base=r(8)), acc=0, accumulate=not first))
-        if first:
-            s.emit(Jump("next"))
-    s.label("next")
-    s.emit(ScalarAlu("add", r(3), r(3), 1), ScalarAlu("mov", r(6), r(7)), ScalarAlu("mov", r(8), r(9)))
-    s.emit(Branch("lt", r(3), ks, "k"))
-    for j in range(tile // 128):
-        s.emit(MxuPop(j, MemRef(Space.VMEM, out_vm, out, Window((0, 128 * j), (tile, 128)))))
-    s.emit(
-        VpuMap(
-            "add",
-            MemRef(Space.VMEM, out_vm, out),
-            (MemRef(Space.VMEM, out_vm, out), MemRef(Space.VMEM, bias_vm, bias_s)),
-        ),
-        VpuMap("maximum", MemRef(Space.VMEM, out_vm, out), (MemRef(Space.VMEM, out_vm, out), Const(0.0, "f32"))),
-        DmaStart(
-            MemRef(Space.VMEM, out_vm, out), MemRef(Space.HBM, c_at, c_s, Window((r(4), r(5)), (tile, tile))), sem=1
-        ),
-        SemWait(1),
-    )
-    s.emit(ScalarAlu("add", r(2), r(2), 1), Branch("lt", r(2), tm, "cols"))
-    s.emit(ScalarAlu("add", r(1), r(1), 1), Branch("lt", r(1), tm, "rows"))
-    syms = (
-        Symbol("a", MemRef(Space.HBM, a_at, a_s)),
-        Symbol("b", MemRef(Space.HBM, b_at, a_s)),
-        Symbol("c", MemRef(Space.HBM, c_at, c_s)),
-        Symbol("bias", MemRef(Space.VMEM, bias_vm, bias_s)),
-    )
+    size, tile = 512, 256
+    program = matmul_relu_loop_nest(size, tile=tile)
     rng = np.random.default_rng(3)
     a = rng.standard_normal((size, size)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((size, size)).astype(ml_dtypes.bfloat16)
     bias = rng.standard_normal((tile, tile)).astype(np.float32)
-    res = Chip(V5E).run(Program((s.build(),), syms), {"a": a, "b": b, "bias": bias})
+    res = Chip(V5E).run(program, {"a": a, "b": b, "bias": bias})
     assert res.instructions > 100
     got = res.read("c")
     assert (got > 0).mean() > 0.3  # relu of random sums: a real result, not zeros
