@@ -1,6 +1,7 @@
 """Device-model speed: simulated instructions per CPU-second in timing-only mode.
 
-The workload is what the compiler emits for ``relu(A @ B + bias)`` on a TPU v5e: a loop nest (not unrolled)
+The workload (``tpusim.isa.kernels.matmul_relu_loop_nest``) is ``relu(A @ B + bias)`` on a TPU v5e written by
+hand as a compiler would emit it: a loop nest (not unrolled)
 over 512 x 512 output tiles and 128-deep K steps, with double-buffered DMAs of dynamic-slice windows of A
 and B, four MXUs (load weights + matmul each per step), pops, a VPU epilogue and a DMA of the result tile.
 
