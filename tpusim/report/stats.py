@@ -12,25 +12,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpusim.devices import Trace
+from tpusim.report.timeline import merged_runs
 
 __all__ = ["OpStats", "UnitStats", "busy_cycles", "op_stats", "unit_stats"]
 
 
 def busy_cycles(start: np.ndarray, end: np.ndarray) -> int:
     """Cycles covered by the union of intervals ``[start, end)``."""
-    if len(start) == 0:
-        return 0
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
-    reach = np.maximum.accumulate(e)
-    # An interval opens a new busy run when it starts after everything before it has ended.
-    new_run = np.empty(len(s), bool)
-    new_run[0] = True
-    new_run[1:] = s[1:] > reach[:-1]
-    run_id = np.cumsum(new_run) - 1
-    run_start = s[new_run]
-    run_end = np.zeros(len(run_start), np.int64)
-    np.maximum.at(run_end, run_id, e)
+    run_start, run_end = merged_runs(start, end)
     return int(np.sum(run_end - run_start))
 
 

@@ -26,7 +26,7 @@ from tpusim.compiler.lowering.registry import NotLowerable
 from tpusim.isa import VPU_FUNCTIONS
 from tpusim.memory import Shape
 
-__all__ = ["NEED_RULES", "Need", "Plan", "block_shape", "plan_needs", "reduction_split"]
+__all__ = ["NEED_RULES", "Need", "Plan", "block_shape", "plan_needs", "reduction_split", "tile_granule"]
 
 Need = tuple[int | None, int]
 """(dimension of the instruction that follows the tiled output dimension, or None; offset along it)."""
@@ -234,3 +234,15 @@ def block_shape(shape: Shape, need: Need, start: int, size: int) -> tuple[Shape,
         dims[dim] = size
         offsets[dim] = off + start
     return Shape(shape.element_type, tuple(dims), layout=shape.layout), tuple(offsets)
+
+
+def tile_granule(shape: Shape, dim: int) -> int:
+    """The first-level tile size along ``dim`` (1 when no tile cuts it): block sizes along ``dim`` are
+    multiples of it, so a block is whole tiles."""
+    layout = shape.effective_layout
+    if not layout.tiles:
+        return 1
+    tile = layout.tiles[0].dimensions
+    physical = list(reversed(layout.minor_to_major))
+    position = physical.index(dim) - (len(physical) - len(tile))
+    return tile[position] if position >= 0 and tile[position] > 0 else 1

@@ -381,9 +381,9 @@ class _DotEmitter:
         for out_lead, pairs in v.products:
             ms_ = range(0, v.m, plan.tm)
             ns_ = range(0, v.n, plan.tn)
-            corners = [(m0, n0) for m0 in ms_ for n0 in ns_] if plan.order == "mn" else [
-                (m0, n0) for n0 in ns_ for m0 in ms_
-            ]
+            corners = (
+                [(m0, n0) for m0 in ms_ for n0 in ns_] if plan.order == "mn" else [(m0, n0) for n0 in ns_ for m0 in ms_]
+            )
             for m0, n0 in corners:
                 ms, ns = min(plan.tm, v.m - m0), min(plan.tn, v.n - n0)
                 blocks.append(_Block(out_lead, m0, n0, ms, ns))

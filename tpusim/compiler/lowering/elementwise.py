@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction
-from tpusim.compiler.lowering.blocks import NEED_RULES, Plan, block_shape, plan_needs, reduction_split
+from tpusim.compiler.lowering.blocks import NEED_RULES, Plan, block_shape, plan_needs, reduction_split, tile_granule
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
@@ -455,17 +455,6 @@ def _tiled_dimension(shape: Shape) -> int | None:
     return None
 
 
-def _granule(shape: Shape, dim: int) -> int:
-    """Block sizes along ``dim`` are multiples of its first-level tile size (1 for untiled dimensions)."""
-    layout = shape.effective_layout
-    if not layout.tiles:
-        return 1
-    tile = layout.tiles[0].dimensions
-    physical = list(reversed(layout.minor_to_major))
-    position = physical.index(dim) - (len(physical) - len(tile))
-    return tile[position] if position >= 0 and tile[position] > 0 else 1
-
-
 def lower_fused(ctx: Lowering, comp: Computation, inputs: dict[str, MemRef], outputs: list[tuple[str, MemRef]]) -> None:
     """Lower the fused computation ``comp`` whose parameters read ``inputs`` and whose root values are
     written to ``outputs``.
@@ -521,14 +510,14 @@ def _lower_plan(
         operand = comp[reduce.operands[0]].array_shape
         dim = plan.needs[reduce.operands[0]][0]
         assert dim is not None
-        granule = _granule(operand, dim)
+        granule = tile_granule(operand, dim)
         row_bytes = max(1, operand.byte_size // max(1, extent))
         # One block at a time is in flight, so a block should outlast the HBM latency several times over.
         cfg = ctx.config
         target = max(_BLOCK_TARGET_BYTES, int(4 * cfg.cycles(cfg.hbm.latency_ns) * cfg.hbm_bytes_per_cycle))
     else:
         first = comp[outputs[0][0]].array_shape
-        granule = _granule(first, plan.tiled) if plan.tiled is not None else 1
+        granule = tile_granule(first, plan.tiled) if plan.tiled is not None else 1
         row_bytes = max(1, sum(comp[r].array_shape.byte_size for r, _ in outputs) // max(1, extent))
         target = _BLOCK_TARGET_BYTES
     block = min(extent, max(granule, min(extent, target // row_bytes) // granule * granule))

@@ -21,6 +21,7 @@ import numpy as np
 
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.lowering.blocks import tile_granule
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.elementwise import lower_vector
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
@@ -47,6 +48,7 @@ __all__ = ["MAX_DMAS", "dma_pieces", "read_indices", "scalar_operand"]
 MAX_DMAS = 4096
 """Most DMAs one data-movement instruction may issue (a reverse of every lane, a stride-2 slice of a
 long dimension ...); beyond that the instruction falls back rather than flood the DMA queue."""
+
 
 # --------------------------------------------------------------------------------------------- helpers
 def _window(ref: MemRef, offsets: tuple[int | Reg, ...], sizes: tuple[int, ...], clamp: bool = False) -> MemRef:
@@ -368,17 +370,6 @@ def _reverse_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, rev: list[int]) ->
             ctx.emit(SemWait, sem=sem_out[i], count=1)
 
 
-def _granule(shape: Shape, dim: int) -> int:
-    """The first-level tile size along ``dim`` (1 when no tile cuts it): block sizes are multiples of it."""
-    layout = shape.effective_layout
-    if not layout.tiles:
-        return 1
-    tile = layout.tiles[0].dimensions
-    physical = list(reversed(layout.minor_to_major))
-    position = physical.index(dim) - (len(physical) - len(tile))
-    return tile[position] if position >= 0 and tile[position] > 0 else 1
-
-
 # --------------------------------------------------------------------------------------------- slice, concatenate
 def _strided(start: int, size: int, stride: int) -> Iterator[tuple[int, int, int]]:
     """``(source offset, result offset, size)`` pieces of one dimension of a strided window."""
@@ -478,7 +469,7 @@ def _chunks(sizes: tuple[int, ...], shapes: list[Shape], budget: int) -> tuple[i
             break
         per = size() / max(chunk[d], 1)
         fit = max(1, int(budget // max(per, 1)))
-        granule = max(_granule(s, d) for s in shapes)
+        granule = max(tile_granule(s, d) for s in shapes)
         chunk[d] = fit // granule * granule if fit >= granule else fit
         while chunk[d] > 1 and size() > budget:
             chunk[d] = chunk[d] - granule if chunk[d] > granule else chunk[d] // 2

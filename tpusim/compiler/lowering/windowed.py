@@ -16,7 +16,7 @@ so overlapping windows (a 3x3 pool with stride 2) are cut into blocks too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import product
 from math import prod
@@ -131,6 +131,21 @@ def lower_reduce_window(ctx: Lowering, comp: Computation, instr: Instruction) ->
     _ReduceWindow(ctx, axes, src, out, fn, init, is_identity).lower()
 
 
+def _halving(ctx: Lowering, emit: Callable[[int], None], cap: int) -> None:
+    """``emit(cap)`` with block caps halved (after rolling back what the failed attempt took) until the
+    blocks fit VMEM; :class:`NotLowerable` when not even a cap of one element fits."""
+    mark = ctx.checkpoint()
+    while True:
+        try:
+            emit(cap)
+            return
+        except VmemExhausted:
+            ctx.rollback(mark)
+            if cap == 1:
+                raise NotLowerable("its blocks do not fit in VMEM") from None
+            cap = max(1, cap // 2)
+
+
 @dataclass
 class _ReduceWindow:
     ctx: Lowering
@@ -152,17 +167,7 @@ class _ReduceWindow:
         wide = self.fn in ("add", "multiply") and et.name in _NARROW
         self.acc_rows = Rows(_F32, lanes, 0, tiled) if wide else self.rows
         self.acc_init = Const(float(self.init.value), _F32) if wide else self.init
-        cap = max(1, min(_BLOCK_BYTES, ctx.vmem_free_bytes() // 8) // max(1, et.bits // 8))
-        mark = ctx.checkpoint()
-        while True:
-            try:
-                self._emit(cap)
-                return
-            except VmemExhausted:
-                ctx.rollback(mark)
-                if cap == 1:
-                    raise NotLowerable("its blocks do not fit in VMEM") from None
-                cap = max(1, cap // 2)
+        _halving(ctx, self._emit, max(1, min(_BLOCK_BYTES, ctx.vmem_free_bytes() // 8) // max(1, et.bits // 8)))
 
     def _emit(self, cap: int) -> None:
         ctx, axes, rows, acc_rows = self.ctx, self.axes, self.rows, self.acc_rows
@@ -307,17 +312,7 @@ class _SelectAndScatter:
         self.rows = Rows(et, lanes, esize, tiled)
         self.idx_rows = Rows(_S32, lanes, 0, tiled)
         self.pred_rows = Rows(_PRED, lanes, ctx.rules.layout_for(Shape(_PRED, (8, 8))).element_size_bits, tiled)
-        cap = max(1, min(_BLOCK_BYTES, ctx.vmem_free_bytes() // 16) // max(1, et.bits // 8))
-        mark = ctx.checkpoint()
-        while True:
-            try:
-                self._emit(cap)
-                return
-            except VmemExhausted:
-                ctx.rollback(mark)
-                if cap == 1:
-                    raise NotLowerable("its blocks do not fit in VMEM") from None
-                cap = max(1, cap // 2)
+        _halving(ctx, self._emit, max(1, min(_BLOCK_BYTES, ctx.vmem_free_bytes() // 16) // max(1, et.bits // 8)))
 
     def _region(self, axis: Axis, span: Span) -> tuple[Span, int, int, int, int, bool]:
         """Along ``axis``, for the block that owns windows ``span``: the windows it folds (every window that
