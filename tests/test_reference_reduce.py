@@ -10,6 +10,9 @@ import pytest
 from heavy_checks import check_hlo
 from jax_oracle import check_against_jax
 
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.reference import evaluate
+
 RNG = np.random.default_rng(2)
 
 
@@ -165,9 +168,7 @@ def test_max_pool_gradient_uses_select_and_scatter() -> None:
     check_against_jax(jax.grad(pool_sum), x)
 
 
-def test_select_and_scatter_overlapping_windows_padding_and_ties_against_xla() -> None:
-    # GE selects the first of equal maxima; overlapping windows add their source values.
-    text = """HloModule m
+_SELECT_AND_SCATTER_2D = """HloModule m
 ge {
   a = f32[] parameter(0)
   b = f32[] parameter(1)
@@ -185,8 +186,32 @@ ENTRY e {
   ROOT r = f32[5,6] select-and-scatter(x, s, z), window={size=3x3 stride=2x2 pad=1_1x0_1}, select=ge, scatter=add
 }
 """
-    x = RNG.integers(0, 3, size=(5, 6)).astype(np.float32)
-    check_hlo(text, x, _rand((3, 3)))
+
+
+def test_select_and_scatter_overlapping_windows_and_padding_against_xla() -> None:
+    # Distinct operand values: one maximum per window. Overlapping windows add their source values.
+    x = np.random.default_rng(3).permutation(30).reshape(5, 6).astype(np.float32)
+    check_hlo(_SELECT_AND_SCATTER_2D, x, _rand((3, 3)))
+
+
+def test_select_and_scatter_ties_pick_the_lexicographically_first_element() -> None:
+    """The semantics seed calls select with the lexicographically smaller index first, so GE keeps the first
+    of equal maxima. XLA CPU (jax 0.10) does not: it picks a later one in most 2-D windows with ties (for
+    example (2,2) over (1,4) below), so this case is checked against the seed's rule, written out here."""
+    x = np.array(
+        [[1, 1, 2, 2, 0, 0], [2, 2, 0, 0, 2, 1], [0, 2, 0, 1, 1, 1], [0, 0, 2, 2, 2, 1], [2, 0, 1, 2, 0, 0]],
+        np.float32,
+    )
+    source = np.arange(1, 10, dtype=np.float32).reshape(3, 3)
+    want = np.full((5, 6), 0.5, np.float32)
+    for i in range(3):
+        for j in range(3):
+            cells = [(r, c) for r in range(2 * i - 1, 2 * i + 2) for c in range(2 * j, 2 * j + 3)]
+            inside = [(r, c) for r, c in cells if 0 <= r < 5 and 0 <= c < 6]  # row-major: lexicographic order
+            best = max(x[cell] for cell in inside)
+            want[next(cell for cell in inside if x[cell] == best)] += source[i, j]
+    (got,) = evaluate(parse_module(_SELECT_AND_SCATTER_2D), [x, source])
+    np.testing.assert_array_equal(got, want)
 
 
 def test_select_and_scatter_min_select_and_non_commutative_scatter_against_xla() -> None:

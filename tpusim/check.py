@@ -90,7 +90,8 @@ def compare_outputs(device: Sequence[np.ndarray], reference: Sequence[np.ndarray
         if exact:
             error = 0.0 if np.array_equal(d.view(et.raw_dtype), r.view(et.raw_dtype)) else float("inf")
         else:
-            dv, rv = np.asarray(d, np.complex128 if et.is_complex else np.float64), np.asarray(r, dv_type(et))
+            dv: np.ndarray = np.asarray(d, np.complex128 if et.is_complex else np.float64)
+            rv: np.ndarray = np.asarray(r, dv_type(et))
             same_nan = np.isnan(dv) == np.isnan(rv)
             finite = np.isfinite(rv) & np.isfinite(dv)
             same_inf = (dv == rv) | finite | np.isnan(rv)

@@ -96,8 +96,8 @@ class System:
             n_chips = prod(shape)
         if shape is None:
             # the config's slice when it holds these chips, else the one the chip forms for them
-            fits = cfg.ici.shape is not None and prod(cfg.ici.shape) == n_chips
-            shape = cfg.ici.shape if fits else cfg.ici.default_shape(n_chips)
+            own = cfg.ici.shape
+            shape = own if own is not None and prod(own) == n_chips else cfg.ici.default_shape(n_chips)
         self.config = cfg
         self.topology = system_topology(cfg.ici, n_chips, tuple(shape))
 

@@ -27,11 +27,17 @@ from tpusim.isa.instructions import (
 )
 from tpusim.isa.operands import Const, MemRef, Reg, Space, Window
 from tpusim.isa.program import Program, StreamBuilder, Symbol
-from tpusim.memory import parse_shape
+from tpusim.memory import Shape, element_type, parse_shape
 
 __all__ = ["matmul_relu_loop_nest"]
 
 _MXU_COLS = 128  # output columns per MXU (the 128x128 MXUs of TPU v4/v5)
+
+
+def _array(text: str) -> Shape:
+    shape = parse_shape(text)
+    assert isinstance(shape, Shape)
+    return shape
 
 
 def matmul_relu_loop_nest(size: int, tile: int = 512, kstep: int = 128) -> Program:
@@ -47,11 +53,11 @@ def matmul_relu_loop_nest(size: int, tile: int = 512, kstep: int = 128) -> Progr
     if size % tile or tile % _MXU_COLS or size % kstep:
         raise ValueError(f"size {size} must be a multiple of tile {tile} and kstep {kstep}, and tile of 128")
     tiles, steps, mxus = size // tile, size // kstep, tile // _MXU_COLS
-    a_s = parse_shape(f"bf16[{size},{size}]{{1,0:T(8,128)(2,1)}}")
-    c_s = parse_shape(f"f32[{size},{size}]{{1,0:T(8,128)}}")
-    a_buf = parse_shape(f"bf16[{tile},{kstep}]{{1,0:T(8,128)(2,1)}}")
-    b_buf = parse_shape(f"bf16[{kstep},{tile}]{{1,0:T(8,128)(2,1)}}")
-    out = parse_shape(f"f32[{tile},{tile}]{{1,0:T(8,128)}}")
+    a_s = _array(f"bf16[{size},{size}]{{1,0:T(8,128)(2,1)}}")
+    c_s = _array(f"f32[{size},{size}]{{1,0:T(8,128)}}")
+    a_buf = _array(f"bf16[{tile},{kstep}]{{1,0:T(8,128)(2,1)}}")
+    b_buf = _array(f"bf16[{kstep},{tile}]{{1,0:T(8,128)(2,1)}}")
+    out = _array(f"f32[{tile},{tile}]{{1,0:T(8,128)}}")
     a_at, b_at, c_at = 0, a_s.byte_size, 2 * a_s.byte_size
     half = max(a_buf.byte_size, b_buf.byte_size)  # the second buffer of A and of B sits this far above the first
     a_vm, b_vm = 0, 2 * half
@@ -107,7 +113,7 @@ def matmul_relu_loop_nest(size: int, tile: int = 512, kstep: int = 128) -> Progr
         s.emit(MxuPop(j, MemRef(Space.VMEM, out_vm, out, Window((0, _MXU_COLS * j), (tile, _MXU_COLS)))))
     s.emit(
         VpuMap("add", tile_ref, (tile_ref, MemRef(Space.VMEM, bias_vm, out))),
-        VpuMap("maximum", tile_ref, (tile_ref, Const(0.0, "f32"))),
+        VpuMap("maximum", tile_ref, (tile_ref, Const(0.0, element_type("f32")))),
         DmaStart(tile_ref, MemRef(Space.HBM, c_at, c_s, Window((r(4), r(5)), (tile, tile))), sem=1),
     )
     s.emit(ScalarAlu("add", r(2), r(2), 1), Branch("lt", r(2), tiles, "cols"))

@@ -108,7 +108,7 @@ def _colours(tile_ids: np.ndarray, padding: np.ndarray) -> np.ndarray:
 
 def _edges(ids: np.ndarray) -> list[tuple[tuple[float, float], tuple[float, float]]]:
     """Line segments between neighbouring cells whose ids differ (cell (r, c) spans [c, c+1] x [r, r+1])."""
-    segments = []
+    segments: list[tuple[tuple[float, float], tuple[float, float]]] = []
     rr, cc = np.nonzero(ids[1:, :] != ids[:-1, :])
     segments += [((c, r + 1), (c + 1, r + 1)) for r, c in zip(rr.tolist(), cc.tolist())]
     rr, cc = np.nonzero(ids[:, 1:] != ids[:, :-1])

@@ -8,7 +8,7 @@ set by the layout (``E(n)``, see :mod:`tpusim.memory.tiling`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
@@ -62,7 +62,7 @@ class ElementType:
 
 
 def _table() -> dict[str, ElementType]:
-    entries: list[tuple[str, int, Kind, object]] = [
+    entries: list[tuple[str, int, Kind, Any]] = [
         ("pred", 8, "pred", np.bool_),
         ("s2", 2, "signed", ml_dtypes.int2),
         ("s4", 4, "signed", ml_dtypes.int4),

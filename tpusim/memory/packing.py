@@ -114,15 +114,15 @@ def _encode_slots(slots: np.ndarray, geo: Geometry) -> np.ndarray:
         out[:, :natural_bytes] = slots.view(np.uint8).reshape(slots.size, natural_bytes)
         return out.reshape(-1)
     per_byte = 8 // bits
-    values = slots.view(np.uint8) & np.uint8((1 << bits) - 1)
+    values: np.ndarray = slots.view(np.uint8) & np.uint8((1 << bits) - 1)
     total = -(-values.size // per_byte) * per_byte
     if total != values.size:
         values = np.concatenate([values, np.zeros(total - values.size, np.uint8)])
     groups = values.reshape(-1, per_byte)
-    out = np.zeros(groups.shape[0], np.uint8)
+    packed = np.zeros(groups.shape[0], np.uint8)
     for i in range(per_byte):
-        out |= groups[:, i] << np.uint8(i * bits)
-    return out
+        packed |= groups[:, i] << np.uint8(i * bits)
+    return packed
 
 
 def _decode_slots(data: np.ndarray, geo: Geometry, raw_dtype: np.dtype, value_bits: int) -> np.ndarray:

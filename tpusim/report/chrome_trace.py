@@ -133,7 +133,8 @@ def trace_events(a: RunAnalysis) -> Iterator[dict[str, Any]]:
         from tpusim.report.links import link_trace_events
 
         for ev in link_trace_events(a.result, pid=len(a.result.trace.streams) + 2):
-            timed.append((ev.get("ts", -1), 2, ev))
+            ts = ev.get("ts")
+            timed.append((float(ts) if isinstance(ts, (int, float)) else -1.0, 2, ev))
     timed.sort(key=lambda x: (x[0], x[1]))
     for _, _, ev in timed:
         yield ev

@@ -163,6 +163,8 @@ class Attributes:
     """
 
     __slots__ = ("_items", "_map")
+    _items: tuple[tuple[str, Any], ...]
+    _map: dict[str, Any]
 
     def __init__(self, items: Any = ()) -> None:
         pairs = tuple(items.items() if isinstance(items, dict) else items)

@@ -136,7 +136,7 @@ def _dynamic_slice(instr: Instruction, need: Need, operands: list[Shape]) -> lis
     dim, _ = need
     if dim is not None:
         raise NotLowerable("a dynamic-slice along the blocked dimension")
-    return [(None, 0)] + [(None, 0) for _ in operands[1:]]
+    return [(None, 0) for _ in operands]
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,7 @@ def all_reduce(
         padded = ceil(n / group) * group
         work_ref = ctx.scratch(Shape(yf.shape.element_type, (padded,), layout=Layout((0,))))
         head = MemRef(Space.HBM, work_ref.address, work_ref.shape, Window((0,), (n,)))
+        assert xf is not None  # part == "all" made it yf above when the layouts differ
         copy_arrays(ctx, [(xf, head)])
         post = (head, yf)
         xf = yf = work_ref
