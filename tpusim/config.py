@@ -45,13 +45,23 @@ __all__ = [
     "VpuOpClass",
     "XluConfig",
     "add_config_arguments",
+    "config_dir",
     "config_from_args",
     "load_config",
     "parse_override",
     "with_overrides",
 ]
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+def config_dir(package: Path) -> Path:
+    """The copy of ``configs/`` an installed wheel carries inside the package folder ``package`` (pyproject.toml
+    maps the package ``tpusim.configs`` to ``configs/``), else ``configs/`` beside it, as in a source checkout."""
+    installed = package / "configs"
+    return installed if (installed / "tpu_v5e.yaml").is_file() else package.parent / "configs"
+
+
+CONFIG_DIR = config_dir(Path(__file__).resolve().parent)
+"""The shipped chip configs, tiling rule sets (``tiling/``) and sweep specs (``sweeps/``)."""
 
 PRESETS: dict[str, Path] = {
     name: CONFIG_DIR / f"{name}.yaml" for name in ("tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "teaching")

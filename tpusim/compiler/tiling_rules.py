@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tpusim.config import CONFIG_DIR
 from tpusim.errors import ConfigError, LayoutError
 from tpusim.memory import Layout, Shape, Tile
 from tpusim.memory.shape_text import ShapeReader
@@ -18,7 +19,7 @@ from tpusim.yamlio import YamlMap, load_yaml, where
 
 __all__ = ["TILING_DIR", "Range", "TilingRule", "TilingRules", "load_tiling_rules"]
 
-TILING_DIR = Path(__file__).resolve().parents[2] / "configs" / "tiling"
+TILING_DIR = CONFIG_DIR / "tiling"
 
 _RANGE = re.compile(r"^\s*(?:(<=|>=|<|>|==)?\s*(\d+)|(\d+)\s*\.\.\s*(\d+))\s*$")
 _CONDITIONS = ("element_type", "bits", "rank", "minor", "second_minor")
