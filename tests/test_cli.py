@@ -31,3 +31,30 @@ def test_bad_shape_is_one_clear_message(capsys: pytest.CaptureFixture[str]) -> N
 def test_bad_output_suffix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["layout", "f32[2]", "--out", str(tmp_path / "x.txt")]) == 1
     assert "written as .png, .svg or .pdf" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "ROOT c = bf16[4] stochastic-convert(x, r)",
+            "the reference interpreter has no function for stochastic-convert",
+        ),
+        (
+            'ROOT c = f32[4] custom-call(x, r), custom_call_target="my_kernel"',
+            "custom-call target 'my_kernel' has no lowering and no reference function",
+        ),
+    ],
+)
+def test_an_op_nothing_can_run_is_a_compile_error_at_its_line(
+    line: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a lowering and without a reference function a fallback kernel could only fail when the device
+    reached it; the compiler refuses the program up front instead, naming the instruction and its line."""
+    path = tmp_path / "p.hlo"
+    path.write_text(f"HloModule m\nENTRY e {{\n  x = f32[4] parameter(0)\n  r = u32[4] parameter(1)\n  {line}\n}}\n")
+    assert main(["run", str(path), "--timing-only"]) == 1
+    err = capsys.readouterr().err
+    assert f"e/c ({path}:5): " in err
+    assert expected in err
+    assert "Traceback" not in err

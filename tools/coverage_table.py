@@ -28,7 +28,9 @@ HANDLED_BY_CORE = {"parameter": "bound by the caller (evaluate / ctx.call)"}
 
 def _device(op: str) -> str:
     """How the compiler runs ``op`` on the device: ``yes`` (a lowering rule), ``some`` (a rule for some
-    instances, the rest fall back), ``no code`` (buffer aliasing or data the loader places), ``fallback``."""
+    instances, the rest fall back), ``no code`` (buffer aliasing or data the loader places), ``fallback``,
+    or ``**no**`` (no rule and no reference function: a compile error)."""
+    from tpusim.compiler.hlo.reference import REFERENCE
     from tpusim.compiler.lowering import LOWERINGS
     from tpusim.compiler.lowering.registry import NO_CODE, SPECIALISED
 
@@ -36,7 +38,9 @@ def _device(op: str) -> str:
         return "yes"
     if op in NO_CODE:
         return "no code"
-    return "some" if op in SPECIALISED else "fallback"
+    if op in SPECIALISED:
+        return "some"
+    return "fallback" if op in REFERENCE else "**no**"
 
 
 def coverage_table() -> str:

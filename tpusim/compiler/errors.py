@@ -16,7 +16,9 @@ class CompileError(TpusimError):
         where = ""
         if instruction is not None:
             where = f"{computation + '/' if computation else ''}{instruction.name}"
-            if instruction.loc is not None and instruction.loc.source_file:
-                where += f" ({instruction.loc.source_file}:{instruction.loc.source_line})"
+            loc = instruction.loc
+            if loc is not None:  # the HLO text's place, then the user code's from metadata
+                where += f" ({loc.hlo_file + ':' if loc.hlo_file else 'line '}{loc.line}"
+                where += f"; {loc.source_file}:{loc.source_line})" if loc.source_file else ")"
             where += ": "
         super().__init__(where + message)
