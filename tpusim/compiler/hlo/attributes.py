@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from tpusim.compiler.hlo.ir import ConvDims, Literal, PadDim, ProgramShape, Raw, SliceDim, Window, WindowDim
 from tpusim.compiler.hlo.lexer import FLOAT, STRING, SourceText
@@ -261,39 +261,46 @@ def _read_instruction_names(src: SourceText, pos: int) -> tuple[tuple[str, ...],
 
 
 def _read_names(src: SourceText, pos: int, what: str) -> tuple[tuple[str, ...], int]:
-    pos = src.expect(pos, "{", f"to start a list of {what}s")
-    out: list[str] = []
+    return _braced_list(
+        src, pos, f"to start a list of {what}s", lambda s, p: s.name(p, what), f"or ',' in a list of {what}s"
+    )
+
+
+_T = TypeVar("_T")
+
+
+def _braced_list(
+    src: SourceText, pos: int, start: str, read_item: Callable[[SourceText, int], tuple[_T, int]], end: str
+) -> tuple[tuple[_T, ...], int]:
+    """``{item, item, ...}`` (possibly empty), each item read by ``read_item``; ``start`` and ``end`` finish the
+    errors for a missing ``{`` and for what follows an item when it is neither ``,`` nor ``}``."""
+    pos = src.expect(pos, "{", start)
+    out: list[_T] = []
     pos = _ws(src, pos)
     if src.text.startswith("}", pos):
         return (), pos + 1
     while True:
-        name, pos = src.name(pos, what)
-        out.append(name)
+        item, pos = read_item(src, pos)
+        out.append(item)
         pos = _ws(src, pos)
-        if src.text.startswith(",", pos):
-            pos += 1
-            continue
-        return tuple(out), src.expect(pos, "}", f"or ',' in a list of {what}s")
+        if not src.text.startswith(",", pos):
+            return tuple(out), src.expect(pos, "}", end)
+        pos += 1
 
 
 @reader("slice")
 def _read_slice(src: SourceText, pos: int) -> tuple[tuple[SliceDim, ...], int]:
-    pos = src.expect(pos, "{", "to start slice ranges like {[0:4], [2:8:2]}")
-    out: list[SliceDim] = []
+    return _braced_list(
+        src, pos, "to start slice ranges like {[0:4], [2:8:2]}", _read_slice_dim, "or ',' in slice ranges"
+    )
+
+
+def _read_slice_dim(src: SourceText, pos: int) -> tuple[SliceDim, int]:
     pos = _ws(src, pos)
-    if src.text.startswith("}", pos):
-        return (), pos + 1
-    while True:
-        pos = _ws(src, pos)
-        m = _SLICE_DIM.match(src.text, pos)
-        if not m:
-            raise src.error(pos, f"expected a range [start:limit] or [start:limit:stride], found {src.found(pos)}")
-        out.append(SliceDim(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else 1))
-        pos = _ws(src, m.end())
-        if src.text.startswith(",", pos):
-            pos += 1
-            continue
-        return tuple(out), src.expect(pos, "}", "or ',' in slice ranges")
+    m = _SLICE_DIM.match(src.text, pos)
+    if not m:
+        raise src.error(pos, f"expected a range [start:limit] or [start:limit:stride], found {src.found(pos)}")
+    return SliceDim(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) else 1), m.end()
 
 
 @reader("padding")
@@ -384,22 +391,16 @@ def _read_dim_labels(src: SourceText, pos: int) -> tuple[ConvDims | Raw, int]:
 
 @reader("precision")
 def _read_precision(src: SourceText, pos: int) -> tuple[tuple[str, ...], int]:
-    pos = src.expect(pos, "{", "to start an operand precision list like {default,highest}")
-    out: list[str] = []
+    start = "to start an operand precision list like {default,highest}"
+    return _braced_list(src, pos, start, _read_one_precision, "or ',' in an operand precision list")
+
+
+def _read_one_precision(src: SourceText, pos: int) -> tuple[str, int]:
     pos = _ws(src, pos)
-    if src.text.startswith("}", pos):
-        return (), pos + 1
-    while True:
-        pos = _ws(src, pos)
-        m = _WORD.match(src.text, pos)
-        if not m or m.group(0).lower() not in ("default", "high", "highest", "packed_nibble"):
-            raise src.error(pos, f"expected a precision (default, high, highest), found {src.found(pos)}")
-        out.append(m.group(0).lower())
-        pos = _ws(src, m.end())
-        if src.text.startswith(",", pos):
-            pos += 1
-            continue
-        return tuple(out), src.expect(pos, "}", "or ',' in an operand precision list")
+    m = _WORD.match(src.text, pos)
+    if not m or m.group(0).lower() not in ("default", "high", "highest", "packed_nibble"):
+        raise src.error(pos, f"expected a precision (default, high, highest), found {src.found(pos)}")
+    return m.group(0).lower(), m.end()
 
 
 def read_shape(src: SourceText, pos: int) -> tuple[AnyShape, int]:
@@ -422,19 +423,7 @@ def _read_shape(src: SourceText, pos: int) -> tuple[AnyShape, int]:
 
 @reader("shapes")
 def _read_shapes(src: SourceText, pos: int) -> tuple[tuple[AnyShape, ...], int]:
-    pos = src.expect(pos, "{", "to start a list of shapes")
-    out: list[AnyShape] = []
-    pos = _ws(src, pos)
-    if src.text.startswith("}", pos):
-        return (), pos + 1
-    while True:
-        shape, pos = read_shape(src, pos)
-        out.append(shape)
-        pos = _ws(src, pos)
-        if src.text.startswith(",", pos):
-            pos += 1
-            continue
-        return tuple(out), src.expect(pos, "}", "or ',' in a list of shapes")
+    return _braced_list(src, pos, "to start a list of shapes", read_shape, "or ',' in a list of shapes")
 
 
 @reader("program_shape")
