@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tpusim.memory import PackError, Shape, pack, parse_shape, unpack
+from tpusim.memory.packing import strided_assign
 
 
 def test_tile_padding_takes_the_requested_value() -> None:
@@ -78,3 +79,38 @@ def test_scalars_unpack_to_zero_dimensional_arrays() -> None:
         value = np.zeros((), shape.element_type.dtype)
         back = unpack(pack(value, shape), shape)
         assert isinstance(back, np.ndarray) and back.shape == ()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "bf16[64,256]{1,0:T(8,128)(2,1)}",  # written straight into the destination
+        "s8[64,256]{0,1:T(32,128)(4,1)}",
+        "f32[3,5]{1,0:T(2,4)}",
+        "s4[16,16]{1,0:T(8,8)E(4)}",  # sub-byte slots: encoded first, then copied
+        "f32[4,4]{1,0:T(2,2)M(16)}",  # metadata prefix
+    ],
+)
+def test_packing_into_a_given_buffer_writes_the_same_bytes(text: str) -> None:
+    shape = parse_shape(text)
+    rng = np.random.default_rng(1)
+    x = rng.integers(-7, 7, shape.dimensions).astype(shape.element_type.dtype)
+    out = np.full(shape.byte_size, 0xAB, np.uint8)
+    assert pack(x, shape, out=out) is out
+    np.testing.assert_array_equal(out, pack(x, shape))
+    with pytest.raises(PackError, match=r"not the .* bytes"):
+        pack(x, shape, out=np.zeros(shape.byte_size + 1, np.uint8))
+
+
+@pytest.mark.parametrize("perm", [(0, 2, 1, 3), (1, 0, 3, 2), (3, 2, 1, 0)])
+@pytest.mark.parametrize("short", [1, 2, 4, 8, 9])
+def test_strided_assign_copies_like_plain_assignment(perm: tuple[int, ...], short: int) -> None:
+    """Large copies whose smallest-stride axis is short go one index at a time; the result is the same."""
+    rng = np.random.default_rng(2)
+    src = rng.integers(0, 1 << 16, (16, 33, 24, short), dtype=np.uint16).transpose(perm)
+    dst = np.zeros(src.shape[::-1], np.uint16).transpose(3, 2, 1, 0)  # a strided destination too
+    strided_assign(dst, src)
+    np.testing.assert_array_equal(dst, src)
+    flat = np.empty(src.shape, np.uint16)
+    strided_assign(flat, src)
+    np.testing.assert_array_equal(flat, src)

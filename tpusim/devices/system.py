@@ -184,7 +184,7 @@ def _place(m: Machine, sym: Symbol, value: Any) -> None:
         problem = store.check(sym.ref.address, sym.ref.address + sym.ref.byte_size)
         if problem:
             raise MemoryAccessError(f"input {sym.name!r}: {problem}")
-        store.write(sym.ref.address, pack(np.asarray(array), sym.ref.shape))
+        pack(np.asarray(array), sym.ref.shape, out=store.writable(sym.ref.address, sym.ref.byte_size))
 
 
 def _trace_stream(core: Any) -> TraceStream:

@@ -17,7 +17,7 @@ from tpusim.errors import TpusimError
 from tpusim.memory.shape import AnyShape, Shape
 from tpusim.memory.tiling import Geometry, TilingLevel, geometry
 
-__all__ = ["PackError", "pack", "padding_bits", "unpack"]
+__all__ = ["PackError", "pack", "padding_bits", "strided_assign", "unpack"]
 
 
 class PackError(TpusimError):
@@ -51,6 +51,29 @@ def _as_raw(array: np.ndarray, shape: Shape) -> np.ndarray:
     return array.view(et.raw_dtype)
 
 
+_SHORT_AXIS = 8  # an innermost axis at most this long is copied one index at a time (see strided_assign)
+
+
+def strided_assign(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for same-shaped arrays in tiled order, where the axis numpy would loop over
+    innermost is often a sub-tile of 2 or 4 elements.
+
+    NOTE: speed. numpy runs a copy with the destination's smallest-stride axis as its inner loop; for a (2,1)
+    or (4,1) sub-tile that loop is 2 or 4 elements long. Copying one index of that axis at a time makes the
+    next axis (a tile's 128 lanes) the inner loop: 5-6x faster on a bf16 (8,128)(2,1) array.
+    """
+    axes = [a for a in range(dst.ndim) if dst.shape[a] > 1]
+    if dst.size >= 4096 and len(axes) > 1:
+        inner = min(axes, key=lambda a: abs(dst.strides[a]))
+        k = dst.shape[inner]
+        if k <= _SHORT_AXIS:
+            d, s = np.moveaxis(dst, inner, 0), np.moveaxis(src, inner, 0)
+            for i in range(k):
+                d[i] = s[i]
+            return
+    dst[...] = src
+
+
 def _pad_to(a: np.ndarray, dims: tuple[int, ...], fill: np.ndarray) -> np.ndarray:
     if a.shape == dims:
         return a
@@ -68,31 +91,46 @@ def _level_forward(a: np.ndarray, lvl: TilingLevel, fill: np.ndarray) -> np.ndar
     return a.reshape(lvl.split_dims).transpose(lvl.permutation)
 
 
-def pack(array: np.ndarray, shape: Shape, padding_value: float | None = None) -> np.ndarray:
+def pack(
+    array: np.ndarray, shape: Shape, padding_value: float | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
     """The bytes of ``array`` stored in ``shape``'s layout.
 
     Args:
         array: values with exactly the shape's dimensions and numpy dtype.
         shape: an array shape; its layout (default: major-to-minor) decides the bytes.
         padding_value: value written into every padding slot; defaults to the layout's ``padding_value``.
+        out: a 1-D uint8 array of ``shape.byte_size`` bytes to write the bytes into (e.g. a memory's view),
+            instead of a new array.
 
     Returns:
-        A 1-D uint8 array of ``shape.byte_size`` bytes.
+        A 1-D uint8 array of ``shape.byte_size`` bytes (``out`` when given).
     """
     geo = geometry(shape)
     raw = _as_raw(array, shape)
+    if out is not None and (out.dtype != np.uint8 or out.shape != (geo.byte_size,)):
+        raise PackError(f"out: {out.dtype}[{out.size}] is not the {geo.byte_size} bytes of {shape}")
     fill = padding_bits(shape, padding_value)
     a = raw.transpose(geo.physical_permutation)
     a = _pad_to(a, geo.physical_dims, fill)
     for lvl in geo.levels:
         a = _level_forward(a, lvl, fill)
-    slots = np.ascontiguousarray(a).reshape(-1)
+    natural = geo.element_bits == 8 * raw.itemsize
+    if out is not None and natural and not geo.prefix_bytes and a.size == geo.element_slots:
+        strided_assign(out.view(raw.dtype).reshape(a.shape), a)  # straight into the destination
+        return out
+    slots = np.empty(a.shape, a.dtype)
+    strided_assign(slots, a)
+    slots = slots.reshape(-1)
     if slots.size < geo.element_slots:
         slots = np.concatenate([slots, np.full(geo.element_slots - slots.size, fill, dtype=slots.dtype)])
     data = _encode_slots(slots, geo)
     if geo.prefix_bytes:
         data = np.concatenate([_metadata_prefix(shape, geo.prefix_bytes), data])
-    return data
+    if out is None:
+        return data
+    out[...] = data
+    return out
 
 
 def _metadata_prefix(shape: Shape, nbytes: int) -> np.ndarray:
@@ -165,7 +203,9 @@ def unpack(buffer: bytes | bytearray | memoryview | np.ndarray, shape: AnyShape)
     if shape.rank:  # (indexing a 0-d array with () would give a numpy scalar, not an array)
         physical = physical[tuple(slice(0, shape.dimensions[p]) for p in geo.physical_permutation)]
     inverse = np.argsort(geo.physical_permutation)
-    out = physical.transpose(inverse).copy(order="C")  # (ascontiguousarray would turn 0-d into 1-d)
+    out = physical.transpose(inverse)
+    if not (out.flags.c_contiguous and out.shape and not np.may_share_memory(out, data)):
+        out = out.copy(order="C")  # (a new array, never a view of the buffer; 0-d stays 0-d)
     return out.view(et.dtype)
 
 
@@ -185,7 +225,7 @@ def _unpack_through_views(tiled: np.ndarray, geo: Geometry) -> np.ndarray:
         view = view.reshape((1,) * lvl.prepended + view.shape).reshape(lvl.split_dims).transpose(lvl.permutation)
     if not np.may_share_memory(view, dest):  # numpy copied instead of viewing: take the general route
         return _unpack_level_by_level(tiled, geo)
-    view[...] = tiled
+    strided_assign(view, tiled)
     return _undo_first_merge(dest[tuple(slice(0, d) for d in first.combined_dims)], first)
 
 
