@@ -5,12 +5,13 @@ extents computed from per-dimension terms equal the index map's, element for ele
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_layout_properties import tiled_shapes
 
-from tpusim.devices.memory import window_extent, window_slots
-from tpusim.memory import geometry, parse_shape
+from tpusim.devices.memory import ByteStore, read_value, window_extent, window_slots, window_strides, write_value
+from tpusim.memory import geometry, pack, parse_shape, unpack
 from tpusim.memory.tiling import axis_slots, is_separable
 
 
@@ -53,3 +54,57 @@ def test_merged_layouts_take_the_index_map():
     assert not is_separable(geo)
     grid = np.moveaxis(np.indices((2, 3, 5)), 0, -1).reshape(-1, 3) + np.array([1, 2, 3])
     np.testing.assert_array_equal(window_slots(shape, (1, 2, 3), (2, 3, 5)), geo.linear_index(grid))
+
+
+def _window(shape, data):
+    offsets = tuple(data.draw(st.integers(0, n - 1)) for n in shape.dimensions)
+    sizes = tuple(data.draw(st.integers(1, n - o)) for n, o in zip(shape.dimensions, offsets))
+    return offsets, sizes
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiled_shapes(), st.data())
+def test_strided_window_forms_name_the_index_maps_slots(shape, data):
+    """window_strides, when it finds a strided view, describes exactly the window's slots in row-major order."""
+    if shape.rank == 0 or shape.element_count == 0:
+        return
+    offsets, sizes = _window(shape, data)
+    form = window_strides(shape, offsets, sizes)
+    if form is None:
+        return
+    start, dims, strides = form
+    assert all(g > 0 for g in strides) and np.prod(dims, dtype=np.int64) == np.prod(sizes, dtype=np.int64)
+    digits = np.indices(dims).reshape(len(dims), -1) if dims else np.zeros((0, 1), np.int64)
+    slots = start + (np.asarray(strides, np.int64).reshape(-1, 1) * digits).sum(axis=0)
+    np.testing.assert_array_equal(slots, window_slots(shape, offsets, sizes))
+
+
+@pytest.mark.parametrize(
+    "text, offsets, sizes, strided",
+    [
+        ("bf16[512,256]{1,0:T(8,128)(2,1)}", (0, 128), (512, 128), True),  # an MXU LHS tile
+        ("bf16[256,128]{1,0:T(8,128)(2,1)}", (128, 0), (128, 128), True),  # a weight tile
+        ("f32[64,384]{1,0:T(8,128)}", (8, 128), (16, 256), True),
+        ("s8[64,256]{1,0:T(32,128)(4,1)}", (32, 0), (32, 256), True),
+        ("bf16[4,16,256]{2,1,0:T(8,128)(2,1)}", (1, 0, 0), (2, 16, 256), True),
+        ("f32[3,5]{1,0:T(2,4)}", (1, 1), (2, 3), True),  # rows 1 and 2 sit in two tiles, 12 slots apart
+        ("f32[3,5]{1,0:T(2,4)}", (0, 1), (3, 3), False),  # rows 0, 1, 2 at slots 0, 4, 16: not a view
+    ],
+)
+def test_window_values_read_and_write_through_strided_views_as_through_slots(text, offsets, sizes, strided):
+    """read_value / write_value take the strided view when there is one; the bytes are those of the slots."""
+    shape = parse_shape(text)
+    assert (window_strides(shape, offsets, sizes) is not None) == strided
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 100, shape.dimensions).astype(shape.element_type.dtype)
+    store = ByteStore("vmem", 1 << 24)
+    store.write(0, pack(x, shape))
+    window = tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
+    got = read_value(store, 0, shape, offsets, sizes)
+    assert got.flags.c_contiguous and not np.may_share_memory(got, store.view(0, shape.byte_size))
+    np.testing.assert_array_equal(got, x[window])
+    y = rng.integers(0, 100, sizes).astype(shape.element_type.dtype)
+    write_value(store, 0, shape, offsets, sizes, y)
+    want = x.copy()
+    want[window] = y
+    np.testing.assert_array_equal(unpack(store.view(0, shape.byte_size), shape), want)

@@ -5,7 +5,8 @@ up to its capacity as addresses are touched (a 95 GiB HBM costs only what the pr
 come from the program; there is no allocator here. Every access is bounds-checked against the capacity.
 
 Operand values are read and written exactly as ``tpusim.memory.pack`` lays them out. A windowed operand
-goes through the element slots of its window (``Geometry.linear_index``, cached per shape and window).
+goes through the element slots of its window (``Geometry.linear_index``, cached per shape and window), as
+a strided numpy view of them when they form one (:func:`window_strides`: tile-aligned windows do).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from tpusim.devices.values import CachedValue, ValueCache
 from tpusim.errors import TpusimError
 from tpusim.memory import Geometry, Shape, geometry, pack, unpack
+from tpusim.memory.packing import strided_assign
 from tpusim.memory.tiling import axis_slots, is_separable
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "read_value",
     "window_extent",
     "window_slots",
+    "window_strides",
     "window_vregs",
     "write_value",
 ]
@@ -188,6 +191,69 @@ def window_slots(shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...])
     return slots
 
 
+@lru_cache(maxsize=512)
+def window_strides(
+    shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]
+) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+    """A window as a strided view of the element slots: ``(first slot, dims, strides in slots)`` such that
+    the view, read in row-major order, holds the window's elements in row-major order; None when the slots
+    are not such a view (an unseparable layout, a window cutting a tile unevenly, padding in between).
+
+    NOTE: speed. In a tiled layout each coordinate's slot term is a mixed-radix number (tile index, row
+    pair, row within pair, ...), so a tile-aligned window is an ordinary numpy view: copying it costs a
+    strided copy instead of a gather through ``prod(sizes)`` indices."""
+    terms = _axis_terms(geometry(shape), offsets, sizes)
+    if terms is None:
+        return None
+    dims: list[int] = []
+    strides: list[int] = []
+    for t in terms:
+        digits = _mixed_radix(t - t[0])
+        if digits is None:
+            return None
+        dims += [r for r, _ in digits]
+        strides += [g for _, g in digits]
+    return sum(int(t[0]) for t in terms), tuple(dims), tuple(strides)
+
+
+def _mixed_radix(t: np.ndarray) -> list[tuple[int, int]] | None:
+    """``[(radix, stride), ...]`` (outermost first, strides > 0) with ``t[i] = sum(digit_k(i) * stride_k)``
+    for the mixed-radix digits of ``i``, or None when ``t`` (with ``t[0] == 0``) has no such form."""
+    n = t.size
+    digits: list[tuple[int, int]] = []
+    block = 1
+    while block < n:
+        g = int(t[block])
+        if g <= 0:
+            return None
+        steps = t[::block]
+        bad = np.flatnonzero(steps != np.arange(steps.size) * g)
+        r = int(bad[0]) if bad.size else steps.size
+        if n % (block * r):
+            return None
+        digits.append((r, g))
+        block *= r
+    i = np.arange(n)
+    rebuilt = np.zeros(n, np.int64)
+    block = 1
+    for r, g in digits:
+        rebuilt += (i // block % r) * g
+        block *= r
+    if not np.array_equal(rebuilt, t):
+        return None
+    return digits[::-1]
+
+
+def _window_view(raw: np.ndarray, shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray | None:
+    """The window of the raw slots ``raw`` as a strided view (see :func:`window_strides`), or None."""
+    form = window_strides(shape, offsets, sizes)
+    if form is None:
+        return None
+    start, dims, strides = form
+    size = raw.itemsize
+    return np.ndarray(dims, raw.dtype, raw, start * size, tuple(g * size for g in strides))
+
+
 def _axis_terms(geo: Geometry, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> list[np.ndarray] | None:
     """Per dimension, the slot terms of the window's coordinates (None when the layout is not separable)."""
     if not sizes:
@@ -327,6 +393,11 @@ def read_value(
     if _fast_path(shape):
         n = geo.element_slots * et.raw_dtype.itemsize
         raw = buf[geo.prefix_bytes : geo.prefix_bytes + n].view(et.raw_dtype)
+        view = _window_view(raw, shape, offsets, sizes)
+        if view is not None:
+            out = np.empty(sizes, raw.dtype)
+            strided_assign(out.reshape(view.shape), view)
+            return out.view(et.dtype)
         return raw[window_slots(shape, offsets, sizes)].view(et.dtype).reshape(sizes)
     full = unpack(buf, shape)
     return full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))].copy()
@@ -360,7 +431,12 @@ def write_value(
     if _fast_path(shape):
         n = geo.element_slots * et.raw_dtype.itemsize
         raw = buf[geo.prefix_bytes : geo.prefix_bytes + n].view(et.raw_dtype)
-        raw[window_slots(shape, offsets, sizes)] = np.ascontiguousarray(value).view(et.raw_dtype).reshape(-1)
+        bits = value.view(et.raw_dtype)
+        view = _window_view(raw, shape, offsets, sizes)
+        if view is not None:
+            strided_assign(view, bits.reshape(view.shape))
+        else:
+            raw[window_slots(shape, offsets, sizes)] = bits.reshape(-1)
         return
     full = unpack(buf, shape)
     full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] = value
