@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tpusim.devices.memory import window_vregs, write_value
-from tpusim.devices.mxu_numerics import ResultBuffer, is_one_pass, matmul_f32, one_pass, split_bf16
+from tpusim.devices.mxu_numerics import BF16, ResultBuffer, is_one_pass, matmul_f32, one_pass, split_bf16
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
 from tpusim.isa import PRECISION_PASSES, MxuLoadWeights, MxuMatmul, MxuPop
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
+    from tpusim.devices.values import CachedValue
 
 __all__ = ["MxuState", "matmul_f32", "split_bf16", "timing_facts"]  # (the numerics are re-exported)
 
@@ -72,7 +73,7 @@ class MxuState:
         self.pending = False
         self.pops: list[tuple[int, int, int]] = []  # (first row, end row, end cycle) of recent pops
         self.weights: np.ndarray | None = None  # the latched K x N weights (numeric runs)
-        self.weights_one_pass: np.ndarray | None = None  # ... as the one-pass f32 matrix (float weights)
+        self.weights_one_pass: np.ndarray | None = None  # ... as the one-pass input (float weights)
         self.weights_dims: tuple[int, int] | None = None
         self.weights_parts = 1
         self._result: ResultBuffer | None = None
@@ -240,7 +241,7 @@ def _exec_load(core: Any, ins: MxuLoadWeights, reads: tuple[Access, ...], writes
     st.weights_parts = _weight_parts(ins)
     st.weights_one_pass = None
     if w.dtype.kind not in "iu":
-        st.weights_one_pass = e.form(("mxu", t), _one_pass_transposed if t else _one_pass_matrix)
+        st.weights_one_pass = _one_pass_operand(e, t)
 
 
 def _check_matmul(cfg: ChipConfig, ins: MxuMatmul) -> str | None:
@@ -287,7 +288,7 @@ def _exec_matmul(core: Any, ins: MxuMatmul, reads: tuple[Access, ...], writes: t
         raise core.error(ins, f"cannot multiply {dt} operands by {w.dtype} weights")
     buf = st.result
     if not is_int and is_one_pass(ins.precision, dt, w.dtype):
-        lhs = a.store.cached(a.address, a.shape, a.offsets, a.sizes, a.lo, a.hi).form(("mxu", False), _one_pass_matrix)
+        lhs = _one_pass_operand(a.store.cached(a.address, a.shape, a.offsets, a.sizes, a.lo, a.hi), False)
         assert st.weights_one_pass is not None
         buf.accumulate(ins.acc, lhs, st.weights_one_pass, ins.accumulate)
         return
@@ -307,12 +308,21 @@ def _exec_matmul(core: Any, ins: MxuMatmul, reads: tuple[Access, ...], writes: t
     rows[...] = r.view(np.uint32)
 
 
+def _one_pass_operand(e: CachedValue, transpose: bool) -> np.ndarray:
+    """A float operand as the one-pass MXU input (see ``ResultBuffer.accumulate``), the same object while
+    the value is cached: a bf16 matrix as it is (the result buffer converts it while joining a group's
+    operands), others rounded to bf16 once."""
+    return e.form(("mxu", transpose), _one_pass_transposed if transpose else _one_pass_matrix)
+
+
 def _one_pass_matrix(value: np.ndarray) -> np.ndarray:
-    return one_pass(_matrix(value))
+    m = _matrix(value)
+    return m if m.dtype == BF16 else one_pass(m)
 
 
 def _one_pass_transposed(value: np.ndarray) -> np.ndarray:
-    return one_pass(_matrix(value).T)
+    m = _matrix(value).T
+    return m if m.dtype == BF16 else one_pass(m)
 
 
 def _check_pop(cfg: ChipConfig, ins: MxuPop) -> str | None:

@@ -33,10 +33,11 @@ import numpy as np
 
 from tpusim.isa import PRECISION_PASSES
 
-__all__ = ["ResultBuffer", "matmul_f32", "one_pass", "split_bf16"]
+__all__ = ["BF16", "ResultBuffer", "matmul_f32", "one_pass", "split_bf16"]
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
 _CONCAT_LIMIT = 32 << 20  # bytes of concatenated group operands kept for reuse (an LHS panel, weight columns)
+_SPARES = 2  # evicted joined arrays kept per shape, to be filled by the next join of that shape
 
 
 def _truncate_bf16(x: np.ndarray) -> np.ndarray:
@@ -52,7 +53,7 @@ def split_bf16(x: np.ndarray, parts: int) -> list[np.ndarray]:
     """
     x = np.asarray(x, np.float32)
     if parts == 1:
-        return [x.astype(_BF16).astype(np.float32)]
+        return [x.astype(BF16).astype(np.float32)]
     out = []
     rest = x
     with np.errstate(invalid="ignore", over="ignore"):
@@ -60,15 +61,15 @@ def split_bf16(x: np.ndarray, parts: int) -> list[np.ndarray]:
             hi = _truncate_bf16(rest)
             out.append(hi)
             rest = (rest - hi).astype(np.float32)
-        out.append(rest.astype(_BF16).astype(np.float32))
+        out.append(rest.astype(BF16).astype(np.float32))
     return out
 
 
 def one_pass(x: np.ndarray) -> np.ndarray:
     """A float operand as the one-pass MXU input: its values rounded to bf16, as a C-contiguous f32 matrix."""
-    if x.dtype == _BF16:
+    if x.dtype == BF16:
         return np.ascontiguousarray(x, np.float32)
-    return np.ascontiguousarray(np.asarray(x, np.float32).astype(_BF16), np.float32)
+    return np.ascontiguousarray(np.asarray(x, np.float32).astype(BF16), np.float32)
 
 
 def _pass(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -117,7 +118,7 @@ class _Group:
 class ResultBuffer:
     """An MXU's result buffer: ``rows x cols`` 32-bit words and the one-pass groups pending on them."""
 
-    __slots__ = ("_concat", "_concat_bytes", "cols", "groups", "rows", "words")
+    __slots__ = ("_concat", "_concat_bytes", "_spare", "cols", "groups", "rows", "words")
 
     def __init__(self, rows: int, cols: int) -> None:
         self.rows = rows
@@ -126,6 +127,7 @@ class ResultBuffer:
         self.groups: list[_Group] = []
         self._concat: OrderedDict[tuple[int, ...], tuple[tuple[np.ndarray, ...], np.ndarray]] = OrderedDict()
         self._concat_bytes = 0
+        self._spare: dict[tuple[int, ...], list[np.ndarray]] = {}
 
     def rows_of(self, acc: int, m: int, n: int) -> np.ndarray:
         """The words of rows ``[acc, acc + m)``, columns ``[0, n)``, pending groups evaluated first."""
@@ -133,7 +135,10 @@ class ResultBuffer:
         return self.words[acc : acc + m, :n]
 
     def accumulate(self, acc: int, lhs: np.ndarray, w: np.ndarray, add: bool) -> None:
-        """A one-pass matmul of bf16-valued f32 matrices into rows ``acc..``; ``add``: accumulate into them."""
+        """A one-pass matmul into rows ``acc..``; ``add``: accumulate into them.
+
+        The operands hold bf16 values: bf16 matrices (any strides), or f32 ones already rounded to bf16
+        (:func:`one_pass`). They are kept, not copied: they must be read-only snapshots (cached values)."""
         m, n = lhs.shape[0], w.shape[1]
         for g in self.groups:
             if g.acc == acc and g.m == m and g.n == n:
@@ -164,24 +169,43 @@ class ResultBuffer:
         self.groups = keep
 
     def _evaluate(self, g: _Group) -> None:
+        # the product lands in the result words directly; base + product == product + base (IEEE addition
+        # commutes), so adding the base afterwards in place gives the same bits
+        out = self.words[g.acc : g.acc + g.m, : g.n].view(np.float32)
         with np.errstate(invalid="ignore", over="ignore"):
-            r = g.lhs[0] @ g.w[0] if len(g.lhs) == 1 else self._joined(g.lhs, 1) @ self._joined(g.w, 0)
+            np.matmul(self._joined(g.lhs, 1), self._joined(g.w, 0), out=out)
             if g.base is not None:
-                r = g.base + r
-        self.words[g.acc : g.acc + g.m, : g.n] = r.view(np.uint32)
+                np.add(out, g.base, out=out)
+        self._trim()
 
     def _joined(self, parts: list[np.ndarray], axis: int) -> np.ndarray:
-        """``np.concatenate(parts, axis)``, reused while the same arrays come again (cached operand values are
-        the same objects until their memory is written)."""
+        """The parts as one f32 matrix (``np.concatenate(parts, axis)`` converting bf16 to f32 on the way),
+        reused while the same arrays come again (cached operand values are the same objects until their
+        memory is written)."""
+        if len(parts) == 1 and parts[0].dtype == np.float32:
+            return parts[0]
         key = (axis, *map(id, parts))
         hit = self._concat.get(key)
         if hit is not None and all(a is b for a, b in zip(hit[0], parts)):
             self._concat.move_to_end(key)
             return hit[1]
-        out = np.concatenate(parts, axis=axis)
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        spares = self._spare.get(tuple(shape))
+        out = spares.pop() if spares else np.empty(shape, np.float32)
+        np.concatenate(parts, axis=axis, out=out)  # (bf16 -> f32 is exact)
         self._concat[key] = (tuple(parts), out)  # the parts are kept, so their ids stay theirs
         self._concat_bytes += out.nbytes
+        return out
+
+    def _trim(self) -> None:
+        """Drop the least recently used joined operands beyond the byte limit, keeping their arrays for the next
+        joins of the same shape (a fresh array of megabytes costs more in page faults than the copy into it).
+
+        Called only between evaluations, so no array handed out by :meth:`_joined` is still in use."""
         while self._concat_bytes > _CONCAT_LIMIT and len(self._concat) > 1:
             _, (_, old) = self._concat.popitem(last=False)
             self._concat_bytes -= old.nbytes
-        return out
+            spares = self._spare.setdefault(old.shape, [])
+            if len(spares) < _SPARES:
+                spares.append(old)

@@ -40,15 +40,16 @@ class CachedValue:
         self.nbytes = value.nbytes
 
     def form(self, name: Any, derive: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """``derive(value)``, made once (read-only)."""
+        """``derive(value)``, made once (read-only; it may be a view of the value)."""
         out = self.forms.get(name)
         if out is None:
             out = derive(self.value)
             out.flags.writeable = False
             self.forms[name] = out
-            self.nbytes += out.nbytes
-            self.cache.nbytes += out.nbytes
-            self.cache.trim()
+            if not np.may_share_memory(out, self.value):  # (a view of the value costs nothing more)
+                self.nbytes += out.nbytes
+                self.cache.nbytes += out.nbytes
+                self.cache.trim()
         return out
 
 
