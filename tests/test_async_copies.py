@@ -19,7 +19,7 @@ from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import evaluate
 from tpusim.isa import DmaStart, SemWait, VpuFused
 
-RNG = np.random.default_rng(7)
+RNG = np.random.default_rng(7)  # reseeded for every test (conftest.py)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from tpusim.compiler.lowering.indexed import MAX_SLICES
 from tpusim.config import load_config
 from tpusim.isa import DmaStart
 
-RNG = np.random.default_rng(20240611)
+RNG = np.random.default_rng(20240611)  # reseeded for every test (conftest.py)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

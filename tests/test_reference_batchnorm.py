@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from heavy_checks import check_hlo
 
-RNG = np.random.default_rng(7)
+RNG = np.random.default_rng(7)  # reseeded for every test (conftest.py)
 
 
 def _r(shape: tuple[int, ...], dtype: object, scale: float = 1.0, shift: float = 0.0) -> np.ndarray:

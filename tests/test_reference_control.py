@@ -19,7 +19,7 @@ from tpusim.compiler.hlo.reference import (
     evaluate,
 )
 
-RNG = np.random.default_rng(3)
+RNG = np.random.default_rng(3)  # reseeded for every test (conftest.py)
 X = RNG.standard_normal((4, 8)).astype(np.float32)
 
 

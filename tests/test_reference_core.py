@@ -25,7 +25,7 @@ from tpusim.compiler.hlo.reference import (
 from tpusim.errors import TpusimError
 from tpusim.memory import parse_shape
 
-RNG = np.random.default_rng(11)
+RNG = np.random.default_rng(11)  # reseeded for every test (conftest.py)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from jax_oracle import check_against_jax
 from tpusim.compiler.hlo.reference import EvaluationError
 from tpusim.compiler.hlo.reference.dot import dot_general
 
-RNG = np.random.default_rng(0)
+RNG = np.random.default_rng(0)  # reseeded for every test (conftest.py)
 
 
 def _rand(shape: tuple[int, ...], dtype: object) -> np.ndarray:

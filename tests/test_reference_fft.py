@@ -11,7 +11,7 @@ from jax_oracle import check_against_jax
 
 from tpusim.compiler.hlo.reference import EvaluationError
 
-RNG = np.random.default_rng(6)
+RNG = np.random.default_rng(6)  # reseeded for every test (conftest.py)
 
 
 def _c(shape: tuple[int, ...], dtype: object = np.complex64) -> np.ndarray:

@@ -20,7 +20,7 @@ from jax_oracle import check_against_jax, hlo_of, jax_outputs
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import evaluate
 
-RNG = np.random.default_rng(5)
+RNG = np.random.default_rng(5)  # reseeded for every test (conftest.py)
 
 
 def _spd(batch: tuple[int, ...], n: int, dtype: object = np.float32) -> np.ndarray:

@@ -14,7 +14,7 @@ from jax_oracle import check_against_jax, run_hlo_on_xla
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import EvaluationError, evaluate
 
-RNG = np.random.default_rng(5)
+RNG = np.random.default_rng(5)  # reseeded for every test (conftest.py)
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.int8, np.uint32, np.bool_, np.complex64, np.float16]
 
 

@@ -3,7 +3,8 @@
 Each program mixes the heavy ops with the ordinary ones the way models do: attention, a transformer
 block in f32 and bf16, a small conv net and its gradient, top-k sampling, embedding gather/scatter,
 dropout with jax.random, a spectral convolution, a Gaussian-process solve. Tolerances are the
-``composite`` rows of the one table (sum order, fused f32 intermediates).
+``composite`` rows of the one table (sum order, fused f32 intermediates); the transformer block run unfused
+takes the ``deep`` rows (a bf16 rounding per op along a 12-op chain).
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import EvaluationError, UnsupportedOpcodeError, evaluate
 from tpusim.memory import element_type_of_dtype
 
-RNG = np.random.default_rng(8)
-
+RNG = np.random.default_rng(0)  # reseeded for every test (conftest.py)
 
 def _r(*shape: int, dtype: object = np.float32, scale: float = 1.0) -> np.ndarray:
     return (RNG.standard_normal(shape) * scale).astype(dtype)
@@ -70,7 +70,7 @@ def _block_params(d: int, dtype: object) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_transformer_block(dtype: object) -> None:
-    check_against_jax(transformer_block, _r(2, 8, 16, dtype=dtype), _block_params(16, dtype), tol="composite")
+    check_against_jax(transformer_block, _r(2, 8, 16, dtype=dtype), _block_params(16, dtype), tol="deep")
 
 
 def convnet(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:

@@ -8,13 +8,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 from heavy_checks import check_hlo
-from jax_oracle import check_against_jax
+from jax_oracle import Tolerance, check_against_jax
 
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import evaluate
 
-RNG = np.random.default_rng(2)
-
+RNG = np.random.default_rng(0)  # reseeded for every test (conftest.py)
 
 def _rand(shape: tuple[int, ...], dtype: object = np.float32) -> np.ndarray:
     dt = np.dtype(dtype)
@@ -253,4 +252,9 @@ ENTRY e {
   ROOT r = f32[3,4] map(x, y, z), dimensions={0,1}, to_apply=fma
 }
 """
-    check_hlo(text, _rand((3, 4)), _rand((3, 4)), _rand((3, 4), np.int32))
+    x, y, z = _rand((3, 4)), _rand((3, 4)), _rand((3, 4), np.int32)
+    # XLA CPU contracts a*b + c into one fused multiply-add (one rounding); HLO's multiply then add round
+    # twice, as the reference does: the two differ by at most one f32 ulp (seen in 1 of 6 draws).
+    fma = Tolerance(ulps=1, why="XLA CPU fuses multiply and add into one FMA")
+    (got,) = check_hlo(text, x, y, z, tol=fma)
+    np.testing.assert_array_equal(got, x * y + z.astype(np.float32))  # the HLO semantics, bit for bit

@@ -14,7 +14,7 @@ from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import EvalContext
 from tpusim.compiler.hlo.reference.sort import _merge_sort, comparator_keys, order_keys
 
-RNG = np.random.default_rng(4)
+RNG = np.random.default_rng(4)  # reseeded for every test (conftest.py)
 SPECIAL = np.array([np.nan, -np.nan, 0.0, -0.0, np.inf, -np.inf, 1.0, -1.0, 1.0, 0.0], np.float32)
 
 

@@ -193,7 +193,7 @@ def vpu_eval(fn: str, args: list, out_et: str, direction: str | None = None, dim
     return Chip(TEACH).run(Program.single(ins, symbols=syms), inputs).read("out")
 
 
-RNG = np.random.default_rng(7)
+RNG = np.random.default_rng(7)  # reseeded for every test (conftest.py)
 F = (RNG.standard_normal((8, 16)) * 3).astype(np.float32)
 G = (RNG.standard_normal((8, 16)) * 3).astype(np.float32)
 F[0, :6] = [np.nan, np.inf, -np.inf, -0.0, 0.5, 2.5]
