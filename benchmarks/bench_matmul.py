@@ -11,7 +11,8 @@ targets (issue 5):
 The program is JAX's TPU lowering of ``a @ b`` for bf16[size,size] operands, compiled for ``tpu_v5e`` with
 ``mxu.count=1`` (one 128x128 MXU). Compilation is timed separately and not part of either figure. Each figure
 is the best of ``repeat`` runs; the simulation with numerics and numpy's matmul take turns, so both see the
-same machine (these machines are shared: either alone varies by up to 1.5x between runs). The exit status is 1 when a target is missed.
+same machine (these machines are shared: either alone varies by up to 1.5x between runs). The exit status
+is 1 when a target is missed.
 """
 
 from __future__ import annotations

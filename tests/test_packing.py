@@ -114,3 +114,12 @@ def test_strided_assign_copies_like_plain_assignment(perm: tuple[int, ...], shor
     flat = np.empty(src.shape, np.uint16)
     strided_assign(flat, src)
     np.testing.assert_array_equal(flat, src)
+
+
+def test_packing_into_the_arrays_own_bytes_reads_them_first() -> None:
+    shape = parse_shape("s16[16,256]{1,0:T(8,128)}")
+    x = np.arange(16 * 256, dtype=np.int16).reshape(16, 256)
+    want = pack(x, shape)
+    buf = x.reshape(-1).view(np.uint8)  # the array and the destination are the same bytes
+    pack(x, shape, out=buf)
+    np.testing.assert_array_equal(buf, want)

@@ -422,7 +422,7 @@ def write_value(
     if value.dtype != et.dtype:
         raise TypeError(f"internal: writing {value.dtype} into {shape}")
     if offsets is None or sizes is None:
-        store.write(address, pack(value, shape))
+        pack(value, shape, out=store.writable(address, geo.byte_size))
         return
     lo, hi = window_extent(shape, offsets, sizes)
     if store.values is not None:

@@ -116,7 +116,8 @@ def pack(
     for lvl in geo.levels:
         a = _level_forward(a, lvl, fill)
     natural = geo.element_bits == 8 * raw.itemsize
-    if out is not None and natural and not geo.prefix_bytes and a.size == geo.element_slots:
+    direct = natural and not geo.prefix_bytes and a.size == geo.element_slots
+    if out is not None and direct and not np.may_share_memory(raw, out):  # (else: via a copy, below)
         strided_assign(out.view(raw.dtype).reshape(a.shape), a)  # straight into the destination
         return out
     slots = np.empty(a.shape, a.dtype)
