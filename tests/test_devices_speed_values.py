@@ -68,3 +68,48 @@ def test_reads_never_alias_memory(monkeypatch):
     monkeypatch.setattr(memory, "unpack", lambda buf, s: buf.view(np.float32).reshape(4, 4))
     e = store.cached(0, shape, None, None, 0, 64)
     assert not np.may_share_memory(e.value, store.view(0, 64))
+
+
+def test_a_finished_run_keeps_its_memories_not_its_scratch():
+    """A result keeps the final memories (``RunResult.memory``/``read``), not the values decoded for the MXU
+    or the result buffer's joined operands: those were several times the operands' size."""
+    import gc
+    import tracemalloc
+
+    import ml_dtypes
+
+    import tpusim
+    from tpusim.compiler.hlo import parse_module
+    from tpusim.compiler.pipeline import compile_module
+    from tpusim.config import load_config
+
+    text = """HloModule mm
+ENTRY e {
+  a = bf16[512,512] parameter(0)
+  b = bf16[512,512] parameter(1)
+  ROOT d = bf16[512,512] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+    compiled = compile_module(parse_module(text), load_config("tpu_v5e", overrides=["mxu.count=1"]))
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((512, 512)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    tpusim.simulate(compiled, [a, b])  # a first run fills the process's caches (decoded streams, windows)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        result = tpusim.simulate(compiled, [a, b])
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    run = result.run
+    stores = [run.memory("hbm"), run.memory("vmem"), run.memory("smem")]
+    held = sum(s.touched for s in stores) + sum(o.nbytes for o in result.outputs)
+    assert all(s.values is None for s in stores)
+    # the memories and outputs, plus the trace and bookkeeping (a few hundred KiB here)
+    assert retained < held + (1 << 20), (retained, held)
+    want = (a.astype(np.float32) @ b.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(run.read("out0"), result.outputs[0])
+    assert np.max(np.abs(result.outputs[0].astype(np.float32) - want.astype(np.float32))) <= 2 ** -7 * np.max(
+        np.abs(want.astype(np.float32))
+    )

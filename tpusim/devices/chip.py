@@ -104,6 +104,20 @@ class Machine:
             state = self.barriers[key] = BarrierState(self.env, self.expected[(scope, chip)])
         return state
 
+    def drop_scratch(self) -> None:
+        """Forget what only the run itself needed: decoded operand values kept with the memories and the
+        MXUs' numeric state (result buffers, latched weights). The memories stay, for ``RunResult.memory``.
+
+        NOTE: memory. A matmul's scratch is several times its operands (a 2048^3 bf16 matmul keeps ~100 MB);
+        a result held after the run (a sweep's, a notebook's) would otherwise keep it, and the next run
+        could not reuse the freed pages."""
+        for chip in self.chips:
+            for store in (chip.hbm, *chip.vmem, *chip.smem):
+                store.values = None
+        for core in self.cores:
+            for mxu in core.mxus:
+                mxu.drop_numerics()
+
     def release_barrier(self, key: Any, state: BarrierState) -> None:
         """All cores arrived: wake them at the last arrival's cycle and open the next round."""
         del self.barriers[key]

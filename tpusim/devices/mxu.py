@@ -85,6 +85,11 @@ class MxuState:
             self._result = ResultBuffer(self.cfg.mxu.result_buffer_rows, self.cfg.mxu.cols)
         return self._result
 
+    def drop_numerics(self) -> None:
+        """Forget the numeric state (after a run: nothing reads it any more)."""
+        self.weights = self.weights_one_pass = None
+        self._result = None
+
     # ------------------------------------------------------------------ timing
     def schedule(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
         """Place ``ins`` on this MXU's timeline.

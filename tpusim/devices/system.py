@@ -159,6 +159,7 @@ class System:
         blocked = [c for c in m.cores if not c.finished]
         if blocked:
             raise _deadlock(blocked)
+        m.drop_scratch()
         lap("simulate")
         trace = Trace.build(m.records, m.units, [_trace_stream(c) for c in m.cores])
         cycles = max([int(trace.end.max()) if len(trace) else 0] + [c.final_cycle for c in m.cores])
