@@ -7,8 +7,9 @@ from the instruction. :func:`apply` builds that instruction once per (op, result
 it on the operand arrays. The rules it implements (each pinned against XLA on CPU by the reference's
 tests): floats narrower than f32 computed in f32 and rounded once; denormals flushed as on TPUs;
 transcendentals correctly rounded in f32; integer arithmetic wraps; XLA's division-by-zero, shift and
-saturating-convert rules. This is the devices' second, and last, use of the compiler package (the first
-is the fallback evaluator); both are reference semantics, not compilation.
+saturating-convert rules. A reduction's combiner (:func:`combiner`) is the reference's choice of ufunc too.
+This is the devices' second, and last, use of the compiler package (the first is the fallback evaluator);
+both are reference semantics, not compilation.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from tpusim.memory import ElementType, Shape, element_type
 
-__all__ = ["apply", "convert", "result_types"]
+__all__ = ["apply", "combiner", "convert", "result_types"]
 
 
 @lru_cache(maxsize=1024)
@@ -50,6 +51,14 @@ def apply(fn: str, args: list[np.ndarray], out: ElementType, direction: str | No
     with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the point, not a warning
         result = np.asarray(ref.REFERENCE[fn](None, _instruction(fn, out.name, direction), args))
     return result if result.dtype == out.dtype else result.astype(out.dtype)
+
+
+def combiner(fn: str, dtype: np.dtype) -> np.ufunc:
+    """The numpy ufunc of reduction combiner ``fn`` (add, multiply, maximum, minimum, and, or, xor) on
+    ``dtype``, as the reference reduces with it (pred arithmetic is logical: add is or, multiply is and)."""
+    from tpusim.compiler.hlo.reference.combiners import ufunc_for
+
+    return ufunc_for(fn, dtype)
 
 
 def convert(x: np.ndarray, to: ElementType) -> np.ndarray:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tpusim.devices.elementwise import apply, convert, result_types
+from tpusim.devices.elementwise import apply, combiner, convert, result_types
 from tpusim.devices.memory import read_value, window_vregs, write_value
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
 from tpusim.errors import TpusimError
@@ -193,17 +193,6 @@ def _exec_fused(core: Any, ins: VpuFused, reads: tuple[Access, ...], writes: tup
 # ---------------------------------------------------------------------------------------------------------
 # Reduce, broadcast, iota
 # ---------------------------------------------------------------------------------------------------------
-_UFUNCS = {
-    "add": np.add,
-    "multiply": np.multiply,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "and": np.bitwise_and,
-    "or": np.bitwise_or,
-    "xor": np.bitwise_xor,
-}
-
-
 def _cost_reduce(cfg: ChipConfig, ins: VpuReduce, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
     v_in, v_out = _v(cfg, reads[0]), _v(cfg, writes[0])
     if ins.accumulate:
@@ -228,9 +217,7 @@ def _exec_reduce(core: Any, ins: VpuReduce, reads: tuple[Access, ...], writes: t
     x = _read(reads[0])
     ct = _reduce_dtype(x.dtype)
     x = x.astype(ct, copy=False)
-    uf = _UFUNCS[ins.fn]
-    if x.dtype == np.bool_ and ins.fn in ("and", "or", "xor"):
-        uf = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[ins.fn]
+    uf = combiner(ins.fn, x.dtype)
     with np.errstate(all="ignore"):
         r = uf.reduce(x, axis=ins.dims) if ins.dims else x.copy()
         if ins.accumulate:
