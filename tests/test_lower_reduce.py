@@ -100,3 +100,35 @@ def test_jax_reductions(chip: str) -> None:
     for got, want in zip(result.outputs, jax.jit(f)(x)):
         want = np.asarray(want)
         assert np.max(np.abs(got - want)) <= 1e-5 * max(1.0, float(np.max(np.abs(want))))
+
+
+PRED_COMBINERS = {
+    # XLA's pred arithmetic is logic: add and maximum are or, multiply and minimum are and
+    "add": np.logical_or,
+    "maximum": np.logical_or,
+    "or": np.logical_or,
+    "multiply": np.logical_and,
+    "minimum": np.logical_and,
+    "and": np.logical_and,
+    "xor": np.logical_xor,
+}
+
+
+@pytest.mark.parametrize("init", [False, True])
+@pytest.mark.parametrize("op", sorted(PRED_COMBINERS))
+def test_pred_reductions_are_logic_across_accumulated_blocks(op: str, init: bool) -> None:
+    """A pred reduce on the VPU, cut into blocks that accumulate on the teaching chip, combines as XLA does,
+    with an init value that is the combiner's identity (skipped) or not (applied once)."""
+    text = (
+        f"HloModule r\nc {{\n  a = pred[] parameter(0)\n  b = pred[] parameter(1)\n  ROOT c = pred[] {op}(a, b)\n}}\n"
+        f"ENTRY main {{\n  p = pred[64,1024] parameter(0)\n  z = pred[] constant({str(init).lower()})\n"
+        "  ROOT r = pred[64] reduce(p, z), dimensions={1}, to_apply=c\n}"
+    )
+    rng = np.random.default_rng(5)
+    x = rng.random((64, 1024)) < 0.999  # rows of all-true and rows with a few false ones, for and/or
+    x[::3] = True
+    x[1::3] = rng.random((len(x[1::3]), 1024)) < 0.001
+    result = tpusim.simulate(parse_module(text), [x], config="teaching")
+    assert len(reduces(result)) > 1 and not result.fallbacks
+    combine = PRED_COMBINERS[op]
+    np.testing.assert_array_equal(result.outputs[0], combine(init, combine.reduce(x, axis=1)))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction
 from tpusim.compiler.lowering.blocks import NEED_RULES, Plan, block_shape, plan_needs, reduction_split, tile_granule
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
@@ -38,9 +40,9 @@ from tpusim.isa import (
     Window,
     XluTranspose,
 )
-from tpusim.memory import Shape
+from tpusim.memory import ElementType, Shape
 
-__all__ = ["DMA_FIRST", "combiner", "lower_vector"]
+__all__ = ["DMA_FIRST", "combiner", "lower_vector", "reduce_identity"]
 
 DMA_FIRST = frozenset({"copy", "bitcast", "reshape", "slice", "concatenate", "pad"})
 """Ops whose rule outside a fusion is in :mod:`.movement`: DMAs, or this module's path where cheaper."""
@@ -61,19 +63,23 @@ def combiner(ctx: Lowering, name: str) -> str | None:
     return None
 
 
-_IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": float("-inf"), "minimum": float("inf"), "or": 0, "xor": 0}
+def reduce_identity(fn: str, et: ElementType) -> float | int | bool | None:
+    """The value of element type ``et`` that combining with under reduce function ``fn`` changes nothing, or
+    None (pred arithmetic is logic: add and maximum are or, multiply and minimum are and)."""
+    if et.name == "pred":
+        return fn in ("multiply", "minimum", "and") if fn in REDUCE_FUNCTIONS else None
+    if et.is_float:
+        return {"add": 0.0, "multiply": 1.0, "maximum": float("-inf"), "minimum": float("inf")}.get(fn)
+    info = np.iinfo(et.dtype)
+    table: dict[str, int] = {"add": 0, "multiply": 1, "maximum": int(info.min), "minimum": int(info.max)}
+    table |= {"or": 0, "xor": 0, "and": -1 if et.kind == "signed" else int(info.max)}
+    return table.get(fn)
 
 
 def _is_identity(fn: str, init: Const) -> bool:
     """True when combining with ``init`` changes nothing (so a reduce need not apply it)."""
-    if fn == "and":
-        return init.value in (True, -1) or (
-            init.etype.kind == "unsigned" and int(init.value) == (1 << init.etype.bits) - 1
-        )
-    if fn in ("maximum", "minimum") and not init.etype.is_float:
-        info = __import__("numpy").iinfo(init.etype.dtype)
-        return int(init.value) == (info.min if fn == "maximum" else info.max)
-    return fn in _IDENTITY and float(init.value) == _IDENTITY[fn]
+    identity = reduce_identity(fn, init.etype)
+    return identity is not None and Const(identity, init.etype) == init
 
 
 @dataclass

@@ -25,7 +25,7 @@ import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
-from tpusim.compiler.lowering.elementwise import combiner
+from tpusim.compiler.lowering.elementwise import combiner, reduce_identity
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.staging import (
     Axis,
@@ -43,7 +43,7 @@ from tpusim.compiler.lowering.staging import (
     tap_window,
 )
 from tpusim.isa import Const, FusedOp, MemRef, VpuBroadcast, VpuCopy, VpuFused, VpuMap, Window
-from tpusim.memory import ElementType, Shape, element_type
+from tpusim.memory import Shape, element_type
 
 __all__ = ["MAX_TAPS", "canonical_order", "lower_reduce_window", "lower_select_and_scatter"]
 
@@ -61,18 +61,6 @@ _BLOCK_BYTES = 1 << 18
 # ---------------------------------------------------------------------------------------------------------
 _NARROW = ("bf16", "f16")
 _F32 = element_type("f32")
-
-
-def _identity(fn: str, et: ElementType) -> float | int | bool | None:
-    """The value that combining with changes nothing, or None."""
-    if et.name == "pred":
-        return {"and": True, "or": False, "xor": False, "maximum": False, "minimum": True}.get(fn)
-    if et.is_float:
-        return {"add": 0.0, "multiply": 1.0, "maximum": float("-inf"), "minimum": float("inf")}.get(fn)
-    info = np.iinfo(et.dtype)
-    table: dict[str, int] = {"add": 0, "multiply": 1, "maximum": int(info.min), "minimum": int(info.max)}
-    table |= {"or": 0, "xor": 0, "and": -1 if et.kind == "signed" else int(info.max)}
-    return table.get(fn)
 
 
 def _constant(comp: Computation, name: str) -> Const | None:
@@ -124,7 +112,7 @@ def lower_reduce_window(ctx: Lowering, comp: Computation, instr: Instruction) ->
             f"a window of {taps} taps (more than {MAX_TAPS}, e.g. a cumulative sum): one VPU instruction per tap "
             f"and block would not be proportional to the data"
         )
-    identity = _identity(fn, et)
+    identity = reduce_identity(fn, et)
     is_identity = identity is not None and Const(identity, et) == init
     if any(a.phases > 1 for a in axes) and not is_identity:
         raise NotLowerable("base dilation with an init value that is not the identity of the reduction")
@@ -272,7 +260,7 @@ def lower_select_and_scatter(ctx: Lowering, comp: Computation, instr: Instructio
     operand, source = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.operands[1])
     out = ctx.hbm(comp.name, instr.name)
     et = operand.element_type
-    identity = _identity(fn, et) if fn is not None else None
+    identity = reduce_identity(fn, et) if fn is not None else None
     if fn is None or identity is None:
         raise NotLowerable("a scatter computation that is not one add/multiply/maximum/minimum/and/or/xor")
     if init is None:
