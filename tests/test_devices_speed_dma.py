@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tpusim.config import load_config
-from tpusim.devices import Chip
+from tpusim.devices import Chip, memory
 from tpusim.devices.dma import transfer_plan
 from tpusim.isa import DmaStart, MemRef, Program, Reg, ScalarAlu, SemWait, Space, Symbol, Window
 from tpusim.memory import parse_shape
@@ -94,7 +94,8 @@ def test_copies_within_one_memory_and_shifted_windows():
     assert not y[:, 8:].any()
 
 
-def test_arrays_placed_side_by_side_are_separate_segments():
+def test_arrays_placed_side_by_side_are_separate_segments(monkeypatch):
+    monkeypatch.setattr(memory, "WHOLE_BYTES", 0)  # (the teaching chip's 1 MiB HBM would be one segment)
     data = [np.full((256, 256), k, np.float32) for k in range(3)]
     n = 256 * 256 * 4
     syms = [Symbol(f"a{k}", ref("hbm", k * n, "f32[256,256]{1,0}")) for k in range(3)]
@@ -105,3 +106,15 @@ def test_arrays_placed_side_by_side_are_separate_segments():
         np.testing.assert_array_equal(res.read(f"a{k}"), data[k])
     both = hbm.read(n - 8, 16)  # a read across two of them merges them, contents intact
     assert np.array_equal(both[:8].view(np.float32), [0, 0]) and np.array_equal(both[8:].view(np.float32), [1, 1])
+
+
+def test_a_small_memory_is_one_segment_of_its_capacity():
+    """VMEM-sized memories are one zeroed segment from the first touch: far-apart buffers never merge."""
+    store = memory.ByteStore("vmem", 1 << 20)
+    assert store.segments == [] and not store.read(0x8000, 4).any()  # untouched reads as zeros
+    store.write(0xF0000, np.arange(8, dtype=np.uint8))
+    store.write(0x100, np.full(4, 7, np.uint8))
+    assert len(store.segments) == 1 and store.bases == [0] and store.touched == 1 << 20
+    assert store.read(0xF0000, 8).tolist() == list(range(8)) and store.read(0xFE, 6).tolist() == [0, 0, 7, 7, 7, 7]
+    with pytest.raises(memory.MemoryAccessError, match="outside vmem"):
+        store.view((1 << 20) - 4, 8)
