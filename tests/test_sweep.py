@@ -219,3 +219,25 @@ def test_shipped_specs_load(name: str) -> None:
     spec = load_spec(ROOT / "configs" / "sweeps" / f"{name}.yaml")
     assert len(spec.points) >= 6
     assert all(p.timing_only for p in spec.points)
+
+
+def test_local_workers_share_the_cores_between_their_blas_threads():
+    """Each local worker may start cores/workers BLAS threads (more threads than cores made small products
+    wait for descheduled threads: 10x slower)."""
+    import multiprocessing
+
+    from threadpoolctl import threadpool_info
+
+    from tpusim.sweep import executors
+
+    cores = os.cpu_count() or 1
+    assert executors.blas_threads_per_worker(1) == cores
+    assert executors.blas_threads_per_worker(cores) == 1 and executors.blas_threads_per_worker(4 * cores) == 1
+    pool = multiprocessing.get_context("forkserver").Pool(1, executors._start_worker, (1,))
+    try:
+        info = pool.apply(threadpool_info)
+    finally:
+        pool.close()
+        pool.join()
+    blas = [lib for lib in info if lib["user_api"] == "blas"]
+    assert blas and all(lib["num_threads"] == 1 for lib in blas)

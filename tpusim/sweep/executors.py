@@ -8,6 +8,7 @@ results never depend on the executor or the number of workers.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,14 +22,26 @@ Job = dict[str, Any]
 OnRow = Callable[[dict[str, Any]], None]
 
 
-def _ignore_sigint() -> None:
+def _start_worker(blas_threads: int) -> None:
     # Ctrl-C reaches the whole process group: the parent handles it (stops the pool); workers just stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # NOTE: speed. BLAS (numpy's matmul, the MXU's numerics) starts one thread per core in every worker;
+    # with more threads than cores each small product waits for a descheduled thread: the transformer
+    # block ran 10x slower beside one busy process. The workers share the cores instead.
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(blas_threads, user_api="blas")
+
+
+def blas_threads_per_worker(workers: int) -> int:
+    """BLAS threads each of ``workers`` local processes may start: the machine's cores shared out."""
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
 def run_local(jobs: Sequence[Job], on_row: OnRow, *, workers: int = 1, scheduler: str | None = None) -> None:
     """Run the jobs here (``workers <= 1``) or in ``workers`` local processes (started by a fork server, so
-    they hold no state of this process but the imported modules)."""
+    they hold no state of this process but the imported modules), which share the machine's cores between
+    their BLAS threads."""
     if scheduler is not None:
         raise SweepError("--scheduler is for --executor dask")
     if workers <= 1 or len(jobs) <= 1:
@@ -36,7 +49,8 @@ def run_local(jobs: Sequence[Job], on_row: OnRow, *, workers: int = 1, scheduler
             on_row(run_point(job))
         return
     ctx = multiprocessing.get_context("forkserver")
-    pool = ctx.Pool(min(workers, len(jobs)), initializer=_ignore_sigint)
+    n = min(workers, len(jobs))
+    pool = ctx.Pool(n, initializer=_start_worker, initargs=(blas_threads_per_worker(n),))
     try:
         for row in pool.imap_unordered(run_point, jobs, chunksize=1):
             on_row(row)
