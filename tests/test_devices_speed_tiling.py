@@ -10,15 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_layout_properties import tiled_shapes
 
-from tpusim.devices.memory import (
-    ByteStore,
-    read_value,
-    slot_order,
-    window_extent,
-    window_slots,
-    window_strides,
-    write_value,
-)
+from tpusim.devices.memory import ByteStore, read_value, window_extent, window_slots, window_strides, write_value
 from tpusim.memory import geometry, pack, parse_shape, unpack
 from tpusim.memory.tiling import axis_slots, is_separable
 
@@ -85,17 +77,6 @@ def test_strided_window_forms_name_the_index_maps_slots(shape, data):
     digits = np.indices(dims).reshape(len(dims), -1) if dims else np.zeros((0, 1), np.int64)
     slots = start + (np.asarray(strides, np.int64).reshape(-1, 1) * digits).sum(axis=0)
     np.testing.assert_array_equal(slots, window_slots(shape, offsets, sizes))
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tiled_shapes(), st.data())
-def test_slot_order_sorts_the_window_slots(shape, data):
-    """slot_order is the argsort of the window's slots (found without sorting for strided windows)."""
-    if shape.rank == 0 or shape.element_count == 0:
-        return
-    offsets, sizes = _window(shape, data)
-    slots = window_slots(shape, offsets, sizes)
-    np.testing.assert_array_equal(slot_order(shape, offsets, sizes), np.argsort(slots, kind="stable"))
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ import numpy as np
 
 from tpusim.devices.engine import Event, Timeout
 from tpusim.devices.flows import Flow, resource
-from tpusim.devices.memory import read_value, slot_order, window_slots, write_value
+from tpusim.devices.memory import read_value, window_slots, write_value
 from tpusim.devices.units import Access
 from tpusim.isa import Reg, Space
 from tpusim.memory import Shape, geometry
@@ -100,13 +100,14 @@ def transfer_plan(
     if s.size == 0:
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         return TransferPlan(0, 0, empty, empty, s, d)
-    order = slot_order(src, s_off, sizes)
+    order = np.argsort(s, kind="stable")
     s_sorted, d_by_s = s[order], d[order]
     breaks = np.flatnonzero((np.diff(s_sorted) != 1) | (np.diff(d_by_s) != 1)) + 1
     joint = 1 + int(breaks.size)
     runs = _byte_runs(src, dst, s_sorted, d_by_s, breaks)
-    d_runs = _side_runs(d[slot_order(dst, d_off, sizes)], dst)
-    return TransferPlan(ceil(s.size * bits / 8), joint, _side_runs(s_sorted, src), d_runs, s, d, runs)
+    return TransferPlan(
+        ceil(s.size * bits / 8), joint, _side_runs(s_sorted, src), _side_runs(np.sort(d), dst), s, d, runs
+    )
 
 
 _MAX_BYTE_RUNS = 4096  # more joint runs than this copy element by element

@@ -29,7 +29,6 @@ __all__ = [
     "MemoryAccessError",
     "affine",
     "read_value",
-    "slot_order",
     "window_extent",
     "window_slots",
     "window_strides",
@@ -232,22 +231,6 @@ def window_strides(
         dims += [r for r, _ in digits]
         strides += [g for _, g in digits]
     return sum(int(t[0]) for t in terms), tuple(dims), tuple(strides)
-
-
-def slot_order(shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
-    """The permutation that sorts the window's slots (``np.argsort(window_slots(...))``; slots are distinct).
-
-    NOTE: speed. A strided window (:func:`window_strides`) is in slot order when its axes are walked by
-    decreasing stride: a transpose of ``arange``, no sort (planning a transfer's runs sorted 10^5 slots)."""
-    slots = window_slots(shape, offsets, sizes)
-    form = window_strides(shape, offsets, sizes)
-    if form is not None:
-        _, dims, strides = form
-        axes = sorted(range(len(dims)), key=lambda a: -strides[a])
-        order = np.arange(slots.size, dtype=np.int64).reshape(dims).transpose(axes).reshape(-1)
-        if (np.diff(slots[order]) > 0).all():  # (digits that do not nest, if a layout had them, are sorted)
-            return order
-    return np.argsort(slots, kind="stable")
 
 
 def _mixed_radix(t: np.ndarray) -> list[tuple[int, int]] | None:
