@@ -714,6 +714,63 @@ ENTRY main {{
 }}""",
 )
 
+# Instruction names repeat across computations (XLA dumps never do it; hand-written HLO often does): each
+# computation's fusions must stay its own (they once shared the name fused.r, and branches ran each other's).
+hand_case(
+    "hand_names_repeat_across_branches",
+    """HloModule m
+b0 {
+  x = f32[7] parameter(0)
+  c = f32[] constant(1)
+  cb = f32[7] broadcast(c), dimensions={}
+  ROOT r = f32[7] add(x, cb)
+}
+b1 {
+  x = f32[7] parameter(0)
+  c = f32[] constant(2)
+  cb = f32[7] broadcast(c), dimensions={}
+  ROOT r = f32[7] add(x, cb)
+}
+ENTRY main {
+  k = pred[] parameter(0)
+  x = f32[7] parameter(1)
+  ROOT out = f32[7] conditional(k, x, x), true_computation=b0, false_computation=b1
+}""",
+    lambda rng: [np.array(True), np.zeros(7, np.float32)],
+)
+
+hand_case(
+    "hand_names_repeat_in_loop_body_and_entry",
+    """HloModule m
+cond {
+  s = (s32[], f32[7]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant(3)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+body {
+  s = (s32[], f32[7]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  x = f32[7] get-tuple-element(s), index=1
+  one = s32[] constant(1)
+  i2 = s32[] add(i, one)
+  c = f32[] constant(1)
+  cb = f32[7] broadcast(c), dimensions={}
+  r = f32[7] add(x, cb)
+  ROOT t = (s32[], f32[7]) tuple(i2, r)
+}
+ENTRY main {
+  x = f32[7] parameter(0)
+  z = s32[] constant(0)
+  t = (s32[], f32[7]) tuple(z, x)
+  w = (s32[], f32[7]) while(t), condition=cond, body=body
+  y = f32[7] get-tuple-element(w), index=1
+  c = f32[] constant(100)
+  cb = f32[7] broadcast(c), dimensions={}
+  ROOT r = f32[7] add(y, cb)
+}""",
+)
+
 hand_case(
     "hand_tokens_domain_dependency",
     f"""HloModule tokens

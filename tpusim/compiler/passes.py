@@ -127,11 +127,12 @@ def fuse(module: Module) -> Module:
     applied = {callee for c in module.computations for i in c.instructions for callee in i.called_computations()}
     new_comps: list[Computation] = []
     extra: list[Computation] = []
+    taken = {c.name for c in module.computations}  # (instruction names repeat across computations)
     for comp in module.computations:
         if comp.name in fused_names or (comp.name in applied and not _runs_as_code(module, comp.name)):
             new_comps.append(comp)
             continue
-        comp, made = _fuse_computation(comp)
+        comp, made = _fuse_computation(comp, taken)
         new_comps.append(comp)
         extra += made
     return replace(module, computations=tuple(extra) + tuple(new_comps))
@@ -148,7 +149,8 @@ def _runs_as_code(module: Module, name: str) -> bool:
     return False
 
 
-def _fuse_computation(comp: Computation) -> tuple[Computation, list[Computation]]:
+def _fuse_computation(comp: Computation, taken: set[str]) -> tuple[Computation, list[Computation]]:
+    """Fuse ``comp``'s vector operations; the new computations get names not in ``taken`` (added to it)."""
     users: dict[str, list[str]] = {i.name: [] for i in comp.instructions}
     for instr in comp.instructions:
         for o in set(instr.operands):
@@ -176,7 +178,7 @@ def _fuse_computation(comp: Computation) -> tuple[Computation, list[Computation]
     for leader, names in members.items():
         if len(names) < 2:
             continue
-        fusion, fused = _make_fusion(comp, leader, names)
+        fusion, fused = _make_fusion(comp, leader, names, _unique(f"fused.{leader}", taken))
         made.append(fused)
         replaced[leader] = fusion
         drop.update(n for n in names if n != leader)
@@ -196,7 +198,19 @@ def _fusible(instr: Instruction) -> bool:
     return instr.opcode in FUSIBLE and not integer_scalar
 
 
-def _make_fusion(comp: Computation, leader: str, names: list[str]) -> tuple[Instruction, Computation]:
+def _unique(name: str, taken: set[str]) -> str:
+    """``name``, or ``name.2``, ``name.3``... whichever is not taken yet (then taken)."""
+    k, unique = 1, name
+    while unique in taken:
+        k += 1
+        unique = f"{name}.{k}"
+    taken.add(unique)
+    return unique
+
+
+def _make_fusion(
+    comp: Computation, leader: str, names: list[str], name: str | None = None
+) -> tuple[Instruction, Computation]:
     inside = set(names)
     ordered = [i for i in comp.instructions if i.name in inside]
     params: dict[str, Instruction] = {}
@@ -213,7 +227,7 @@ def _make_fusion(comp: Computation, leader: str, names: list[str]) -> tuple[Inst
                 )
         renamed = tuple(params[o].name if o in params else o for o in instr.operands)
         body.append(replace(instr, operands=renamed))
-    fused = Computation(f"fused.{leader}", (*params.values(), *body), leader)
+    fused = Computation(name or f"fused.{leader}", (*params.values(), *body), leader)
     head = comp[leader]
     fusion = Instruction(
         leader, "fusion", head.shape, tuple(params), Attributes({"kind": "kLoop", "calls": fused.name}), head.loc
