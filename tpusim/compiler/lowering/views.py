@@ -61,7 +61,7 @@ def view_ref(ref: MemRef, order: tuple[int | None, ...]) -> MemRef:
 
 
 def _slots(shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
-    grid = np.indices(sizes, dtype=np.int64).reshape(len(sizes), -1)
+    grid = np.indices(sizes, dtype=np.int64).reshape(len(sizes), prod(sizes))  # (a scalar: one point)
     grid += np.asarray(offsets, np.int64).reshape(-1, 1)
     return geometry(shape).linear_index(grid.T)
 
