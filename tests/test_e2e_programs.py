@@ -714,6 +714,32 @@ ENTRY main {{
 }}""",
 )
 
+# HLO broadcasts clamp's scalar bounds and select's scalar predicate implicitly (passes.explicit_broadcasts).
+hand_case(
+    "hand_clamp_scalar_bounds_select_scalar_predicate",
+    """HloModule m
+ENTRY main {
+  lo = f32[] parameter(0)
+  x = f32[130,257] parameter(1)
+  hi = f32[] parameter(2)
+  k = pred[] parameter(3)
+  c = f32[130,257] clamp(lo, x, hi)
+  ROOT r = f32[130,257] select(k, c, x)
+}""",
+    lambda rng: [np.float32(-0.5), normal(rng, 130, 257), np.float32(0.5), np.array(True)],
+)
+
+# A scalar copied into a temporary (an SMEM-sized DMA of a rank-0 array).
+hand_case(
+    "hand_scalar_copy",
+    """HloModule m
+ENTRY main {
+  p0 = u8[] parameter(0)
+  c = u8[] copy(p0)
+  ROOT r = u8[] add(c, c)
+}""",
+)
+
 # Instruction names repeat across computations (XLA dumps never do it; hand-written HLO often does): each
 # computation's fusions must stay its own (they once shared the name fused.r, and branches ran each other's).
 hand_case(

@@ -1,5 +1,8 @@
 """HLO-to-HLO passes that run before layout assignment.
 
+0. ``explicit_broadcasts``: a ``clamp`` with scalar bounds or a ``select`` with a scalar predicate (HLO
+   broadcasts those implicitly) gets explicit ``broadcast`` operands, so every later stage sees operands
+   of the result's dimensions.
 1. ``inline_calls``: replace every ``call`` by the instructions of the computation it calls (XLA's
    CallInliner), so fusion can see through JAX's nested ``jit`` functions.
 2. ``unfuse``: a fusion whose computation holds an operation the vector unit cannot run inside a fusion
@@ -21,17 +24,50 @@ from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.lowering.registry import NotLowerable
 from tpusim.memory import Shape
 
-__all__ = ["fuse", "inline_calls", "prepare_module", "unfuse"]
+__all__ = ["explicit_broadcasts", "fuse", "inline_calls", "prepare_module", "unfuse"]
 
 # Operations a fusion may hold (those with a block rule); parameters are a fusion's inputs.
 FUSIBLE = frozenset(NEED_RULES) - {"parameter"}
 
 
 def prepare_module(module: Module, options: CompileOptions) -> Module:
-    """Make the module ready for lowering: inline calls, dissolve unsupported fusions, fuse."""
+    """Make the module ready for lowering: explicit broadcasts, inline calls, dissolve unsupported fusions,
+    fuse."""
+    module = explicit_broadcasts(module)
     module = inline_calls(module)
     module = unfuse(module)
     return fuse(module) if options.fuse else module
+
+
+# --------------------------------------------------------------------------------------------- broadcasts
+_SCALAR_OPERANDS = {"clamp": (0, 2), "select": (0,)}  # operands HLO lets be scalars (Operation Semantics)
+
+
+def explicit_broadcasts(module: Module) -> Module:
+    """Give every implicitly broadcast scalar operand (``clamp``'s bounds, ``select``'s predicate) an explicit
+    ``broadcast`` instruction of the result's dimensions, named ``OPERAND.bcast`` (made unique)."""
+    comps = []
+    for comp in module.computations:
+        taken = {i.name for i in comp.instructions}
+        body: list[Instruction] = []
+        for instr in comp.instructions:
+            positions = _SCALAR_OPERANDS.get(instr.opcode, ())
+            shape = instr.shape
+            if not positions or not isinstance(shape, Shape) or shape.rank == 0:
+                body.append(instr)
+                continue
+            operands = list(instr.operands)
+            for k in positions:
+                scalar = comp[operands[k]].shape
+                if isinstance(scalar, Shape) and scalar.rank == 0:
+                    name = _unique(f"{operands[k]}.bcast", taken)
+                    wide = Shape(scalar.element_type, shape.dimensions)
+                    attrs = Attributes({"dimensions": ()})
+                    body.append(Instruction(name, "broadcast", wide, (operands[k],), attrs, instr.loc))
+                    operands[k] = name
+            body.append(replace(instr, operands=tuple(operands)))
+        comps.append(replace(comp, instructions=tuple(body)) if len(body) != len(comp.instructions) else comp)
+    return replace(module, computations=tuple(comps))
 
 
 # --------------------------------------------------------------------------------------------- inlining
