@@ -132,3 +132,22 @@ def test_pred_reductions_are_logic_across_accumulated_blocks(op: str, init: bool
     assert len(reduces(result)) > 1 and not result.fallbacks
     combine = PRED_COMBINERS[op]
     np.testing.assert_array_equal(result.outputs[0], combine(init, combine.reduce(x, axis=1)))
+
+
+@pytest.mark.parametrize("combiner", sorted(PRED_COMBINERS))
+@pytest.mark.parametrize("t", ["s4", "u4"])
+def test_narrow_integer_reductions_wrap_like_the_reference(t: str, combiner: str) -> None:
+    """s4/u4 reductions accumulate in 32 bits and keep the low bits (sums wrap), as the reference computes;
+    they once summed in f32 and saturated, or failed in numpy for and/or/xor."""
+    low, high = (-8, 7) if t == "s4" else (0, 15)
+    init = {"maximum": low, "minimum": high, "multiply": 1, "and": -1 if t == "s4" else 15}.get(combiner, 0)
+    text = (
+        f"HloModule r\nc {{\n  a = {t}[] parameter(0)\n  b = {t}[] parameter(1)\n"
+        f"  ROOT c = {t}[] {combiner}(a, b)\n}}\n"
+        f"ENTRY main {{\n  p = {t}[16,300] parameter(0)\n  z = {t}[] constant({init})\n"
+        f"  ROOT r = {t}[16] reduce(p, z), dimensions={{1}}, to_apply=c\n}}"
+    )
+    m = parse_module(text)
+    checked = run_checked(m, random_inputs(m, 7)[0], config="teaching")
+    checked.assert_ok(f"{t} {combiner}")
+    assert not checked.result.fallbacks, checked.result.fallbacks

@@ -206,16 +206,20 @@ def _cost_reduce(cfg: ChipConfig, ins: VpuReduce, reads: tuple[Access, ...], wri
     return _vpu_cost(cfg, ops, "alu", v_in, v_out, flops)
 
 
-def _reduce_dtype(dt: np.dtype) -> np.dtype:
-    """f32 for floats narrower than f32, the type itself otherwise."""
-    if dt.kind in "iub" or dt.itemsize >= 4:
-        return dt
+def _reduce_dtype(et: ElementType) -> np.dtype:
+    """f32 for floats narrower than f32, s32/u32 for integers narrower than a byte (their sums wrap to the
+    same low bits), the type itself otherwise."""
+    assert et.dtype is not None
+    if et.is_integer and et.is_sub_byte:
+        return np.dtype(np.int32 if et.kind == "signed" else np.uint32)
+    if et.is_integer or et.name == "pred" or et.bits >= 32:
+        return et.dtype
     return np.dtype(np.float32)
 
 
 def _exec_reduce(core: Any, ins: VpuReduce, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     x = _read(reads[0])
-    ct = _reduce_dtype(x.dtype)
+    ct = _reduce_dtype(ins.src.element_type)
     x = x.astype(ct, copy=False)
     uf = combiner(ins.fn, x.dtype)
     with np.errstate(all="ignore"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
+import ml_dtypes
 
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction
 from tpusim.compiler.lowering.blocks import NEED_RULES, Plan, block_shape, plan_needs, reduction_split, tile_granule
@@ -70,7 +70,7 @@ def reduce_identity(fn: str, et: ElementType) -> float | int | bool | None:
         return fn in ("multiply", "minimum", "and") if fn in REDUCE_FUNCTIONS else None
     if et.is_float:
         return {"add": 0.0, "multiply": 1.0, "maximum": float("-inf"), "minimum": float("inf")}.get(fn)
-    info = np.iinfo(et.dtype)
+    info = ml_dtypes.iinfo(et.dtype)  # (numpy's iinfo does not know s4/u4 and the other narrow integers)
     table: dict[str, int] = {"add": 0, "multiply": 1, "maximum": int(info.min), "minimum": int(info.max)}
     table |= {"or": 0, "xor": 0, "and": -1 if et.kind == "signed" else int(info.max)}
     return table.get(fn)
