@@ -24,6 +24,8 @@ from tpusim.isa import VpuCopy, VpuFused, VpuMap
 
 CHIPS = ("teaching", "tpu_v5e")
 BF16 = ml_dtypes.bfloat16
+F8E4M3 = ml_dtypes.float8_e4m3fn
+F8E5M2 = ml_dtypes.float8_e5m2
 NEG_INF = -jnp.inf
 
 
@@ -62,6 +64,10 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[int, ...], Any]] = {
     "vector_stride2": (rw(0.0, jax.lax.add, (3,), (2,), "SAME"), (100,), np.float32),
     "bf16_sum_accumulates_in_f32": (rw(0.0, jax.lax.add, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), NHWC, BF16),
     "bf16_max": (rw(NEG_INF, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"), NHWC, BF16),
+    # f8 sums accumulate in f32 as bf16's do (a window of 32 ones once summed to 16 in f8)
+    "f8e4m3fn_sum_accumulates_in_f32": (rw(0.0, jax.lax.add, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), NHWC, F8E4M3),
+    "f8e5m2_sum": (rw(0.0, jax.lax.add, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), NHWC, F8E5M2),
+    "f8e5m2_max": (rw(NEG_INF, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"), NHWC, F8E5M2),
     "s32_sum": (rw(0, jax.lax.add, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), NHWC, np.int32),
     "many_blocks": (rw(NEG_INF, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), (4, 33, 31, 24), np.float32),
     "cumulative_sum": (jnp.cumsum, (100,), np.float32),
@@ -298,3 +304,13 @@ def test_random_windows(seed: int) -> None:
     checked = run_checked(m, args, config="teaching")
     checked.assert_ok(f"seed {seed}")
     assert not checked.result.fallbacks, checked.result.fallbacks
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_f8_window_sums_accumulate_in_f32(chip: str) -> None:
+    """32 ones in one window sum to 32: accumulated in f8e4m3fn (3 mantissa bits) they stop at 16."""
+    x = np.ones(32, F8E4M3)
+    m = jax_module(rw(0.0, jax.lax.add, (32,), (1,), "VALID"), x)
+    result = tpusim.simulate(m, [x], config=chip)
+    assert not result.fallbacks
+    assert result.outputs[0].astype(np.float32).tolist() == [32.0]

@@ -59,7 +59,6 @@ _BLOCK_BYTES = 1 << 18
 # ---------------------------------------------------------------------------------------------------------
 # reduce-window
 # ---------------------------------------------------------------------------------------------------------
-_NARROW = ("bf16", "f16")
 _F32 = element_type("f32")
 
 
@@ -152,7 +151,8 @@ class _ReduceWindow:
         esize = ctx.rules.layout_for(Shape(et, (8, 8))).element_size_bits
         lanes = ctx.config.vpu.lanes
         self.rows = Rows(et, lanes, esize, tiled)
-        wide = self.fn in ("add", "multiply") and et.name in _NARROW
+        # sums and products of floats narrower than f32 accumulate in f32, as the reference's do
+        wide = self.fn in ("add", "multiply") and et.is_float and et.bits < 32
         self.acc_rows = Rows(_F32, lanes, 0, tiled) if wide else self.rows
         self.acc_init = Const(float(self.init.value), _F32) if wide else self.init
         _halving(ctx, self._emit, max(1, min(_BLOCK_BYTES, ctx.vmem_free_bytes() // 8) // max(1, et.bits // 8)))
