@@ -77,7 +77,11 @@ def windows(a: np.ndarray, dims: Sequence[WindowDim], first_axis: int = 0) -> np
         for ax, p in zip(axes, positions):
             shape[ax] = p
         return np.zeros((*shape, *(d.size for d in dims)), dtype=a.dtype)
-    view = sliding_window_view(a, spans, axis=axes)
+    if a.dtype.isbuiltin == 2:  # ml_dtypes types: numpy's stride tricks rebuild f8e5m2 ('<f1') and fail
+        raw = sliding_window_view(a.view(np.dtype(f"u{a.dtype.itemsize}")), spans, axis=axes)
+        view = raw.view(a.dtype)
+    else:
+        view = sliding_window_view(a, spans, axis=axes)
     sel: list[slice] = [slice(None)] * view.ndim
     for i, (ax, d) in enumerate(zip(axes, dims)):
         sel[ax] = slice(None, None, d.stride)
