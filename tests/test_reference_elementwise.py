@@ -259,3 +259,44 @@ def test_newer_trigonometric_opcodes_match_libm() -> None:
                 assert np.isnan(g), (name, v, g)
                 continue
             assert ulp_distance(np.float64(g), np.float64(want)) <= 1, (name, v, g, want)
+
+
+U4, S4 = ml_dtypes.uint4, ml_dtypes.int4
+
+
+@pytest.mark.parametrize(
+    "text, args, want",
+    [
+        ("pred[] not(p0)", [np.array(True)], np.array(False)),
+        ("s8[] not(p0)", [np.array(5, np.int8)], np.array(-6, np.int8)),
+        ("s32[] popcnt(p0)", [np.array(-1, np.int32)], np.array(32, np.int32)),
+        ("u16[] count-leading-zeros(p0)", [np.array(1, np.uint16)], np.array(15, np.uint16)),
+        ("u4[] add(p0, p1)", [np.array(9, U4), np.array(9, U4)], np.array(2, U4)),  # (wraps)
+        ("s4[] maximum(p0, p1)", [np.array(-3, S4), np.array(2, S4)], np.array(2, S4)),
+    ],
+)
+def test_scalar_results_are_arrays(text: str, args: list[np.ndarray], want: np.ndarray) -> None:
+    """numpy's ufuncs give scalars for 0-d operands; the reference's results are 0-d arrays all the same (these
+    once failed its own result check)."""
+    from tpusim.compiler.hlo import parse_module
+    from tpusim.memory import element_type_of_dtype
+
+    params = "\n".join(f"  p{k} = {element_type_of_dtype(a.dtype)}[] parameter({k})" for k, a in enumerate(args))
+    got = evaluate(parse_module(f"HloModule m\nENTRY e {{\n{params}\n  ROOT r = {text}\n}}"), args)[0]
+    assert isinstance(got, np.ndarray) and got.shape == () and got.dtype == want.dtype
+    assert got.astype(np.int64) == want.astype(np.int64)
+
+
+def test_pred_dot_to_a_scalar_is_an_array() -> None:
+    from tpusim.compiler.hlo import parse_module
+
+    text = """HloModule m
+ENTRY e {
+  a = pred[7] parameter(0)
+  b = pred[7] parameter(1)
+  ROOT r = pred[] dot(a, b), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+}"""
+    a = np.array([1, 0, 1, 0, 0, 0, 0], bool)
+    got = evaluate(parse_module(text), [a, ~a])[0]
+    assert isinstance(got, np.ndarray) and got.shape == () and not got
+    assert evaluate(parse_module(text), [a, a])[0]

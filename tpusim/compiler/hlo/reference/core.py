@@ -444,6 +444,8 @@ class EvalContext:
             raise
         except Exception as exc:  # a bug or an unforeseen operand: name the instruction, keep the cause
             raise EvaluationError(instr, f"reference failed: {type(exc).__name__}: {exc}") from exc
+        if isinstance(out, np.generic):  # numpy's ufuncs give a scalar for 0-d operands: the value, as an array
+            out = np.asarray(out)
         why = check_value(out, instr.shape, dims=not vectorized)
         if why is not None:
             raise EvaluationError(instr, f"reference of {instr.opcode!r} returned a wrong value: {why}")
