@@ -151,3 +151,16 @@ def test_narrow_integer_reductions_wrap_like_the_reference(t: str, combiner: str
     checked = run_checked(m, random_inputs(m, 7)[0], config="teaching")
     checked.assert_ok(f"{t} {combiner}")
     assert not checked.result.fallbacks, checked.result.fallbacks
+
+
+@pytest.mark.parametrize("chip", ["teaching", "tpu_v5e"])
+def test_denormals_flush_in_device_sums_as_in_the_reference(chip: str) -> None:
+    """vpu.reduce reads denormal operands as zero and flushes a denormal result, as the VPU's maps do."""
+    m = parse_module(CASES["row_sums"])
+    x = np.random.default_rng(3).standard_normal((256, 256)).astype(np.float32)
+    x[:, ::2] = np.float32(1e-40)
+    x[7] = 0
+    x[7, :3] = [1e-40, 1e-40, -1e-41]
+    checked = run_checked(m, [x], config=chip)
+    checked.assert_ok(f"denormal row sums on {chip}")
+    assert checked.result.outputs[0][7] == 0

@@ -258,3 +258,19 @@ ENTRY e {
     fma = Tolerance(ulps=1, why="XLA CPU fuses multiply and add into one FMA")
     (got,) = check_hlo(text, x, y, z, tol=fma)
     np.testing.assert_array_equal(got, x * y + z.astype(np.float32))  # the HLO semantics, bit for bit
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _reduce(jax.lax.add, 0, (1,)),
+        _reduce(jax.lax.mul, 1, (1,)),
+        lambda x: jax.lax.reduce_window(x, np.float32(0), jax.lax.add, (1, 2), (1, 1), "VALID"),
+    ],
+    ids=["sum", "product", "window_sum"],
+)
+def test_denormals_flush_in_sums_and_products_as_on_xla(fn: object) -> None:
+    """XLA CPU (and a TPU) reads denormal operands as zero and flushes denormal results: [1e-40, 0] sums to
+    0, 1e-20 * 1e-20 is 0; the reference's whole-array reductions once kept them."""
+    x = np.array([[1e-40, 0.0, 3.0], [-1e-40, 1e-40, 0.0], [1e-20, 1e-20, 1.0], [1e-38, -0.99e-38, 0.0]], np.float32)
+    check_against_jax(fn, x, tol=Tolerance(0, 0.0, 0.0, "exact: a flushed value is 0, a kept one is not"))

@@ -21,7 +21,7 @@ import numpy as np
 
 from tpusim.memory import ElementType, Shape, element_type
 
-__all__ = ["apply", "combiner", "convert", "result_types"]
+__all__ = ["apply", "combiner", "convert", "flush", "result_types"]
 
 
 @lru_cache(maxsize=1024)
@@ -59,6 +59,14 @@ def combiner(fn: str, dtype: np.dtype) -> np.ufunc:
     from tpusim.compiler.hlo.reference.combiners import ufunc_for
 
     return ufunc_for(fn, dtype)
+
+
+def flush(x: np.ndarray) -> np.ndarray:
+    """Denormal f32/f64 values as zeros of their sign (other types unchanged), as TPU arithmetic reads and
+    writes them."""
+    from tpusim.compiler.hlo.reference.convert import flush as reference_flush
+
+    return reference_flush(x)
 
 
 def convert(x: np.ndarray, to: ElementType) -> np.ndarray:

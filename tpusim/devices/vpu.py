@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tpusim.devices.elementwise import apply, combiner, convert, result_types
+from tpusim.devices.elementwise import apply, combiner, convert, flush, result_types
 from tpusim.devices.memory import read_value, window_vregs, write_value
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
 from tpusim.errors import TpusimError
@@ -222,10 +222,15 @@ def _exec_reduce(core: Any, ins: VpuReduce, reads: tuple[Access, ...], writes: t
     ct = _reduce_dtype(ins.src.element_type)
     x = x.astype(ct, copy=False)
     uf = combiner(ins.fn, x.dtype)
+    arith = ins.fn in ("add", "multiply")  # (denormals read as zero, a denormal result is zero)
     with np.errstate(all="ignore"):
+        if arith:
+            x = flush(x)
         r = uf.reduce(x, axis=ins.dims) if ins.dims else x.copy()
         if ins.accumulate:
             r = uf(_read(writes[0]).astype(ct), r)
+        if arith:
+            r = flush(np.asarray(r))
     _write(writes[0], convert(np.asarray(r, dtype=ct), ins.dst.element_type))
 
 

@@ -5,6 +5,10 @@ Python: a computation recognised as one numpy ufunc (``ROOT add(p0, p1)``) runs 
 computation is applied with :meth:`EvalContext.vectorized_call` over whole arrays, a logarithmic number
 of times for a reduction (pairwise tree) and once per *duplicate rank* for a scatter.
 
+Denormals: a recognised f32/f64 ``add`` or ``multiply`` reduction reads denormal operands as zero and
+flushes a denormal result, as XLA CPU (DAZ/FTZ) and TPUs do (``reduce([1e-40, 0])`` is 0 there; partial
+sums are not flushed one by one: the order is unspecified anyway).
+
 Numerics decision: a recognised floating-point ``add`` or ``multiply`` reduction over a type narrower
 than f32 (bf16, f16, f8) accumulates in f32 and rounds once to the result type, as TPUs do; the result is
 the correctly rounded sum up to f32 error, the value every reduction order approximates. XLA leaves the
@@ -146,12 +150,12 @@ def reduce_last_axis(
         a = arrays[0]
         acc = _accumulator(opcode, a.dtype)
         uf = ufunc_for(opcode, acc)
-        red = (
-            uf.reduce(a.astype(acc, copy=False), axis=-1, dtype=acc)
-            if uf in (np.add, np.multiply)
-            else uf.reduce(a, axis=-1)
-        )
-        return [np.asarray(uf(np.asarray(inits[0]).astype(acc), red)).astype(a.dtype)]
+        if uf in (np.add, np.multiply):  # denormal operands read as zero, a denormal result is zero (DAZ/FTZ)
+            red = flush(uf.reduce(flush(a.astype(acc, copy=False)), axis=-1, dtype=acc))
+            out = flush(np.asarray(uf(flush(np.asarray(inits[0]).astype(acc)), red)))
+        else:
+            out = np.asarray(uf(np.asarray(inits[0]).astype(acc), uf.reduce(a, axis=-1)))
+        return [out.astype(a.dtype)]
     cur = [np.asarray(a) for a in arrays]
     while k > 1:
         even = k // 2 * 2
