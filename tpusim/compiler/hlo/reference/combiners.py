@@ -152,10 +152,10 @@ def reduce_last_axis(
         uf = ufunc_for(opcode, acc)
         if uf in (np.add, np.multiply):  # denormal operands read as zero, a denormal result is zero (DAZ/FTZ)
             red = flush(uf.reduce(flush(a.astype(acc, copy=False)), axis=-1, dtype=acc))
-            out = flush(np.asarray(uf(flush(np.asarray(inits[0]).astype(acc)), red)))
+            reduced = flush(np.asarray(uf(flush(np.asarray(inits[0]).astype(acc)), red)))
         else:
-            out = np.asarray(uf(np.asarray(inits[0]).astype(acc), uf.reduce(a, axis=-1)))
-        return [out.astype(a.dtype)]
+            reduced = np.asarray(uf(np.asarray(inits[0]).astype(acc), uf.reduce(a, axis=-1)))
+        return [reduced.astype(a.dtype)]
     cur = [np.asarray(a) for a in arrays]
     while k > 1:
         even = k // 2 * 2
