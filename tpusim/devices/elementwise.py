@@ -7,7 +7,8 @@ from the instruction. :func:`apply` builds that instruction once per (op, result
 it on the operand arrays. The rules it implements (each pinned against XLA on CPU by the reference's
 tests): floats narrower than f32 computed in f32 and rounded once; denormals flushed as on TPUs;
 transcendentals correctly rounded in f32; integer arithmetic wraps; XLA's division-by-zero, shift and
-saturating-convert rules. A reduction's combiner (:func:`combiner`) is the reference's choice of ufunc too.
+saturating-convert rules. A reduction's combiner (:func:`combiner`) and its denormal flushing (:func:`flush`)
+are the reference's too.
 This is the devices' second, and last, use of the compiler package (the first is the fallback evaluator);
 both are reference semantics, not compilation.
 """
