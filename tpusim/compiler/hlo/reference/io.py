@@ -22,8 +22,12 @@ Conventions:
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from collections.abc import Sequence
+import zipfile
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes
@@ -95,25 +99,26 @@ def storage_array(value: np.ndarray) -> np.ndarray:
     return value if value.dtype == dt else value.astype(dt)
 
 
-def _from_storage(array: np.ndarray, shape: Shape, where: str) -> np.ndarray:
-    """Accept an npz array for ``shape`` by the rules of the module docstring, or raise InputFileError."""
+def _conversion(got: np.dtype, shape: Shape, where: str) -> str:
+    """How an npz array of dtype ``got`` becomes the input ``shape`` by the rules of the module docstring:
+    ``same``, ``round`` (floats rounded to a narrow float), ``bits`` (a raw bit pattern) or ``range``
+    (integers checked against a narrow integer type's range); else raise InputFileError."""
     et = shape.element_type
     want = et.dtype
     assert want is not None
-    got = array.dtype
-    if got == want:
-        return array
-    if _storage_dtype(et) != want:  # a type npz cannot hold
+    if got.hasobject:
+        raise InputFileError(f"{where}: an object array (pickled Python objects); tpusim reads only plain numeric "
+                             f"arrays (allow_pickle stays off)")  # fmt: skip
+    plain = got.fields is None and got.subdtype is None
+    if got == want and plain:
+        return "same"
+    if _storage_dtype(et) != want and plain:  # a type npz cannot hold
         if et.kind == "float" and got in (np.float32, np.float64):
-            return array.astype(want)  # rounded to nearest even by ml_dtypes, as XLA's convert
+            return "round"  # rounded to nearest even by ml_dtypes, as XLA's convert
         if got.kind in "uV" and got.itemsize * 8 == et.bits:
-            return array.view(et.raw_dtype).view(want)  # raw bit pattern of the same width
+            return "bits"  # raw bit pattern of the same width
         if et.kind in ("signed", "unsigned") and got.kind in "iu":
-            info = ml_dtypes.iinfo(want)
-            lo, hi = int(array.min(initial=0)), int(array.max(initial=0))
-            if lo < int(info.min) or hi > int(info.max):
-                raise InputFileError(f"{where}: values [{lo}, {hi}] do not fit {et.name} [{info.min}, {info.max}]")
-            return array.astype(want)
+            return "range"
     accepted = {want.name}
     if _storage_dtype(et) != want:
         accepted |= {"float32", "float64"} if et.kind == "float" else {"int8", "uint8", "int32"}
@@ -122,6 +127,109 @@ def _from_storage(array: np.ndarray, shape: Shape, where: str) -> np.ndarray:
         f"{where}: dtype {got} cannot be the {et.name} input; give {' or '.join(sorted(accepted))} "
         f"(tpusim never converts silently)"
     )
+
+
+def _from_storage(array: np.ndarray, shape: Shape, where: str) -> np.ndarray:
+    """Accept an npz array for ``shape`` by the rules of the module docstring, or raise InputFileError."""
+    et = shape.element_type
+    want = et.dtype
+    assert want is not None
+    how = _conversion(array.dtype, shape, where)
+    if how == "round":
+        return array.astype(want)
+    if how == "bits":
+        return array.view(et.raw_dtype).view(want)
+    if how == "range":
+        info = ml_dtypes.iinfo(want)
+        lo, hi = int(array.min(initial=0)), int(array.max(initial=0))
+        if lo < int(info.min) or hi > int(info.max):
+            raise InputFileError(f"{where}: values [{lo}, {hi}] do not fit {et.name} [{info.min}, {info.max}]")
+        return array.astype(want)
+    return array
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading an npz from its headers first
+# ---------------------------------------------------------------------------------------------
+_NPY_MAGIC = b"\x93NUMPY"
+_CHUNK = 1 << 20  # bytes inflated at a time
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _open_npz(path: Path) -> zipfile.ZipFile:
+    """The zip archive of an npz file, after telling an empty file or a lone .npy array from a corrupt zip."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read an npz file: {exc.strerror or _short(exc)}") from None
+    how = "write the inputs with numpy.savez(path, arg0=..., arg1=...)"
+    if not head:
+        raise InputFileError(f"{path}: the file is empty; give an .npz of arrays keyed arg0..argN-1 ({how})")
+    if head == _NPY_MAGIC:
+        raise InputFileError(f"{path}: a single .npy array, not an .npz of arrays keyed arg0..argN-1; {how}")
+    try:
+        return zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+        raise InputFileError(f"{path}: not an .npz file (a zip archive), or a truncated one: {_short(exc)}") from None
+
+
+@dataclass(frozen=True)
+class _Member:
+    info: zipfile.ZipInfo
+    dtype: np.dtype  # as stored (any byte order)
+    shape: tuple[int, ...]
+    fortran_order: bool
+    offset: int  # where the array data starts in the member
+
+
+def _read_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> _Member:
+    """The .npy header of a member (inflating only its first bytes)."""
+    try:
+        with archive.open(info) as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f"unsupported .npy format version {version[0]}.{version[1]}")
+            except (ValueError, TypeError, SyntaxError) as exc:
+                raise InputFileError(f"{where}: not a .npy array: {_short(exc)}") from None
+            offset = f.tell()
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, NotImplementedError) as exc:
+        raise InputFileError(f"{where}: corrupt member: {_short(exc)}") from None
+    return _Member(info, np.dtype(dtype), tuple(int(d) for d in shape), bool(fortran), offset)
+
+
+def _read_data(archive: zipfile.ZipFile, member: _Member, where: str) -> np.ndarray:
+    """A member's array, inflated a chunk at a time into an array of its declared size (no more)."""
+    dims = member.shape[::-1] if member.fortran_order else member.shape
+    array = np.empty(dims, member.dtype)
+    buffer = array.reshape(-1).view(np.uint8)
+    try:
+        with archive.open(member.info) as f:
+            f.read(member.offset)
+            done = 0
+            while done < len(buffer):
+                data = f.read(min(_CHUNK, len(buffer) - done))
+                if not data:
+                    raise InputFileError(f"{where}: truncated: its data ends after {done} of {len(buffer)} bytes")
+                buffer[done : done + len(data)] = np.frombuffer(data, np.uint8)
+                done += len(data)
+            f.read(1)  # reach the end of the member, where zipfile checks its CRC
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, NotImplementedError) as exc:
+        raise InputFileError(f"{where}: corrupt member: {_short(exc)}") from None
+    if member.fortran_order:
+        array = array.transpose()
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return array
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,54 +245,106 @@ def load_inputs(path: str | Path, module: Module, num_devices: int = 1) -> list[
 
     Returns:
         For each device, its inputs in parameter order (ready for :func:`evaluate` / :func:`evaluate_spmd`).
+
+    Raises:
+        InputFileError: naming the file and the member: not an npz (empty, a lone .npy, a corrupt or truncated
+            zip), missing or unexpected members, a dtype or shape the program does not take, object arrays
+            (``allow_pickle`` stays off), a member whose size disagrees with its header, corrupt data. Names
+            come from the zip directory and dtypes, shapes and sizes from the .npy headers before any array
+            data is read, so a huge or bomb member is refused without inflating it; members the program does
+            not take are never opened.
     """
     path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise InputFileError(f"{path}: cannot read an npz file: {exc}") from None
     keys = _parameter_keys(module)
-    missing = [k for k, _ in keys if k not in arrays]
-    extra = sorted(set(arrays) - {k for k, _ in keys})
-    if missing or extra:
-        listing = ", ".join(f"{k}: {s}" for k, s in keys) or "none"
-        parts = [f"missing {', '.join(missing)}"] if missing else []
-        parts += [f"unexpected {', '.join(extra)}"] if extra else []
-        raise InputFileError(f"{path}: {'; '.join(parts)} (the program takes {listing})")
+    with _open_npz(path) as archive:
+        # 1. names from the zip directory, 2. dtypes, shapes and sizes from every .npy header, 3. the data
+        members: dict[str, zipfile.ZipInfo] = {}
+        for info in archive.infolist():
+            key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            if key in members:
+                raise InputFileError(f"{path}: the archive holds {_clip([key])[0]} twice")
+            members[key] = info
+        missing = [k for k, _ in keys if k not in members]
+        extra = sorted(set(members) - {k for k, _ in keys})
+        if missing or extra:
+            listing = ", ".join(f"{k}: {s}" for k, s in keys) or "none"
+            parts = [f"missing {', '.join(missing)}"] if missing else []
+            parts += [f"unexpected {', '.join(_clip(extra))}"] if extra else []
+            raise InputFileError(f"{path}: {'; '.join(parts)} (the program takes {listing})")
+        headers: dict[str, _Member] = {}
+        for key, shape in keys:
+            where = f"{path}: {key}"
+            member = _read_header(archive, members[key], where)
+            want = (num_devices, *shape.dimensions) if num_devices > 1 else shape.dimensions
+            if member.shape != want:
+                per = f" (a leading axis of {num_devices} devices, then {list(shape.dimensions)})"
+                per = per if num_devices > 1 else ""
+                raise InputFileError(
+                    f"{path}: {key} has shape {list(member.shape)}, expected {list(want)}{per} for {shape}"
+                )
+            _conversion(member.dtype.newbyteorder("="), shape, where)
+            declared = member.offset + math.prod(member.shape) * member.dtype.itemsize
+            if member.info.file_size != declared:
+                raise InputFileError(
+                    f"{where}: the member holds {member.info.file_size} bytes but its header declares "
+                    f"{member.dtype} {member.shape}: {declared} bytes"
+                )
+            headers[key] = member
+        arrays = {key: _read_data(archive, headers[key], f"{path}: {key}") for key, _ in keys}
     per_device: list[dict[str, np.ndarray]] = [{} for _ in range(num_devices)]
     for key, shape in keys:
-        a = arrays[key]
-        want = (num_devices, *shape.dimensions) if num_devices > 1 else shape.dimensions
-        if a.shape != want:
-            per = f" (a leading axis of {num_devices} devices, then {list(shape.dimensions)})"
-            per = per if num_devices > 1 else ""
-            raise InputFileError(f"{path}: {key} has shape {list(a.shape)}, expected {list(want)}{per} for {shape}")
-        a = _from_storage(a, shape, f"{path}: {key}")
+        a = _from_storage(arrays[key], shape, f"{path}: {key}")
         for d in range(num_devices):
             per_device[d][key] = a[d] if num_devices > 1 else a
     params = module.entry_computation.parameters
     return [[_assemble(p.shape, f"arg{i}", dev) for i, p in enumerate(params)] for dev in per_device]
 
 
+def _clip(names: list[str], most: int = 8) -> list[str]:
+    """At most ``most`` names (member names come from the file: keep the error's first line short)."""
+    names = [n if len(n) <= 60 else n[:60] + "..." for n in names]
+    return names if len(names) <= most else [*names[:most], f"... ({len(names) - most} more)"]
+
+
+_DRAW = 1 << 16  # random values drawn at a time
+
+
 def _random_array(shape: Shape, rng: np.random.Generator) -> np.ndarray:
+    """One array of random inputs, drawn ``_DRAW`` values at a time straight into an array of the program's
+    dtype: the values are those of one draw of the whole array (numpy's generators continue their stream from
+    call to call), without a float64 or int64 copy of the whole array on the way."""
     et = shape.element_type
     dt = et.dtype
     assert dt is not None
-    dims = shape.dimensions
+    out = np.empty(shape.dimensions, dt)
+    flat = out.reshape(-1)
+    n = flat.size
+
+    def fill(target: np.ndarray, draw: Callable[[int], np.ndarray]) -> None:
+        for s in range(0, n, _DRAW):
+            k = min(_DRAW, n - s)
+            target[s : s + k] = draw(k).astype(target.dtype)
+
     if et.kind == "pred":
-        return rng.integers(0, 2, dims).astype(bool)
-    if et.kind == "signed":
-        return rng.integers(-8, 8, dims, endpoint=True).astype(dt)
-    if et.kind == "unsigned":
-        return rng.integers(0, 16, dims, endpoint=True).astype(dt)
-    if et.kind == "complex":
-        return (rng.standard_normal(dims) + 1j * rng.standard_normal(dims)).astype(dt)
-    values = rng.standard_normal(dims)
-    if et.bits <= 8:
-        finite = float(ml_dtypes.finfo(dt).max)
-        values = np.clip(values, -finite, finite)
-    return np.asarray(values).astype(np.float32).astype(dt)
+        fill(flat, lambda k: rng.integers(0, 2, k))
+    elif et.kind == "signed":
+        fill(flat, lambda k: rng.integers(-8, 8, k, endpoint=True))
+    elif et.kind == "unsigned":
+        fill(flat, lambda k: rng.integers(0, 16, k, endpoint=True))
+    elif et.kind == "complex":  # every real part, then every imaginary part
+        fill(flat.real, rng.standard_normal)
+        fill(flat.imag, rng.standard_normal)
+    else:
+        finite = float(ml_dtypes.finfo(dt).max) if et.bits <= 8 else None
+
+        def normal(k: int) -> np.ndarray:
+            values = rng.standard_normal(k)
+            if finite is not None:
+                values = np.clip(values, -finite, finite)
+            return values.astype(np.float32)
+
+        fill(flat, normal)
+    return out
 
 
 def random_inputs(module: Module, seed: int = DEFAULT_SEED, num_devices: int = 1) -> list[list[Value]]:
