@@ -1,5 +1,9 @@
 """HLO-to-HLO passes that run before layout assignment.
 
+0. ``zero_sized``: an instruction whose result holds no element becomes an empty constant, and one that reads
+   empty operands into a non-empty result (a reduce of ``f32[0,8]``, a pad or a concatenate of empty
+   arrays, a dot over an empty contraction) becomes the broadcast or copy it equals, as XLA's
+   ZeroSizedHloElimination and algebraic simplifier do: no lowering ever sees an empty array.
 0. ``explicit_broadcasts``: a ``clamp`` with scalar bounds or a ``select`` with a scalar predicate (HLO
    broadcasts those implicitly) gets explicit ``broadcast`` operands, so every later stage sees operands
    of the result's dimensions.
@@ -18,13 +22,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
+import numpy as np
+
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal, Module
 from tpusim.compiler.lowering.blocks import NEED_RULES, plan_needs
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.lowering.registry import NotLowerable
 from tpusim.memory import Shape
 
-__all__ = ["explicit_broadcasts", "fuse", "inline_calls", "prepare_module", "unfuse"]
+__all__ = ["explicit_broadcasts", "fuse", "inline_calls", "prepare_module", "unfuse", "zero_sized"]
 
 # Operations a fusion may hold (those with a block rule); parameters are a fusion's inputs.
 FUSIBLE = frozenset(NEED_RULES) - {"parameter"}
@@ -35,6 +41,7 @@ def prepare_module(module: Module, options: CompileOptions) -> Module:
     fuse."""
     module = explicit_broadcasts(module)
     module = inline_calls(module)
+    module = zero_sized(module)
     module = unfuse(module)
     return fuse(module) if options.fuse else module
 
@@ -68,6 +75,105 @@ def explicit_broadcasts(module: Module) -> Module:
             body.append(replace(instr, operands=tuple(operands)))
         comps.append(replace(comp, instructions=tuple(body)) if len(body) != len(comp.instructions) else comp)
     return replace(module, computations=tuple(comps))
+
+
+# --------------------------------------------------------------------------------------------- empty arrays
+# Opcodes whose instructions stay even with an empty result: inputs, control flow and operations with effects
+# beyond their value (XLA's ZeroSizedHloElimination skips side effects; loops and calls keep their bodies).
+_KEEP_EMPTY = frozenset(
+    {"parameter", "constant", "while", "conditional", "call", "custom-call", "send", "send-done", "recv"}
+    | {"recv-done", "infeed", "outfeed", "after-all", "rng-get-and-update-state", "add-dependency", "domain"}
+)
+
+
+def _is_empty(shape: object) -> bool:
+    return isinstance(shape, Shape) and 0 in shape.dimensions
+
+
+def zero_sized(module: Module) -> Module:
+    """Take empty arrays out of the program (see the module docstring, step 0)."""
+    comps = []
+    for comp in module.computations:
+        taken = {i.name for i in comp.instructions}
+        body: list[Instruction] = []
+        changed = False
+        for instr in comp.instructions:
+            new = _without_empty(comp, instr, taken)
+            if new is None:
+                body.append(instr)
+                continue
+            body += new
+            changed = True
+        comps.append(replace(comp, instructions=tuple(body)) if changed else comp)
+    return replace(module, computations=tuple(comps))
+
+
+def _empty_constant(instr: Instruction) -> Instruction:
+    shape = instr.array_shape
+    value = np.zeros(shape.dimensions, shape.element_type.dtype)
+    return Instruction(instr.name, "constant", shape, (), Attributes({"literal": Literal(shape, value)}), instr.loc)
+
+
+def _without_empty(comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction] | None:
+    """What replaces ``instr`` (the last instruction takes its name), or None to keep it."""
+    op = instr.opcode
+    if op in _KEEP_EMPTY or op.endswith(("-start", "-update", "-done")):
+        return None
+    if _is_empty(instr.shape):
+        return [_empty_constant(instr)]
+    operands = [comp[o] for o in instr.operands]
+    if not any(_is_empty(o.shape) for o in operands):
+        return None
+    out: list[Instruction] = []
+
+    def fill(value: str, shape: Shape, name: str) -> str:
+        """Append ``broadcast(value)`` (converted to ``shape``'s type) named ``name``; return ``name``."""
+        scalar = comp[value].array_shape if value in comp else next(i.array_shape for i in out if i.name == value)
+        if scalar.element_type != shape.element_type:
+            converted = _unique(f"{name}.convert", taken)
+            attrs = Attributes()
+            out.append(Instruction(converted, "convert", Shape(shape.element_type, ()), (value,), attrs, instr.loc))
+            value = converted
+        attrs = Attributes({"dimensions": ()})
+        out.append(Instruction(name, "broadcast", shape, (value,), attrs, instr.loc))
+        return name
+
+    def fill_all(values: list[str]) -> list[Instruction]:
+        if isinstance(instr.shape, Shape):
+            fill(values[0], instr.shape, instr.name)
+            return out
+        shapes = [s for s in instr.shape.elements if isinstance(s, Shape)]
+        parts = [fill(v, s, _unique(f"{instr.name}.{k}", taken)) for k, (v, s) in enumerate(zip(values, shapes))]
+        out.append(Instruction(instr.name, "tuple", instr.shape, tuple(parts), Attributes(), instr.loc))
+        return out
+
+    def zero() -> str:
+        element = instr.array_shape.element_type
+        name = _unique(f"{instr.name}.zero", taken)
+        literal = Literal(Shape(element, ()), np.zeros((), element.dtype))
+        out.append(Instruction(name, "constant", Shape(element, ()), (), Attributes({"literal": literal}), instr.loc))
+        return name
+
+    def copy(value: str) -> list[Instruction]:
+        return [Instruction(instr.name, "copy", instr.shape, (value,), Attributes(), instr.loc)]
+
+    n = len(operands)
+    if op in ("reduce", "reduce-window") and any(_is_empty(o.shape) for o in operands[: n // 2]):
+        return fill_all(list(instr.operands[n // 2 :]))  # every window holds only the initial value
+    if op in ("dot", "convolution") and isinstance(instr.shape, Shape):
+        return fill_all([zero()])  # an empty contraction sums nothing
+    if op == "pad" and _is_empty(operands[0].shape):
+        return fill_all([instr.operands[1]])
+    if op == "select-and-scatter" and _is_empty(operands[1].shape):
+        return fill_all([instr.operands[2]])
+    if op == "concatenate":
+        kept = tuple(o.name for o in operands if not _is_empty(o.shape))
+        return copy(kept[0]) if len(kept) == 1 else [replace(instr, operands=kept)]
+    if op == "dynamic-update-slice" and _is_empty(operands[1].shape):
+        return copy(instr.operands[0])
+    if op == "scatter" and n == 3 and _is_empty(operands[2].shape):
+        return copy(instr.operands[0])
+    return None
 
 
 # --------------------------------------------------------------------------------------------- inlining

@@ -375,6 +375,8 @@ def flow_specs(
         else:
             specs.append((("local", chip, core), f"chip{chip}.core{core}.dma_port", cfg.dma.local_bytes_per_cycle, 1.0))
     for chip, b in hbm_bytes.items():
+        if b == 0:  # an empty array: no burst touches HBM
+            continue
         weight = b / payload
         specs.append((("hbm", chip), f"chip{chip}.hbm", cfg.hbm_bytes_per_cycle, weight))
         channels = min(cfg.hbm.channels, max(1, ceil(b / cfg.hbm.interleave_bytes)))

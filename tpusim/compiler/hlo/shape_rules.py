@@ -160,7 +160,9 @@ def _scalar_of(shape: Shape) -> Shape:
 
 
 def _window_out(size: int, dim: object) -> int:
-    padded = (size - 1) * dim.lhs_dilate + 1 + dim.pad_low + dim.pad_high if size else 0  # type: ignore[attr-defined]
+    # XLA's InferWindowOutputShape: an empty dimension dilates to 0, and its padding still counts
+    dilated = (size - 1) * dim.lhs_dilate + 1 if size else 0  # type: ignore[attr-defined]
+    padded = dilated + dim.pad_low + dim.pad_high  # type: ignore[attr-defined]
     window = (dim.size - 1) * dim.rhs_dilate + 1  # type: ignore[attr-defined]
     return 0 if padded < window else (padded - window) // dim.stride + 1  # type: ignore[attr-defined]
 

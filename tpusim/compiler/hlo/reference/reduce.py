@@ -64,7 +64,8 @@ def reduce_arrays(
     keep = [d for d in range(rank) if d not in dims]
     red = sorted(dims)
     out_shape = tuple(operands[0].shape[d] for d in keep)
-    moved = [np.asarray(a.transpose(keep + red), order="C").reshape((*out_shape, -1)) for a in operands]
+    taps = int(np.prod([operands[0].shape[d] for d in red], dtype=np.int64))  # (not -1: the array may be empty)
+    moved = [np.asarray(a.transpose(keep + red), order="C").reshape((*out_shape, taps)) for a in operands]
     comp = computation(ctx, instr, instr.attr("to_apply"))
     return reduce_last_axis(ctx, comp, moved, inits)
 
