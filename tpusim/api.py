@@ -237,15 +237,19 @@ def simulate_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Simulatio
     """Lower ``fn(*args)`` with JAX for TPU and simulate it (keyword arguments as for :func:`simulate`).
 
     The HLO is JAX's TPU lowering (``jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))``), so the
-    program is the one a TPU would compile; ``result.tree`` holds the outputs in ``fn``'s structure.
+    program is the one a TPU would compile; ``result.tree`` holds the outputs in ``fn``'s structure (None for
+    a timing-only run). ``args`` are what ``jax.jit(fn)`` accepts: pytrees, Python scalars and weakly typed
+    values (converted to the type the program wants), arguments the program does not use, PRNG keys (see
+    :mod:`tpusim.jax_bridge`).
     """
-    import jax
+    from tpusim.jax_bridge import lower_for_tpu
 
-    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
-    module = parse_module(lowered.as_text(dialect="hlo"))
-    leaves = [np.asarray(a) for a in jax.tree.leaves(args)]
-    result = simulate(module, leaves, **kwargs)
-    tree = jax.tree.unflatten(lowered.out_tree, list(result.outputs)) if result.outputs else None
+    program = lower_for_tpu(fn, args)
+    module = parse_module(program.hlo)
+    dtypes = [p.shape.element_type.dtype if hasattr(p.shape, "element_type") else None
+              for p in module.entry_computation.parameters]  # fmt: skip
+    result = simulate(module, program.inputs(dtypes), **kwargs)
+    tree = None if kwargs.get("timing_only") else program.outputs(result.outputs)
     return replace(result, tree=tree)
 
 
