@@ -7,6 +7,7 @@ printed as one clear message without a traceback; the exit status is then 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -133,6 +134,12 @@ def _run_run(args: argparse.Namespace) -> int:
     from tpusim.report.progress import Activity, run_status
     from tpusim.report.summary import format_summary
 
+    # output paths first: a run must not end by finding them unwritable (the report folder is checked below,
+    # once the config that names it is known)
+    if args.out is not None:
+        from tpusim.paths import check_output_path
+
+        check_output_path(args.out, "--out", folder=False)
     if args.reference:
         clash = [flag for flag, on in (("--report", args.report is not None), ("--check", args.check),
                                         ("--timing-only", args.timing_only)) if on]  # fmt: skip
@@ -150,16 +157,25 @@ def _run_run(args: argparse.Namespace) -> int:
         declared = module.replica_count * module.num_partitions
         topology = system_topology(config.ici, args.chips or (None if shape else declared), shape)
     n = topology.chips if topology is not None else 1
-    per_device = load_inputs(args.inputs, module, n) if args.inputs else random_inputs(module, args.seed, n)
-    inputs = [_stack([d[i] for d in per_device]) for i in range(len(per_device[0]))] if many else per_device[0]
+    if args.report is not None:
+        from tpusim.paths import check_output_path
+        from tpusim.report.command import report_folder
+
+        check_output_path(report_folder(args, config.name), "--report", folder=True)
     began = time.perf_counter()
     monitor = RunMonitor()
     # shown on a terminal only: compiling, then simulated cycles, instructions/s and an ETA when known
     with Activity(f"{args.program.name} on {config.name}", probe=lambda: run_status(monitor)):
+        # compiled (HBM checked) before any input is read or drawn: a program that does not fit fails at once
+        compiled = _compile_for_run(module, config, args, topology)
+        compiled_in = time.perf_counter() - began
+        per_device = load_inputs(args.inputs, module, n) if args.inputs else random_inputs(module, args.seed, n)
+        inputs = [_stack([d[i] for d in per_device]) for i in range(len(per_device[0]))] if many else per_device[0]
         result = simulate(
-            module, inputs, config=config, options=_options(args), timing_only=args.timing_only,
-            chips=n if many else None, topology=topology.shape if topology is not None else None, monitor=monitor,
+            compiled, inputs, timing_only=args.timing_only, chips=n if many else None,
+            topology=topology.shape if topology is not None else None, monitor=monitor,
         )  # fmt: skip
+        result = dataclasses.replace(result, compile_seconds=compiled_in)
     wall = time.perf_counter() - began
     checks = _check(module, result, per_device, many) if args.check and not args.timing_only else None
     print(format_summary(result, wall, checks))
@@ -168,14 +184,25 @@ def _run_run(args: argparse.Namespace) -> int:
 
         print()
         print(format_links(result))
-    if args.report is not None:
-        from tpusim.report.command import write_run_report
-
-        write_run_report(args, result, wall)
-    if args.out is not None and result.outputs:
+    if args.out is not None and result.outputs:  # the outputs first: a failing report must not lose them
         save_outputs(args.out, [np.asarray(o) for o in result.outputs])
         print(f"wrote {args.out}", file=sys.stderr)
+    if args.report is not None:
+        from tpusim.report import command as report_command
+
+        report_command.write_run_report(args, result, wall)
     return 1 if checks is not None and not all(c.ok for c in checks) else 0
+
+
+def _compile_for_run(module: Module, config: Any, args: argparse.Namespace, topology: Any) -> Any:
+    """Compile ``module`` as ``simulate`` would (on many chips with ``ici.shape`` set to the topology)."""
+    from tpusim.compiler.pipeline import compile_module
+
+    if topology is not None:
+        from tpusim.config import with_overrides
+
+        config = with_overrides(config, {"ici.shape": topology.shape})
+    return compile_module(module, config, _options(args))
 
 
 def _stack(values: list[Any]) -> Any:

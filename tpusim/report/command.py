@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tpusim.api import SimulationResult
 
-__all__ = ["add_report_argument", "configure_report", "run_report", "write_run_report"]
+__all__ = ["add_report_argument", "configure_report", "report_folder", "run_report", "write_run_report"]
 
 
 def add_report_argument(p: argparse.ArgumentParser) -> None:
@@ -25,11 +25,18 @@ def add_report_argument(p: argparse.ArgumentParser) -> None:
                         "(default: reports/<program>-<config>/)")  # fmt: skip
 
 
+def report_folder(args: argparse.Namespace, config_name: str) -> Path:
+    """The folder ``tpusim run --report [DIR]`` writes to (DIR, or ``reports/<program>-<config>``)."""
+    from tpusim.report.writer import default_report_dir
+
+    return Path(args.report) if args.report else default_report_dir(args.program, config_name)
+
+
 def write_run_report(args: argparse.Namespace, result: SimulationResult, wall_seconds: float) -> Path:
     """Write the report ``tpusim run --report`` asked for; returns its folder."""
-    from tpusim.report.writer import default_report_dir, write_report
+    from tpusim.report.writer import write_report
 
-    out = Path(args.report) if args.report else default_report_dir(args.program, result.compiled.config.name)
+    out = report_folder(args, result.compiled.config.name)
     write_report(result, out, program_path=str(args.program), wall_seconds=wall_seconds)
     print(f"wrote report to {out}/ (report.md, summary.json, trace.json, plots)", file=sys.stderr)
     return out

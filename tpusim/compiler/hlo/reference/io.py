@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import zipfile
 import zlib
@@ -41,6 +42,7 @@ from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type
 __all__ = [
     "DEFAULT_SEED",
     "InputFileError",
+    "OutputFileError",
     "configure_run_reference",
     "load_inputs",
     "random_inputs",
@@ -54,6 +56,10 @@ DEFAULT_SEED = 0
 
 class InputFileError(TpusimError):
     """An inputs file that does not fit the program (missing or extra key, wrong dtype or shape)."""
+
+
+class OutputFileError(TpusimError):
+    """An outputs file that cannot be written."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,13 +367,23 @@ def random_inputs(module: Module, seed: int = DEFAULT_SEED, num_devices: int = 1
 
 
 def save_outputs(path: str | Path, outputs: Sequence[np.ndarray], extra: dict[str, np.ndarray] | None = None) -> None:
-    """Write ``outputs`` as ``out0 ..`` (plus ``extra`` keys) to ``path``, in npz-storable dtypes."""
+    """Write ``outputs`` as ``out0 ..`` (plus ``extra`` keys) to exactly ``path`` (no ``.npz`` appended), in
+    npz-storable dtypes."""
     arrays = {f"out{i}": storage_array(np.asarray(o)) for i, o in enumerate(outputs)}
     for k, v in (extra or {}).items():
         arrays[k] = storage_array(np.asarray(v))
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **arrays)  # type: ignore[arg-type]
+    # written through a file object, so numpy does not append ".npz" to a path without it: the file is exactly
+    # ``path``; written to a temporary file first and renamed, so a failed write leaves no half file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputFileError(f"{path}: cannot write the outputs: {exc.strerror or exc}") from None
 
 
 def stack_devices(per_device: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
@@ -394,7 +410,9 @@ def run_reference_command(args: argparse.Namespace) -> int:
     ``args.seed`` (optional); prints one line per output to stderr. Returns the exit status (0).
     """
     from tpusim.compiler.hlo import load_module
+    from tpusim.paths import check_output_path
 
+    out = check_output_path(getattr(args, "out", None) or Path("reports/out.npz"), "--out", folder=False)
     module = load_module(args.program)
     declared = module.replica_count * module.num_partitions
     replicas = getattr(args, "replicas", None)
@@ -417,7 +435,6 @@ def run_reference_command(args: argparse.Namespace) -> int:
     extra = {}
     for i in range(min(len(f) for f in feeds)):
         extra[f"outfeed{i}"] = np.stack([f[i] for f in feeds]) if stacked else feeds[0][i]
-    out = getattr(args, "out", None) or Path("reports/out.npz")
     save_outputs(out, outputs, extra)
     source = f"inputs {inputs_path}" if inputs_path is not None else f"random inputs (seed {seed})"
     print(f"reference: {args.program} on {n} device(s), {source} -> {out}", file=sys.stderr)
