@@ -272,7 +272,7 @@ def test_trace_view_draws_the_trace(run: dict[str, Any], capsys: pytest.CaptureF
     img = imread(out / "trace_view.png")[..., :3]
     assert img.shape[0] > 400 and 0.02 < (img < 0.9).any(axis=-1).mean() < 0.9
     assert main(["report", str(out), "--trace-view", "soon"]) == 1
-    assert "--trace-view takes START:END in cycles" in capsys.readouterr().err
+    assert "--trace-view soon: give START:END in cycles" in capsys.readouterr().err
 
 
 def test_report_of_many_chips_has_links_and_collectives(tmp_path: Path) -> None:

@@ -61,25 +61,43 @@ def run_report(args: argparse.Namespace) -> int:
         return 0
     if args.directory is None:
         raise ReportError("give a report folder (or --schema)")
+    window = _trace_window(args.trace_view) if args.trace_view is not None else None  # before any work
     for path in render_report(args.directory, dpi=args.dpi):
         print(f"wrote {path}", file=sys.stderr)
-    if args.trace_view is not None:
-        print(f"wrote {_trace_view(args.directory, args.trace_view, args.dpi)}", file=sys.stderr)
+    if window is not None:
+        print(f"wrote {_trace_view(args.directory, window, args.dpi)}", file=sys.stderr)
     return 0
 
 
-def _trace_view(directory: Path, window: str, dpi: int) -> Path:
+def _trace_window(text: str) -> tuple[float | None, float | None]:
+    """``START:END`` in cycles (either may be left out): finite, START >= 0 and START < END."""
+    import math
+
+    from tpusim.report.writer import ReportError
+
+    where = f"--trace-view {text[:60]}{'...' if len(text) > 60 else ''}"
+    lo, sep, hi = text.partition(":")
+    try:
+        start, end = (float(lo) if lo.strip() else None), (float(hi) if hi.strip() else None)
+    except ValueError:
+        sep = ""
+    if not sep:
+        raise ReportError(f"{where}: give START:END in cycles (either may be left out), e.g. 3000:9000")
+    for name, value in (("START", start), ("END", end)):
+        if value is not None and not math.isfinite(value):
+            raise ReportError(f"{where}: {name} must be a finite number of cycles, not {value}")
+        if value is not None and value < 0:
+            raise ReportError(f"{where}: {name} must be at least 0 cycles, not {value:g}")
+    if start is not None and end is not None and start >= end:
+        raise ReportError(f"{where}: START must come before END ({start:g} >= {end:g})")
+    return start, end
+
+
+def _trace_view(directory: Path, window: tuple[float | None, float | None], dpi: int) -> Path:
     from tpusim.report.trace_view import trace_view_figure
     from tpusim.report.writer import ReportError
 
-    lo, sep, hi = window.partition(":")
-    try:
-        start, end = (float(lo) if lo else None), (float(hi) if hi else None)
-    except ValueError:
-        start = end = None
-        sep = ""
-    if not sep:
-        raise ReportError(f"--trace-view takes START:END in cycles (either may be left out), not {window!r}")
+    start, end = window
     try:
         doc = json.loads((directory / "trace.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
