@@ -134,3 +134,65 @@ def test_async_done_shares_the_start_buffer_that_holds_its_result() -> None:
     assert buffers.buffer("main", "r") == buffers.buffer("main", "rs")
     assert buffers.buffer("main", "g") == buffers.buffer("main", "gs", (1,))
     assert buffers.buffer("main", "g") != buffers.buffer("main", "gs", (0,))
+
+
+# A loop body whose temporaries first-fit places in more bytes than their peak of live bytes (the 4 KiB slot
+# freed by `s` is too small for `g`), beside loop-state arrays (the bias, which the body only reads): the region
+# reserved for the body must hold the placement, or the bias shares bytes with `f` (jax.lax.scan of
+# x @ W + b gave wrong rows from the second step on).
+FIRST_FIT_BODY = """
+HloModule region
+body {
+  p = (s32[], f32[8,256], f32[256]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  acc = f32[8,256] get-tuple-element(p), index=1
+  bias = f32[256] get-tuple-element(p), index=2
+  one = s32[] constant(1)
+  i2 = s32[] add(i, one)
+  s = f32[4,256] slice(acc), slice={[0:4], [0:256]}
+  d = f32[8,256] concatenate(s, s), dimensions={0}
+  g = f32[8,256] reverse(d), dimensions={0}
+  bb = f32[8,256] broadcast(bias), dimensions={1}
+  f = f32[8,256] add(g, bb)
+  ROOT t = (s32[], f32[8,256], f32[256]) tuple(i2, f, bias)
+}
+cond {
+  p = (s32[], f32[8,256], f32[256]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(3)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+ENTRY main {
+  a = f32[8,256] parameter(0)
+  b = f32[256] parameter(1)
+  i0 = s32[] constant(0)
+  init = (s32[], f32[8,256], f32[256]) tuple(i0, a, b)
+  w = (s32[], f32[8,256], f32[256]) while(init), condition=cond, body=body
+  ROOT out = f32[8,256] get-tuple-element(w), index=1
+}
+"""
+
+
+def test_loop_body_region_holds_its_first_fit_placement() -> None:
+    _, buffers = _assign(FIRST_FIT_BODY)
+    state = [buffers.buffer("main", "w", (k,)) for k in (1, 2)]
+    for temp in (buffers.buffer("body", n) for n in ("s", "d", "g")):
+        for x in state:
+            assert temp.offset + temp.size <= x.offset or x.offset + x.size <= temp.offset, (temp, x)
+
+
+def test_overlapping_live_buffers_are_a_compile_error() -> None:
+    """The independent liveness check turns a planner mistake into a compile error, not a wrong answer."""
+    from dataclasses import replace
+
+    from tpusim.compiler.buffer_assignment import check_disjoint
+    from tpusim.compiler.errors import CompileError
+
+    module, buffers = _assign(FIRST_FIT_BODY)
+    check_disjoint(module, buffers)
+    bias = buffers.buffer("main", "w", (2,))
+    g = buffers.buffer("body", "g")
+    moved = list(buffers.buffers)
+    moved[g.id] = replace(g, offset=bias.offset)
+    with pytest.raises(CompileError, match=r"body/g .* main/w\[2\]|main/w\[2\] .* body/g"):
+        check_disjoint(module, replace(buffers, buffers=tuple(moved)))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from tpusim.errors import TpusimError
@@ -201,6 +202,7 @@ class _Planner:
         self.last_use: dict[tuple[str, str], int] = {}
         self.leaf_reads: dict[Key, int] = {}  # last position that reads a leaf's data (not forwarding)
         self.buffers: list[Buffer] = []
+        self.extents: dict[str, int] = {}  # computation -> bytes its first-fit placement spans
 
     # ------------------------------------------------------------------ aliases
     def leaves(self, comp: str, instr: Instruction) -> list[Key]:
@@ -522,24 +524,23 @@ class _Planner:
         for i, instr in enumerate(comp.instructions):
             callees = _sequential_callees(instr)
             if callees:
-                need = max(self._scope_size(c) for c in callees)
+                need = max(self._scope_extent(c) for c in callees)
                 if need:
                     out.append((i, i, None, callees, need))
         return out
 
-    def _scope_size(self, comp_name: str) -> int:
-        """Bytes a computation's own buffers and nested calls need at their peak."""
-        events: list[tuple[int, int]] = []
-        for start, end, _, _, size in self._intervals(comp_name):
-            events += [(start, size), (end + 1, -size)]
-        peak = live = 0
-        for _, delta in sorted(events):
-            live += delta
-            peak = max(peak, live)
-        return peak
+    def _scope_extent(self, comp_name: str) -> int:
+        """Bytes a computation's own buffers and nested calls take when first-fit places them from offset 0:
+        the region its caller reserves for it, which must hold the placement :meth:`_allocate_scope` makes
+        (first fit can need more than the peak of live bytes, when freed ranges are too small to reuse)."""
+        extent = self.extents.get(comp_name)
+        if extent is None:
+            extent = self.extents[comp_name] = self._allocate_scope(comp_name, 0, place=False)
+        return extent
 
-    def _allocate_scope(self, comp_name: str, base: int) -> int:
-        """First-fit allocation of a scope's classes above ``base``; returns the highest byte used."""
+    def _allocate_scope(self, comp_name: str, base: int, place: bool = True) -> int:
+        """First-fit allocation of a scope's classes above ``base``; returns the highest byte used. With
+        ``place=False``, only measures: the same layout, nothing assigned."""
         placed: list[tuple[int, int, int, int]] = []  # (start, end, offset, size)
         peak = base
         for start, end, cls, callees, size in sorted(self._intervals(comp_name), key=lambda t: (t[0], -t[4])):
@@ -547,7 +548,9 @@ class _Planner:
             for s, e, o, z in sorted(placed, key=lambda t: t[2]):
                 if s <= end and start <= e and at < o + z and o < at + size:
                     at = _align(o + z)
-            if cls is not None:
+            if not place:
+                pass
+            elif cls is not None:
                 self._place(cls, at)
             else:
                 for callee in callees:  # branches of a conditional share the region
@@ -566,4 +569,66 @@ def assign_buffers(module: Module, hbm_capacity_bytes: int, smem_capacity_bytes:
     arrays, SMEM (up to half of ``smem_capacity_bytes``) for integer scalars the program computes."""
     planner = _Planner(module, hbm_capacity_bytes, smem_capacity_bytes)
     planner.build()
-    return planner.allocate()
+    assignment = planner.allocate()
+    check_disjoint(module, assignment)
+    return assignment
+
+
+def check_disjoint(module: Module, assignment: BufferAssignment) -> None:
+    """Raise an internal :class:`CompileError` when two buffers that hold values live at the same time share
+    bytes: a wrong answer caught at compile time instead of a silent one at run time.
+
+    Liveness here is worked out afresh from the module, not from the planner's intervals: in each sequential
+    computation a leaf is live from the instruction that defines it to the last one that names it (the
+    root's leaves to the end), and everything live where a computation is run (its ``while``, ``call`` or
+    ``conditional`` in the caller, the loop state included) is live throughout it."""
+    callers: dict[str, list[tuple[str, int]]] = {}
+    for name in sequential_computations(module):
+        for i, instr in enumerate(module[name].instructions):
+            for callee in _sequential_callees(instr):
+                callers.setdefault(callee, []).append((name, i))
+    spans: dict[str, dict[int, tuple[int, int]]] = {}  # computation -> buffer id -> (first, last) position
+
+    def own_spans(name: str) -> dict[int, tuple[int, int]]:
+        comp = module[name]
+        last: dict[str, int] = {comp.root: len(comp.instructions)}
+        for i, instr in enumerate(comp.instructions):
+            for o in instr.operands:
+                last[o] = max(last.get(o, i), i)
+        out: dict[int, tuple[int, int]] = {}
+        for i, instr in enumerate(comp.instructions):
+            for path, _ in leaf_paths(instr.shape):
+                b = assignment.leaves.get((name, instr.name, path))
+                if b is None:
+                    continue
+                lo, hi = out.get(b, (i, i))
+                out[b] = (min(lo, i), max(hi, last.get(instr.name, i)))
+        return out
+
+    def live(name: str) -> dict[int, tuple[int, int]]:
+        if name in spans:
+            return spans[name]
+        comp = module[name]
+        out = spans[name] = own_spans(name)
+        whole = (0, len(comp.instructions))
+        for caller, at in callers.get(name, []):
+            for b, (lo, hi) in live(caller).items():
+                if lo <= at <= hi:
+                    out[b] = whole
+        return out
+
+    buffers = assignment.buffers
+    for name in sequential_computations(module):
+        intervals = sorted(
+            ((buffers[b], lo, hi) for b, (lo, hi) in live(name).items() if buffers[b].size),
+            key=lambda t: (t[0].space, t[0].offset),
+        )
+        for n, (a, lo, hi) in enumerate(intervals):
+            for b, blo, bhi in intervals[n + 1 :]:
+                if b.space != a.space or b.offset >= a.offset + a.size:
+                    break
+                if blo <= hi and lo <= bhi:
+                    raise CompileError(
+                        f"internal: buffer assignment put {a.label} ({a.space} {a.offset:#x}, {a.size} bytes) and "
+                        f"{b.label} ({b.space} {b.offset:#x}, {b.size} bytes) in the same bytes, both live in {name}"
+                    )

@@ -23,7 +23,7 @@ from tpusim.config import ChipConfig
 from tpusim.isa import FallbackKernel, MemRef, Reg, Space, StreamBuilder
 from tpusim.memory import Layout, Shape
 
-__all__ = ["CompileOptions", "Lowering", "Mark", "OpScope", "control_slice"]
+__all__ = ["CompileOptions", "ControlSlice", "Lowering", "Mark", "OpScope", "control_slice"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +113,7 @@ class Lowering:
         self.hlo: str | None = None  # the HLO instruction being lowered, stamped on emitted instructions
         self.computation: Computation | None = None
         # HLO values control flow depends on: their instructions compute even in timing-only runs.
-        self.control_values: frozenset[tuple[str, str]] = control_slice(module)
+        self.control_slice = control_slice(module)
         self.control = False
         # State a family of rules keeps from one instruction to the next (e.g. the collectives' reserved
         # semaphores), keyed by a name of the family's choosing.
@@ -204,7 +204,7 @@ class Lowering:
             smem_next=outer.smem_next if outer is not None else self.buffers.smem_bytes,
         )
         self._scope, self.hlo, self.computation = scope, instr.name, comp
-        outer_control, self.control = self.control, (comp.name, instr.name) in self.control_values
+        outer_control, self.control = self.control, (comp.name, instr.name) in self.control_slice.values
         try:
             yield scope
         finally:
@@ -328,28 +328,61 @@ class Lowering:
         self._free_regs.append(reg.index)
 
 
-def control_slice(module: Module) -> frozenset[tuple[str, str]]:
-    """``(computation, instruction)`` pairs whose values decide control flow: loop conditions, branch
-    predicates and indices, dynamic-slice offsets, and everything they depend on, through tuple elements
-    and loop state (leaf by leaf, so a loop counter does not drag in the loop's data)."""
-    state_sources: dict[str, list[tuple[str, str]]] = {}  # condition/body -> (operand, body root) of its loop
+@dataclass(frozen=True)
+class ControlSlice:
+    """The HLO values control flow depends on: loop conditions, branch predicates and indices,
+    dynamic-slice offsets, and everything they depend on, through tuple elements, loop state and the
+    parameters of called computations (leaf by leaf, so a loop counter does not drag in the loop's data).
+    In a timing-only run, the instructions that compute them still compute, so that the run takes the same
+    path through the program as a numeric one.
+
+    Attributes:
+        values: ``(computation, instruction)`` pairs whose code computes a control value.
+        leaves: ``(computation, value, leaf path)`` of the tuple leaves that carry one: the loop state
+            leaves a ``while`` copies in before the loop and back at the end of an iteration.
+    """
+
+    values: frozenset[tuple[str, str]]
+    leaves: frozenset[tuple[str, str, tuple[int, ...]]]
+
+    def carries(self, comp: str, value: str, path: tuple[int, ...]) -> bool:
+        """True when leaf ``path`` of ``value`` holds a value control flow depends on."""
+        return (comp, value, path) in self.leaves
+
+
+def control_slice(module: Module) -> ControlSlice:
+    """The :class:`ControlSlice` of a module."""
+    # A computation's parameter number -> the values its callers pass for it: for a while's condition and
+    # body, the loop operand and the body's result (and the loop's own state leaf, recorded in `leaves`).
+    passed: dict[tuple[str, int], list[tuple[str, str]]] = {}
+    loops: dict[str, list[tuple[str, str]]] = {}  # condition/body -> (computation, while) running it
     work: list[tuple[str, str, tuple[int, ...] | None]] = []  # (computation, value, leaf path or None = all)
     for comp in module.computations:
         for instr in comp.instructions:
-            if instr.opcode == "while":
+            op = instr.opcode
+            if op == "while":
                 cond, body = instr.attr("condition"), instr.attr("body")
                 work.append((cond, module[cond].root, None))
                 for sub in (cond, body):
-                    state_sources.setdefault(sub, []).extend(
-                        [(comp.name, instr.operands[0]), (body, module[body].root)]
-                    )
-            elif instr.opcode == "conditional":
+                    passed.setdefault((sub, 0), []).extend([(comp.name, instr.operands[0]), (body, module[body].root)])
+                    loops.setdefault(sub, []).append((comp.name, instr.name))
+            elif op == "conditional":
                 work.append((comp.name, instr.operands[0], None))
-            elif instr.opcode in ("dynamic-slice", "dynamic-update-slice"):
-                first = 1 if instr.opcode == "dynamic-slice" else 2
+                branches = instr.attr("branch_computations") or (
+                    instr.attr("true_computation"),
+                    instr.attr("false_computation"),
+                )
+                for n, branch in enumerate(branches):
+                    passed.setdefault((branch, 0), []).append((comp.name, instr.operands[n + 1]))
+            elif op == "call":
+                for n, operand in enumerate(instr.operands):
+                    passed.setdefault((instr.attr("to_apply"), n), []).append((comp.name, operand))
+            elif op in ("dynamic-slice", "dynamic-update-slice"):
+                first = 1 if op == "dynamic-slice" else 2
                 work += [(comp.name, o, None) for o in instr.operands[first:]]
     seen: set[tuple[str, str, tuple[int, ...] | None]] = set()
     wanted: set[tuple[str, str]] = set()
+    leaves: set[tuple[str, str, tuple[int, ...]]] = set()
     while work:
         item = work.pop()
         if item in seen:
@@ -365,11 +398,17 @@ def control_slice(module: Module) -> frozenset[tuple[str, str]]:
         elif op == "tuple" and path:
             work.append((comp_name, instr.operands[path[0]], path[1:] or None))
         elif op == "parameter":
-            work += [(c, v, path) for c, v in state_sources.get(comp_name, [])]
+            number = instr.attr("parameter_number")
+            work += [(c, v, path) for c, v in passed.get((comp_name, number), [])]
+            for c, loop in loops.get(comp_name, []):
+                shape = module[c][loop].shape
+                leaves.update(
+                    (c, loop, p) for p, _ in leaf_paths(shape) if path is None or p[: len(path)] == tuple(path)
+                )
         else:
             work += [(comp_name, o, None) for o in instr.operands]
             work += [(callee, module[callee].root, None) for callee in instr.called_computations()]
-    return frozenset(wanted)
+    return ControlSlice(frozenset(wanted), frozenset(leaves))
 
 
 class VmemExhausted(CompileError):

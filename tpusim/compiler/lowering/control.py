@@ -9,7 +9,11 @@ the end of an iteration.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from tpusim.compiler.buffer_assignment import leaf_paths
+from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.registry import lowering
@@ -17,18 +21,65 @@ from tpusim.compiler.lowering.sequential import lower_computation
 from tpusim.isa import Branch, DmaStart, Jump, MemRef, Reg, ScalarAlu, ScalarLoad, SemWait, Space
 from tpusim.memory import Shape
 
-__all__ = ["copy_arrays", "read_scalar"]
+__all__ = ["Copy", "copy_arrays", "read_scalar"]
 
 
-def copy_arrays(ctx: Lowering, pairs: list[tuple[MemRef, MemRef]]) -> None:
-    """DMA each ``src`` to ``dst`` (whole arrays, any layouts) and wait for all of them."""
-    pairs = [(s, d) for s, d in pairs if (s.space, s.address, s.shape) != (d.space, d.address, d.shape)]
-    if not pairs:
-        return
+@dataclass
+class Copy:
+    """One whole-array copy of a parallel assignment; ``control``: it carries a value control flow reads, so
+    it moves its bytes even in a timing-only run."""
+
+    src: MemRef
+    dst: MemRef
+    control: bool = False
+
+
+def copy_arrays(ctx: Lowering, copies: Sequence[Copy | tuple[MemRef, MemRef]]) -> None:
+    """Copy each ``src`` to its ``dst`` (whole arrays, any layouts; a :class:`Copy` or a ``(src, dst)`` pair)
+    as one parallel assignment: every destination receives the value its source held before any of the
+    copies, whatever the order of the arrays in memory (the end of a loop iteration that swaps or rotates
+    its state: ``(a, b) <- (b, a)``).
+
+    Copies whose destination no other pending copy reads run together, then the next round; when only
+    cycles remain, one destination's old value is first saved in a temporary and its readers read that.
+    """
+    given = [c if isinstance(c, Copy) else Copy(*c) for c in copies]
+    pending = [c for c in given if not _same(c.src, c.dst)]
+    while pending:
+        ready = [c for c in pending if not any(o is not c and _overlap(c.dst, o.src) for o in pending)]
+        if not ready:  # every destination is still to be read: break a cycle through a temporary
+            first = pending[0]
+            keep = ctx.smem(first.dst.shape) if first.dst.space is Space.SMEM else ctx.scratch(first.dst.shape)
+            _copy_round(ctx, [Copy(first.dst, keep, first.control)])
+            for c in pending:
+                if c is not first and _overlap(first.dst, c.src):
+                    if not _same(first.dst, c.src):
+                        raise CompileError(
+                            f"internal: {ctx.hlo}: copies of partly overlapping arrays {c.src} and {first.dst}"
+                        )
+                    c.src = keep
+            continue
+        _copy_round(ctx, ready)
+        pending = [c for c in pending if all(c is not r for r in ready)]
+
+
+def _copy_round(ctx: Lowering, copies: list[Copy]) -> None:
     sem = ctx.semaphore()
-    for src, dst in pairs:
-        ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
-    ctx.emit(SemWait, sem=sem, count=len(pairs))
+    for c in copies:
+        ctx.emit(DmaStart, src=c.src, dst=c.dst, sem=sem, control=c.control)
+    ctx.emit(SemWait, sem=sem, count=len(copies), control=any(c.control for c in copies))
+
+
+def _same(a: MemRef, b: MemRef) -> bool:
+    return (a.space, a.address, a.shape) == (b.space, b.address, b.shape)
+
+
+def _overlap(a: MemRef, b: MemRef) -> bool:
+    return a.space is b.space and a.address < b.address + _size(b) and b.address < a.address + _size(a)
+
+
+def _size(ref: MemRef) -> int:
+    return max(1, ref.shape.byte_size)
 
 
 def read_scalar(ctx: Lowering, src: MemRef) -> Reg:
@@ -48,19 +99,26 @@ def read_scalar(ctx: Lowering, src: MemRef) -> Reg:
     return reg
 
 
-def _result_copies(ctx: Lowering, callee: str, comp: Computation, instr: Instruction) -> list[tuple[MemRef, MemRef]]:
+def _result_copies(ctx: Lowering, callee: str, comp: Computation, instr: Instruction) -> list[Copy]:
     root = ctx.module[callee].root
-    return [(ctx.hbm(callee, root, path), ctx.hbm(comp.name, instr.name, path)) for path, _ in leaf_paths(instr.shape)]
+    return [
+        Copy(ctx.hbm(callee, root, path), ctx.hbm(comp.name, instr.name, path)) for path, _ in leaf_paths(instr.shape)
+    ]
 
 
 @lowering("while")
 def lower_while(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     cond, body = instr.attr("condition"), instr.attr("body")
     operand = instr.operands[0]
+    carries = ctx.control_slice.carries
     copy_arrays(
         ctx,
         [
-            (ctx.hbm(comp.name, operand, path), ctx.hbm(comp.name, instr.name, path))
+            Copy(
+                ctx.hbm(comp.name, operand, path),
+                ctx.hbm(comp.name, instr.name, path),
+                carries(comp.name, instr.name, path),
+            )
             for path, _ in leaf_paths(instr.shape)
             if (comp.name, instr.name, path) in ctx.buffers.copy_in
         ],
@@ -76,7 +134,7 @@ def lower_while(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     copy_arrays(
         ctx,
         [
-            (ctx.hbm(body, root, path), ctx.hbm(comp.name, instr.name, path))
+            Copy(ctx.hbm(body, root, path), ctx.hbm(comp.name, instr.name, path), carries(comp.name, instr.name, path))
             for path, _ in leaf_paths(instr.shape)
             if (body, path) in ctx.buffers.copy_back
         ],
