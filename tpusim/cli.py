@@ -58,18 +58,28 @@ def _configure_layout(p: argparse.ArgumentParser) -> None:
 
 @command("layout", "draw how a layout places an array in memory", _configure_layout)
 def _run_layout(args: argparse.Namespace) -> int:
-    from tpusim.memory.diagram import layout_diagram, layout_summary
+    from tpusim.memory.diagram import MAX_DRAWN_CELLS, MAX_POSITIONS, layout_diagram, layout_summary
     from tpusim.memory.shape_text import parse_shape
+    from tpusim.paths import check_output_path
 
     shape = parse_shape(args.shape)
-    if args.json:
-        json.dump(layout_summary(shape), sys.stdout)
-        sys.stdout.write("\n")
     out = args.out if args.out is not None or args.json else Path("reports/layout.png")
+    if out is not None:  # checked before anything is printed or drawn
+        if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise TpusimError(f"--out {out}: the diagram is written as .png, .svg or .pdf, not '{out.suffix}'")
+        check_output_path(out, "--out", folder=False)
+        if args.max_rows < 1 or args.max_cols < 1 or args.max_rows * args.max_cols > MAX_DRAWN_CELLS:
+            raise TpusimError(f"--max-rows {args.max_rows} --max-cols {args.max_cols}: each must be at least 1 and "
+                              f"together at most {MAX_DRAWN_CELLS:,} cells")  # fmt: skip
+    if args.json:
+        summary = layout_summary(shape)
+        json.dump(summary, sys.stdout)
+        sys.stdout.write("\n")
+        if summary["linear_positions_truncated"]:
+            print(f"tpusim layout: linear_positions left out: {shape} has more than {MAX_POSITIONS:,} elements "
+                  "(draw its first tiles with --out FILE.png)", file=sys.stderr)  # fmt: skip
     if out is None:
         return 0
-    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise TpusimError(f"--out {out}: the diagram is written as .png, .svg or .pdf, not '{out.suffix}'")
     figure = layout_diagram(shape, max_rows=args.max_rows, max_cols=args.max_cols)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=110)
@@ -108,6 +118,13 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
         help="run on N chips (an SPMD per-device module or N replicas); inputs and outputs get a leading axis of N",
     )
     p.add_argument("--topology", default=None, help="the chips' grid, e.g. 2x4 (default: ici.shape or one for --chips)")
+    from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS
+
+    p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, metavar="N",
+                   help=f"stop the run after N instructions executed on the device (with --reference: N while "
+                        f"iterations); default {DEFAULT_MAX_STEPS:,}")  # fmt: skip
+    p.add_argument("--max-cycles", type=int, default=None, metavar="N",
+                   help=f"stop the run after N simulated cycles (default 2^48 = {DEFAULT_MAX_CYCLES:,})")  # fmt: skip
     from tpusim.report.command import add_report_argument
 
     add_report_argument(p)
@@ -142,7 +159,9 @@ def _run_run(args: argparse.Namespace) -> int:
         check_output_path(args.out, "--out", folder=False)
     if args.reference:
         clash = [flag for flag, on in (("--report", args.report is not None), ("--check", args.check),
-                                        ("--timing-only", args.timing_only)) if on]  # fmt: skip
+                                        ("--timing-only", args.timing_only),
+                                        ("--max-cycles (the oracle has no cycles)", args.max_cycles is not None))
+                 if on]  # fmt: skip
         if clash:
             raise TpusimError(f"--reference runs only the numpy oracle; it cannot be combined with {', '.join(clash)}")
         return run_reference_command(args)
@@ -174,10 +193,11 @@ def _run_run(args: argparse.Namespace) -> int:
         result = simulate(
             compiled, inputs, timing_only=args.timing_only, chips=n if many else None,
             topology=topology.shape if topology is not None else None, monitor=monitor,
+            max_steps=args.max_steps, max_cycles=_max_cycles(args),
         )  # fmt: skip
         result = dataclasses.replace(result, compile_seconds=compiled_in)
     wall = time.perf_counter() - began
-    checks = _check(module, result, per_device, many) if args.check and not args.timing_only else None
+    checks = _check(module, result, per_device, many, args.max_steps) if args.check and not args.timing_only else None
     print(format_summary(result, wall, checks))
     if many:
         from tpusim.report.links import format_links
@@ -214,9 +234,17 @@ def _stack(values: list[Any]) -> Any:
     return np.stack([np.asarray(v) for v in values])
 
 
-def _check(module: Module, result: SimulationResult, per_device: list[list[Any]], many: bool) -> list[OutputCheck]:
+def _max_cycles(args: argparse.Namespace) -> int:
+    from tpusim.limits import DEFAULT_MAX_CYCLES
+
+    return DEFAULT_MAX_CYCLES if args.max_cycles is None else args.max_cycles
+
+
+def _check(
+    module: Module, result: SimulationResult, per_device: list[list[Any]], many: bool, max_steps: int
+) -> list[OutputCheck]:
     """``--check``: the outputs against the reference interpreter (one pass of bf16 where the program's dots
-    ran that way; ``evaluate_spmd`` on many chips)."""
+    ran that way; ``evaluate_spmd`` on many chips), limited to ``max_steps`` while iterations."""
     from tpusim.check import compare_outputs, emulate_one_pass
     from tpusim.compiler.hlo.reference import evaluate, evaluate_spmd
     from tpusim.compiler.hlo.reference.io import stack_devices
@@ -226,9 +254,9 @@ def _check(module: Module, result: SimulationResult, per_device: list[list[Any]]
     exact = frozenset(name for _, name, opcode, _ in result.compiled.fallbacks if opcode in ("dot", "convolution"))
     oracle = emulate_one_pass(module, exact) if precision == "bf16" else module
     if many:
-        reference = stack_devices(evaluate_spmd(oracle, per_device, num_devices=len(per_device)))
+        reference = stack_devices(evaluate_spmd(oracle, per_device, num_devices=len(per_device), max_steps=max_steps))
     else:
-        reference = evaluate(oracle, list(per_device[0]))
+        reference = evaluate(oracle, list(per_device[0]), max_steps=max_steps)
     return compare_outputs(result.outputs, reference, precision)
 
 
@@ -309,7 +337,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command].run(args)
     except TpusimError as err:
         print(f"tpusim {args.command}: {err}", file=sys.stderr)
-        return 1
+        return getattr(err, "exit_code", 1)
+    except KeyboardInterrupt as err:  # Ctrl-C: one line saying where the run was, the shell's 128 + SIGINT
+        from tpusim.limits import interrupt_position
+
+        where = interrupt_position(err)
+        print(f"tpusim {args.command}: interrupted" + (f" {where}" if where else ""), file=sys.stderr)
+        return 130
     except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
         print(f"tpusim {args.command}: cannot open {err.filename}: {err.strerror}", file=sys.stderr)
         return 1

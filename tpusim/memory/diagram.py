@@ -18,11 +18,19 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
-from tpusim.errors import LayoutError
+from tpusim.errors import LayoutError, TpusimError
 from tpusim.memory.shape import AnyShape, Shape
 from tpusim.memory.shape_text import parse_shape
 
-__all__ = ["layout_diagram", "layout_summary"]
+__all__ = ["MAX_DRAWN_CELLS", "MAX_POSITIONS", "DrawingBudgetError", "layout_diagram", "layout_summary"]
+
+MAX_POSITIONS = 1 << 20  # most elements whose linear positions layout_summary lists
+MAX_DRAWN_CELLS = 1 << 18  # most grid cells layout_diagram draws (max_rows x max_cols): about 6 s and 350 MB
+
+
+class DrawingBudgetError(TpusimError):
+    """A diagram asked to draw more grid cells than it can draw in bounded time and memory."""
+
 
 _PALETTE = [
     "#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
@@ -124,12 +132,17 @@ def layout_diagram(
     Args:
         shape: an array shape or shape string, e.g. ``"f32[3,5]{1,0:T(2,2)}"``.
         max_rows: most rows of the logical grid to draw (the rest is cut, at tile boundaries).
-        max_cols: most columns to draw.
+        max_cols: most columns to draw (``max_rows x max_cols`` at most ``MAX_DRAWN_CELLS``).
         strip_width: slots per row of the memory strip (default: the grid's column count, at most 64).
 
     Returns:
         A matplotlib Figure (not attached to pyplot; save it with ``fig.savefig(path)``).
     """
+    if max_rows < 1 or max_cols < 1 or max_rows * max_cols > MAX_DRAWN_CELLS:
+        raise DrawingBudgetError(
+            f"max_rows={max_rows}, max_cols={max_cols}: each must be at least 1 and together at most "
+            f"{MAX_DRAWN_CELLS:,} cells"
+        )
     shape = _as_array_shape(shape)
     geo = shape.geometry
     grid = _grid(shape, max_rows, max_cols)
@@ -220,11 +233,16 @@ def _axis_ticks(ax: Any, shape: Shape, grid: _Grid, cell_in: float) -> None:
     )
 
 
-def layout_summary(shape: AnyShape | str) -> dict[str, Any]:
+def layout_summary(shape: AnyShape | str, *, max_positions: int = MAX_POSITIONS) -> dict[str, Any]:
     """JSON-ready facts about a layout: shape, tiled shape, byte size, padding fraction and the linear
-    position of every element as a nested list with the logical shape."""
+    position of every element as a nested list with the logical shape.
+
+    An array of more than ``max_positions`` elements gets ``"linear_positions": null`` and
+    ``"linear_positions_truncated": true`` (the other facts are still given): listing them would take
+    memory in proportion to the array."""
     shape = _as_array_shape(shape)
     geo = shape.geometry
+    cut = prod(shape.dimensions) > max_positions
     return {
         "shape": str(shape),
         "element_type": shape.element_type.name,
@@ -236,5 +254,6 @@ def layout_summary(shape: AnyShape | str) -> dict[str, Any]:
         "bits_per_slot": geo.element_bits,
         "byte_size": geo.byte_size,
         "padding_fraction": geo.padding_fraction,
-        "linear_positions": geo.linear_map().tolist(),
+        "linear_positions": None if cut else geo.linear_map().tolist(),
+        "linear_positions_truncated": cut,
     }
