@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 import tpusim
-from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo import HloParseError, parse_module, print_module
 from tpusim.compiler.hlo.reference import evaluate
+from tpusim.errors import LayoutError, TpusimError
+from tpusim.memory import parse_shape
+from tpusim.memory.shape_text import MAX_RANK, MAX_TUPLE_DEPTH
 
 # --------------------------------------------------------------------------------------------------------
 # Empty arrays
@@ -222,3 +225,186 @@ def test_empty_arrays_from_jax() -> None:
     np.testing.assert_array_equal(np.asarray(total), np.zeros(8, np.float32))
     assert np.asarray(flipped).shape == (8, 0)
     assert np.isnan(np.asarray(mean)).all()  # 0 / 0, as JAX gives
+
+
+# --------------------------------------------------------------------------------------------------------
+# Huge integers, deep nesting, high ranks, bytes that are not UTF-8
+# --------------------------------------------------------------------------------------------------------
+HUGE = "9" * 5000  # Python refuses to convert more than 4300 digits
+WIDE = "9" * 30  # converts, but fits no 64-bit field
+ADD_TEXT = "add {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n  ROOT s = f32[] add(x, y)\n}\n"
+
+HUGE_INTEGERS = {
+    "dimension": "ENTRY e {\n  ROOT p = f32[N] parameter(0)\n}",
+    "two_dimensions": "ENTRY e {\n  ROOT p = f32[2,N] parameter(0)\n}",
+    "parameter_number": "ENTRY e {\n  ROOT p = f32[2] parameter(N)\n}",
+    "index": "ENTRY e {\n  p = (f32[2]) parameter(0)\n  ROOT g = f32[2] get-tuple-element(p), index=N\n}",
+    "s32_constant": "ENTRY e {\n  ROOT c = s32[] constant(N)\n}",
+    "f32_constant": "ENTRY e {\n  ROOT c = f32[2] constant({1, N})\n}",
+    "dimensions": "ENTRY e {\n  p = f32[2] parameter(0)\n  ROOT b = f32[2,2] broadcast(p), dimensions={N}\n}",
+    "layout": "ENTRY e {\n  ROOT p = f32[2]{N} parameter(0)\n}",
+    "tile": "ENTRY e {\n  ROOT p = f32[2]{0:T(N)} parameter(0)\n}",
+    "memory_space": "ENTRY e {\n  ROOT p = f32[2]{0:S(N)} parameter(0)\n}",
+    "slice": "ENTRY e {\n  p = f32[2] parameter(0)\n  ROOT s = f32[1] slice(p), slice={[0:N]}\n}",
+    "padding": "ENTRY e {\n  p = f32[2] parameter(0)\n  z = f32[] constant(0)\n"
+    + "  ROOT s = f32[3] pad(p, z), padding=0_N\n}",
+    "window": ADD_TEXT
+    + "ENTRY e {\n  p = f32[2] parameter(0)\n  z = f32[] constant(0)\n"
+    + "  ROOT s = f32[2] reduce-window(p, z), window={size=1xN}, to_apply=add\n}",
+    "replica_count": "HloModule m, replica_count=N\nENTRY e {\n  ROOT p = f32[2] parameter(0)\n}",
+    "iota_groups": "ENTRY e {\n  p = f32[2] parameter(0)\n"
+    + "  ROOT s = f32[2] all-gather(p), replica_groups=[1,N]<=[N], dimensions={0}\n}",
+    "channel_id": "ENTRY e {\n  p = f32[2] parameter(0)\n"
+    + "  ROOT s = f32[2] collective-permute(p), source_target_pairs={{0,1}}, channel_id=N\n}",
+    "source_line": "ENTRY e {\n  ROOT p = f32[2] parameter(0), metadata={source_line=N}\n}",
+    "signature": "ENTRY %e (p: f32[N]) -> f32[2] {\n  ROOT p = f32[2] parameter(0)\n}",
+}
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0]
+
+
+@pytest.mark.parametrize("digits", [HUGE, WIDE], ids=["5000_digits", "30_digits"])
+@pytest.mark.parametrize("name", sorted(HUGE_INTEGERS))
+def test_huge_integers_in_hlo_are_located_errors(name: str, digits: str) -> None:
+    text = HUGE_INTEGERS[name].replace("N", digits)
+    with pytest.raises(HloParseError) as info:
+        parse_module(text, source="big.hlo")
+    err = info.value
+    assert err.source == "big.hlo" and text.splitlines()[err.line - 1][err.column - 1 :].startswith("999")
+    assert "does not fit in 64 bits" in err.message
+    assert len(_first_line(err)) < 200
+
+
+def test_integers_that_fit_64_bits_still_read() -> None:
+    u64 = parse_module(f"ENTRY e {{\n  ROOT c = u64[2] constant({{{2**64 - 1}, 0}})\n}}")
+    assert int(u64.entry_computation["c"].attr("literal").value[0]) == 2**64 - 1
+    # long digit runs that are not integers: floats, names, strings, comments
+    text = (
+        'ENTRY e {\n  p.123456789012345678901234 = f32[2] parameter(0), metadata={op_name="x123456789012345678901"}\n'
+        "  ROOT c = f32[3] constant({0.100000000000000005551115123125782702118, 1e-123456789012345678901,"
+        " 123456789012345678901234567890.5}) /* 99999999999999999999999 */\n}"
+    )
+    module = parse_module(text)
+    assert module.entry_computation["c"].attr("literal").value[1] == 0
+
+
+def test_in_range_but_huge_values_are_errors_not_crashes() -> None:
+    """Values that fit 64 bits but describe absurd sizes: located verifier/parse errors or out-of-memory."""
+    big = str(2**40)
+    with pytest.raises(HloParseError, match="expands at most"):
+        parse_module(f"ENTRY e {{\n  p = f32[2] parameter(0)\n  ROOT s = f32[2] all-gather(p), "
+                     f"replica_groups=[1,{big}]<=[{big}], dimensions={{0}}\n}}")  # fmt: skip
+    with pytest.raises(HloParseError, match="expands at most"):
+        parse_module(f"{ADD_TEXT}ENTRY e {{\n  p = f32[2] parameter(0)\n  ROOT s = f32[2] all-reduce(p), "
+                     f"replica_groups=mesh[x={big},y={big}] {{x}}, to_apply=add\n}}")  # fmt: skip
+    with pytest.raises(TpusimError, match="HBM"):
+        tpusim.simulate(parse_module(f"ENTRY e {{\n  ROOT p = f32[{big},{big}] parameter(0)\n}}"), timing_only=True)
+
+
+@pytest.mark.parametrize("text", [f"f32[{HUGE}]", f"f32[{WIDE}]", f"f32[2]{{0:T({HUGE})}}", f"f32[2]{{{HUGE}}}"])
+def test_huge_integers_in_shape_strings(text: str) -> None:
+    with pytest.raises(LayoutError, match="does not fit in 64 bits") as info:
+        parse_shape(text)
+    assert text[info.value.column - 1 :].startswith("999")
+    assert all(len(line) < 200 for line in str(info.value).splitlines())
+
+
+def test_huge_dimension_on_the_command_line(tmp_path, capsys) -> None:
+    from tpusim.cli import main
+
+    assert main(["layout", f"f32[{HUGE}]"]) == 1
+    err = capsys.readouterr().err
+    assert "does not fit in 64 bits" in err and "Traceback" not in err and len(err.splitlines()[0]) < 200
+    path = tmp_path / "big.hlo"
+    path.write_text(HUGE_INTEGERS["index"].replace("N", HUGE))
+    assert main(["run", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}:3:" in err.splitlines()[0] and "Traceback" not in err
+
+
+def _nested(depth: int, leaf: str = "f32[2]") -> str:
+    return "(" * depth + leaf + ")" * depth
+
+
+def test_tuples_nested_to_the_limit_parse_print_compile_and_run() -> None:
+    d = MAX_TUPLE_DEPTH - 1  # (the root's tuple adds one)
+    text = (
+        f"ENTRY e {{\n  p = {_nested(d)} parameter(0)\n  q = {_nested(d - 1)} get-tuple-element(p), index=0\n"
+        f"  c = {_nested(d)} constant({_nested(d, '{1, 2}')})\n"
+        f"  ROOT t = ({_nested(d)}, {_nested(d - 1)}, {_nested(d)}) tuple(p, q, c)\n}}"
+    )
+    module = parse_module(text)
+    assert parse_module(print_module(module)) == module
+    x: object = np.arange(2, dtype=np.float32)
+    for _ in range(d):
+        x = (x,)
+    result = tpusim.simulate(module, [x])
+    want = evaluate(module, [x])
+    assert len(result.outputs) == len(want) == 3
+    for got, ref in zip(result.outputs, want):
+        np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("depth", [MAX_TUPLE_DEPTH + 1, 300, 5000, 100_000])
+def test_tuples_nested_too_deep_are_located_errors(depth: int) -> None:
+    with pytest.raises(LayoutError, match=f"nest more than {MAX_TUPLE_DEPTH} deep") as info:
+        parse_shape(_nested(depth))
+    assert info.value.column == MAX_TUPLE_DEPTH + 1
+    for text in [
+        f"ENTRY e {{\n  ROOT p = {_nested(depth)} parameter(0)\n}}",
+        f"ENTRY e (p: {_nested(depth)}) -> f32[2] {{\n  ROOT p = f32[2] parameter(0)\n}}",
+        f"HloModule m, entry_computation_layout={{({_nested(depth)})->f32[2]}}\nENTRY e {{\n"
+        "  ROOT p = f32[2] parameter(0)\n}",
+        f"ENTRY e {{\n  ROOT p = f32[2]{{0:P({'f32[2]{0:P(' * depth}f32[2]{')}' * depth})}} parameter(0)\n}}",
+    ]:
+        with pytest.raises(HloParseError, match=f"nest more than {MAX_TUPLE_DEPTH} deep") as info2:
+            parse_module(text, source="deep.hlo")
+        assert len(_first_line(info2.value)) < 200
+
+
+def test_ranks_past_the_limit_are_located_errors() -> None:
+    ones = ",".join(["1"] * (MAX_RANK + 1))
+    with pytest.raises(LayoutError, match=f"more than {MAX_RANK} dimensions") as info:
+        parse_shape(f"f32[{ones}]")
+    assert info.value.column == len("f32[") + 2 * MAX_RANK + 1  # at the first dimension too many
+    with pytest.raises(HloParseError, match=f"more than {MAX_RANK} dimensions"):
+        parse_module(f"ENTRY e {{\n  ROOT p = f32[{ones}] parameter(0)\n}}")
+    dims = ",".join(["1"] * MAX_RANK)
+    module = parse_module(f"ENTRY e {{\n  p = f32[{dims}] parameter(0)\n  ROOT n = f32[{dims}] negate(p)\n}}")
+    (out,) = tpusim.simulate(module, [np.ones((1,) * MAX_RANK, np.float32)]).outputs
+    assert out.shape == (1,) * MAX_RANK and out.ravel()[0] == -1
+
+
+@pytest.mark.parametrize(
+    ("data", "offset", "line", "column"),
+    [
+        (b"HloModule m\nENTRY e {\n  ROOT p = f32[2] parameter(0) // caf\xe9\n}\n", 59, 3, 38),
+        (b"HloModule m // \xc3\xa9t\xc3\xa9\nENTRY e {\n  ROOT p = f32[2] parameter(0) // \xc3\xa9\xff\n}\n", 67, 3, 37),
+        (b"\x08\x00\x12\x05hello\x9f\x1b[31m", 9, 1, 10),
+    ],
+)
+def test_files_that_are_not_utf8(tmp_path, data: bytes, offset: int, line: int, column: int) -> None:
+    path = tmp_path / "bad.hlo"
+    path.write_bytes(data)
+    with pytest.raises(HloParseError) as info:
+        tpusim.compiler.hlo.load_module(path)
+    err = info.value
+    assert err.source == str(path) and err.line == line
+    assert err.column == column - (1 if b"\xc3\xa9\xff" in data else 0)  # (characters, not bytes)
+    assert f"byte offset {offset} (line {line}, byte {column} of the line) is not UTF-8" in err.message
+    assert "\x1b" not in str(err) and "\x00" not in str(err)  # the snippet does not drive the terminal
+
+
+def test_non_utf8_file_on_the_command_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "latin1.hlo"
+    path.write_bytes(b"HloModule m\nENTRY e {\n  ROOT p = f32[2] parameter(0) // caf\xe9\n}\n")
+    cli = "import sys; from tpusim.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", cli, "run", str(path)], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"tpusim run: HLO parse error at {path}:3:38: byte 0xe9 at byte offset 59")
+    assert "Traceback" not in done.stderr

@@ -13,11 +13,16 @@ __all__ = [
     "SourceError",
     "TpusimError",
     "caret_snippet",
+    "clip_middle",
 ]
 
 
 class TpusimError(Exception):
     """Base class of every error tpusim raises on purpose."""
+
+
+# Control characters (but tab) shown as U+FFFD, one character for one, so the caret stays aligned.
+_CONTROLS = {c: "\ufffd" for c in (*range(0, 9), *range(10, 32), *range(127, 160))}
 
 
 def caret_snippet(line: str, column: int, width: int = 1) -> str:
@@ -26,8 +31,24 @@ def caret_snippet(line: str, column: int, width: int = 1) -> str:
     Tabs before the column are kept in the caret line so the caret stays aligned.
     """
     column = max(0, min(column, len(line)))
+    line = line.translate(_CONTROLS)  # (a binary file's bytes must not drive the terminal)
     pad = "".join(ch if ch == "\t" else " " for ch in line[:column])
     return f"  {line}\n  {pad}{'^' * max(1, width)}"
+
+
+# Lines longer than this (a constant printed in full can be megabytes long) are clipped around the column
+# in error messages, and messages longer than _MESSAGE_LIMIT are cut in the middle: the first line of an
+# error stays short whatever text it quotes.
+_SNIPPET_HALF_WIDTH = 60
+_MESSAGE_LIMIT = 400
+
+
+def clip_middle(text: str, limit: int = _MESSAGE_LIMIT) -> str:
+    """``text``, or its start and end joined by ``...`` when it is longer than ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    keep = (limit - 3) // 2
+    return f"{text[:keep]}...{text[len(text) - keep :]}"
 
 
 class SourceError(TpusimError):
@@ -59,15 +80,23 @@ class SourceError(TpusimError):
         super().__init__(self._format())
 
     def _format(self) -> str:
+        message = clip_middle(self.message)
         if self.text is None:
-            return f"{self.kind}: {self.message}" if self.source is None else f"{self.source}: {self.message}"
+            return f"{self.kind}: {message}" if self.source is None else f"{self.source}: {message}"
         if self.source is not None:
             where = f"{self.source}:{self.line}:{self.column}"
         elif "\n" in self.text:
             where = f"line {self.line}, column {self.column}"
         else:
             where = f"column {self.column}"
-        return f"{self.kind} at {where}: {self.message}\n{caret_snippet(self.line_text, self.column - 1)}"
+        line, col = self.line_text, self.column - 1
+        if len(line) > 2 * _SNIPPET_HALF_WIDTH + 20:
+            lo = max(0, col - _SNIPPET_HALF_WIDTH)
+            hi = min(len(line), col + _SNIPPET_HALF_WIDTH)
+            head = "..." if lo > 0 else ""
+            line = head + line[lo:hi] + ("..." if hi < len(line) else "")
+            col = col - lo + len(head)
+        return f"{self.kind} at {where}: {message}\n{caret_snippet(line, col)}"
 
 
 class LayoutError(SourceError):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from tpusim.errors import LayoutError
 from tpusim.memory.dtypes import ELEMENT_TYPES, element_type
 from tpusim.memory.shape import (
@@ -33,6 +35,13 @@ from tpusim.memory.shape import (
 __all__ = ["ShapeReader", "parse_layout", "parse_shape"]
 
 _INT = re.compile(r"-?\d+")
+_INT64_MAX = 2**63 - 1  # XLA's dimension sizes, tiles and layout numbers are int64
+MAX_TUPLE_DEPTH = 100
+"""How deep tuple shapes may nest. Shapes are nested values and every stage walks them recursively; 100 is
+also protobuf's default recursion limit, which a deeper shape would exceed in XLA's own HloModuleProto."""
+MAX_RANK = 32 if int(np.__version__.split(".")[0]) >= 2 else 16
+"""The most dimensions an array may have: numpy's limit (64 dimensions, 32 before numpy 2) halved, since
+tiled layouts and windows add a dimension per dimension."""
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _WS = re.compile(r"\s*")
 # Order of the parts after the colon; the index of a part must grow strictly.
@@ -61,6 +70,7 @@ class ShapeReader:
         self.text = text
         self.pos = pos
         self.source = source
+        self.depth = 0  # tuples open at the cursor
 
     # ------------------------------------------------------------------ helpers
     def error(self, message: str, offset: int | None = None) -> LayoutError:
@@ -99,6 +109,10 @@ class ShapeReader:
         m = _INT.match(self.text, self.pos)
         if not m:
             raise self.error(f"expected {what}, found {self.found()}")
+        digits = m.group(0).lstrip("-")
+        if len(digits) > 19 or int(digits) > _INT64_MAX:  # (Python refuses to convert over 4300 digits)
+            shown = digits if len(digits) <= 30 else f"{digits[:12]}...{digits[-6:]} ({len(digits)} digits)"
+            raise self.error(f"integer {shown} does not fit in 64 bits (XLA's largest is {_INT64_MAX})", m.start())
         self.pos = m.end()
         return int(m.group(0)), m.start()
 
@@ -106,6 +120,7 @@ class ShapeReader:
     def read_shape(self) -> AnyShape:
         """Read one shape (array or tuple) starting at the cursor."""
         if self.eat("("):
+            self._enter(self.pos - 1)
             elements: list[AnyShape] = []
             if not self.eat(")"):
                 while True:
@@ -113,6 +128,7 @@ class ShapeReader:
                     if self.eat(")"):
                         break
                     self.expect(",", "or ')' in a tuple shape")
+            self.depth -= 1
             return TupleShape(tuple(elements))
         self.skip_ws()
         start = self.pos
@@ -138,6 +154,12 @@ class ShapeReader:
                     raise self.error(err.message, layout_start) from None
         return Shape(element_type(name), dims, dynamic, None)
 
+    def _enter(self, at: int) -> None:
+        """One more tuple (or physical shape) open at ``at``; raise past :data:`MAX_TUPLE_DEPTH`."""
+        if self.depth >= MAX_TUPLE_DEPTH:
+            raise self.error(f"shapes nest more than {MAX_TUPLE_DEPTH} deep (tpusim's limit)", at)
+        self.depth += 1
+
     def _read_dims(self) -> tuple[tuple[int, ...], tuple[bool, ...]]:
         self.expect("[", "after the element type")
         dims: list[int] = []
@@ -146,6 +168,8 @@ class ShapeReader:
             return (), ()
         while True:
             self.skip_ws()
+            if len(dims) == MAX_RANK:
+                raise self.error(f"the shape has more than {MAX_RANK} dimensions (tpusim's limit)")
             if self.eat("?"):
                 dims.append(UNBOUNDED)
                 dynamic.append(True)
@@ -255,7 +279,9 @@ class ShapeReader:
             fields["split_configs"] = tuple(configs)
         elif key == "P":
             self.expect("(", "to start the physical shape")
+            self._enter(self.pos - 1)
             fields["physical_shape"] = self.read_shape()
+            self.depth -= 1
             self.expect(")", "to end the physical shape")
         elif key == "M":
             fields["dynamic_shape_metadata_prefix_bytes"] = self._read_paren_int("metadata prefix bytes", minimum=0)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from tpusim.errors import SourceError, TpusimError, caret_snippet
+from tpusim.errors import SourceError, TpusimError, clip_middle
 
 __all__ = ["HloParseError", "HloVerifyError"]
-
-# Lines longer than this (a constant printed in full can be megabytes long) are clipped around the
-# column in error messages.
-_SNIPPET_HALF_WIDTH = 60
 
 
 class HloParseError(SourceError):
@@ -16,22 +12,6 @@ class HloParseError(SourceError):
     offending spot, and says what was expected and what was found."""
 
     kind = "HLO parse error"
-
-    def _format(self) -> str:
-        if self.text is None or len(self.line_text) <= 2 * _SNIPPET_HALF_WIDTH + 20:
-            return super()._format()
-        col = self.column - 1
-        lo = max(0, col - _SNIPPET_HALF_WIDTH)
-        hi = min(len(self.line_text), col + _SNIPPET_HALF_WIDTH)
-        head = "..." if lo > 0 else ""
-        tail = "..." if hi < len(self.line_text) else ""
-        clipped = head + self.line_text[lo:hi] + tail
-        where = (
-            f"{self.source}:{self.line}:{self.column}"
-            if self.source is not None
-            else (f"line {self.line}, column {self.column}")
-        )
-        return f"{self.kind} at {where}: {self.message}\n{caret_snippet(clipped, col - lo + len(head))}"
 
 
 class HloVerifyError(TpusimError):
@@ -57,4 +37,5 @@ class HloVerifyError(TpusimError):
                 site += f", instruction %{instruction}"
         if where:
             site += f" ({where})" if site else where
-        super().__init__((f"HLO verification error in {site}: " if site else "HLO verification error: ") + message)
+        prefix = f"HLO verification error in {site}: " if site else "HLO verification error: "
+        super().__init__(prefix + clip_middle(message))  # (shapes of long tuples can be megabytes of text)

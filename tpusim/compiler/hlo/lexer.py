@@ -40,6 +40,17 @@ _SIMPLE_ESCAPES = {"n": 10, "t": 9, "r": 13, "a": 7, "b": 8, "f": 12, "v": 11, '
 _ESCAPE_OUT = {10: "\\n", 9: "\\t", 13: "\\r", 34: '\\"', 39: "\\'", 92: "\\\\"}
 
 
+# XLA's lexer reads an integer token into an int64 (or, failing that, a uint64) and rejects larger ones
+# ("Failed to parse int literal"). A number group is integers joined by '_' or 'x' (paddings 0_1x2_3, window
+# sizes 3x3) standing alone: a digit run that is part of a float (after '.' or 'e-', before '.' or 'e') or of a
+# name or hex number (after a letter) is not an integer token. Strings are skipped whole.
+_LONG_DIGITS = re.compile(r"\d{20}")
+_INT_GROUP = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|(?<![\w.])(?<![eE][-+])-?\d+(?:[_x]-?\d+)*(?![\w.])""")
+_DIGITS = re.compile(r"\d{20,}")
+INT_MAX = 2**64 - 1
+"""The largest integer HLO text may hold (XLA reads integers as int64 or uint64)."""
+
+
 def _blank(match: re.Match[str]) -> str:
     piece = match.group(0)
     if piece[0] in "\"'":
@@ -67,6 +78,22 @@ class SourceText:
         self.text = _COMMENT_OR_STRING.sub(_blank, text) if ("/*" in text or "//" in text) else text
         if self.text.startswith("\ufeff"):  # a byte-order mark left by some editors: a blank
             self.text = " " + self.text[1:]
+
+    def check_integers(self) -> None:
+        """Raise at the first integer too large for 64 bits (before anything converts it: Python refuses
+        to convert more than 4300 digits, and numpy or range() calls would exhaust memory)."""
+        if _LONG_DIGITS.search(self.text) is None:  # NOTE: speed. The common case: no 20-digit run at all.
+            return
+        for group in _INT_GROUP.finditer(self.text):
+            if group.group(0)[0] in "\"'":
+                continue
+            for m in _DIGITS.finditer(group.group(0)):
+                digits = m.group(0)
+                if len(digits) == 20 and int(digits) <= INT_MAX:
+                    continue
+                shown = digits if len(digits) <= 30 else f"{digits[:12]}...{digits[-6:]} ({len(digits)} digits)"
+                at = group.start() + m.start()
+                raise self.error(at, f"integer {shown} does not fit in 64 bits (XLA's largest is {INT_MAX})")
 
     def error(self, pos: int, message: str) -> HloParseError:
         """An :class:`HloParseError` at offset ``pos``."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tpusim.compiler.hlo.attributes import ALIASES, ATTRIBUTE_KINDS, KIND_READERS
+from tpusim.compiler.hlo.errors import HloParseError
 from tpusim.compiler.hlo.ir import _CALL_ATTRIBUTES, Attributes, Computation, Instruction, Module, Raw, SourceLoc
 from tpusim.compiler.hlo.lexer import NAME, SourceText, unescape
 from tpusim.compiler.hlo.literals import parse_literal
@@ -32,7 +33,7 @@ from tpusim.compiler.hlo.shape_rules import compatible
 from tpusim.errors import LayoutError
 from tpusim.memory import AnyShape, ShapeReader
 
-__all__ = ["load_module", "parse_module"]
+__all__ = ["decode_text", "load_module", "parse_module"]
 
 _HEADER = re.compile(r"\s*HloModule\b\s*")
 _ATTR = re.compile(r"\s*,\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*=")
@@ -109,12 +110,32 @@ def parse_module(text: str, source: str | None = None, *, verify: bool = True) -
 def load_module(path: str | Path, *, verify: bool = True) -> Module:
     """Read and parse the HLO text file at ``path`` (verified by default)."""
     path = Path(path)
-    return parse_module(path.read_text(), str(path), verify=verify)
+    return parse_module(decode_text(path.read_bytes(), str(path)), str(path), verify=verify)
+
+
+def decode_text(data: bytes, source: str) -> str:
+    """``data`` as UTF-8 text, or an :class:`HloParseError` at the first byte that is not UTF-8 (its byte
+    offset, line and column in the message)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        at = err.start
+        line = data.count(b"\n", 0, at) + 1
+        column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+        what = f"byte 0x{data[at]:02x} at byte offset {at} (line {line}, byte {column} of the line) is not UTF-8"
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            what += "; the file is UTF-16 (it starts with a UTF-16 byte-order mark): convert it to UTF-8"
+        elif b"\0" in data[:1024]:
+            what += "; the file looks binary: tpusim reads HLO text (an HLO proto is not text)"
+        text = data.decode("utf-8", errors="replace")
+        offset = len(data[:at].decode("utf-8"))  # (everything before the first bad byte decodes)
+        raise HloParseError(what, text, offset, source) from None
 
 
 class _Parser:
     def __init__(self, text: str, source: str | None) -> None:
         self.src = SourceText(text, source)
+        self.src.check_integers()
         self.text = self.src.text
         self.source = source
         self.shapes: dict[str, AnyShape] = {}

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import re
+from math import prod
 
 import numpy as np
 
@@ -27,6 +28,14 @@ _MESH_DEVICES = re.compile(
     r"\s*,\s*device_ids=\(\s*(?:\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?|(\d+(?:\s*,\s*\d+)*))\s*\)"
 )
 _AXIS_REF = re.compile(rf"\s*{_AXIS_NAME}(?::\((\d+)\)(\d+))?\s*")
+MAX_DEVICES = 1 << 20
+"""The most devices the iota and mesh forms may describe (they are expanded to explicit lists; the largest
+TPU pods have about 9,000 chips)."""
+
+
+def _check_devices(src: SourceText, pos: int, count: int, what: str) -> None:
+    if count > MAX_DEVICES:
+        raise src.error(pos, f"{what} describe {count} devices; tpusim expands at most {MAX_DEVICES:,}")
 
 
 def read_replica_groups(src: SourceText, pos: int) -> tuple[ReplicaGroups, int]:
@@ -43,9 +52,10 @@ def read_replica_groups(src: SourceText, pos: int) -> tuple[ReplicaGroups, int]:
             raise src.error(start, f"iota replica groups need [groups,size], found {len(shape)} dimensions")
         if sorted(perm) != list(range(len(reshape))):
             raise src.error(start, f"T{perm} is not a permutation of the {len(reshape)} reshape dimensions")
-        if int(np.prod(shape)) != int(np.prod(reshape)):
+        if prod(shape) != prod(reshape):
             raise src.error(start, f"[{m.group(1)}] and <=[{m.group(2)}] hold different numbers of devices")
-        ids = np.arange(int(np.prod(reshape))).reshape(reshape).transpose(perm).reshape(shape)
+        _check_devices(src, start, prod(reshape), "the replica groups")
+        ids = np.arange(prod(reshape)).reshape(reshape).transpose(perm).reshape(shape)
         return ReplicaGroups(tuple(tuple(int(v) for v in row) for row in ids), m.group(0)), m.end()
     m = _MESH.match(text, start)
     if m:
@@ -61,7 +71,8 @@ def _mesh_groups(src: SourceText, start: int, m: re.Match[str]) -> tuple[Replica
     for item in _MESH_AXIS.finditer(m.group(1)):
         names.append(next(g for g in item.groups()[:3] if g is not None))
         sizes.append(int(item.group(4)))
-    total = int(np.prod(sizes))
+    total = prod(sizes)
+    _check_devices(src, start, total, "the mesh axes")
     devices = np.arange(total)
     pos = m.end()
     d = _MESH_DEVICES.match(src.text, pos)
@@ -74,7 +85,7 @@ def _mesh_groups(src: SourceText, start: int, m: re.Match[str]) -> tuple[Replica
         else:
             reshape = int_tuple(d.group(1))
             perm = int_tuple(d.group(2)) if d.group(2) else tuple(range(len(reshape)))
-            if int(np.prod(reshape)) != total or sorted(perm) != list(range(len(reshape))):
+            if prod(reshape) != total or sorted(perm) != list(range(len(reshape))):
                 raise src.error(pos, f"device_ids {d.group(0).strip()} do not describe {total} devices")
             devices = np.arange(total).reshape(reshape).transpose(perm).reshape(-1)
         pos = d.end()
