@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import tpusim
+from tpusim.compiler.hlo.printer import print_module
 from tpusim.jax_bridge import JaxLoweringError, JaxProgram, lower_for_tpu
 
 X = jnp.arange(8, dtype=jnp.float32)
@@ -130,3 +131,26 @@ def test_mismatched_parameters_are_one_error() -> None:
         program.inputs([np.float32, np.float32])
     with pytest.raises(JaxLoweringError, match="2 outputs"):
         program.outputs([np.zeros(1), np.zeros(1)])
+
+
+ANNOTATED = """HloModule annotated
+ENTRY main {
+  p = f32[8,128]{1,0} parameter(0)
+  s = f32[8,128]{1,0} custom-call(p), custom_call_target="Sharding", sharding={replicated}
+  d = f32[8,128]{1,0} custom-call(s), custom_call_target="annotate_device_placement"
+  a = f32[8,128]{1,0} add(d, s)
+  ROOT r = f32[8,128]{1,0} custom-call(a), custom_call_target="Sharding", sharding={replicated}
+}
+"""
+
+
+def test_annotations_are_not_fallback_kernels() -> None:
+    """``Sharding`` custom-calls (JAX puts one on every typed PRNG key parameter) are removed before
+    lowering, as XLA's sharding propagation removes them: no fallback kernel, the same values."""
+    x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+    result = tpusim.simulate(ANNOTATED, [x], config="teaching")
+    assert not result.fallbacks, result.fallbacks
+    np.testing.assert_array_equal(result.outputs[0], 2 * x)
+    key = tpusim.simulate_jax(lambda k: jax.random.bits(k, (8,)), jax.random.key(0), config="teaching")
+    assert "Sharding" in print_module(key.compiled.source)
+    assert not key.fallbacks, key.fallbacks

@@ -4,6 +4,9 @@
    empty operands into a non-empty result (a reduce of ``f32[0,8]``, a pad or a concatenate of empty
    arrays, a dot over an empty contraction) becomes the broadcast or copy it equals, as XLA's
    ZeroSizedHloElimination and algebraic simplifier do: no lowering ever sees an empty array.
+0. ``drop_annotations``: shape-preserving annotation custom-calls (``Sharding`` that JAX puts on typed PRNG
+   keys and sharded values, ``annotate_device_placement``) are removed, their users reading the operand,
+   as XLA's sharding propagation removes them before code generation.
 0. ``explicit_broadcasts``: a ``clamp`` with scalar bounds or a ``select`` with a scalar predicate (HLO
    broadcasts those implicitly) gets explicit ``broadcast`` operands, so every later stage sees operands
    of the result's dimensions.
@@ -30,7 +33,7 @@ from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.lowering.registry import NotLowerable
 from tpusim.memory import Shape
 
-__all__ = ["explicit_broadcasts", "fuse", "inline_calls", "prepare_module", "unfuse", "zero_sized"]
+__all__ = ["drop_annotations", "explicit_broadcasts", "fuse", "inline_calls", "prepare_module", "unfuse", "zero_sized"]
 
 # Operations a fusion may hold (those with a block rule); parameters are a fusion's inputs.
 FUSIBLE = frozenset(NEED_RULES) - {"parameter"}
@@ -39,11 +42,47 @@ FUSIBLE = frozenset(NEED_RULES) - {"parameter"}
 def prepare_module(module: Module, options: CompileOptions) -> Module:
     """Make the module ready for lowering: explicit broadcasts, inline calls, dissolve unsupported fusions,
     fuse."""
+    module = drop_annotations(module)
     module = explicit_broadcasts(module)
     module = inline_calls(module)
     module = zero_sized(module)
     module = unfuse(module)
     return fuse(module) if options.fuse else module
+
+
+# --------------------------------------------------------------------------------------------- annotations
+_ANNOTATIONS = frozenset({"Sharding", "annotate_device_placement", "xla.sdy.FuncResultSharding"})
+
+
+def drop_annotations(module: Module) -> Module:
+    """Remove every annotation custom-call (:data:`_ANNOTATIONS`) of one array operand whose result has the
+    operand's shape: its users (and a root) read the operand instead."""
+    from tpusim.compiler.hlo.reference.control import custom_call_target
+
+    comps = []
+    for comp in module.computations:
+        alias: dict[str, str] = {}
+        for instr in comp.instructions:
+            if instr.opcode != "custom-call" or custom_call_target(instr) not in _ANNOTATIONS:
+                continue
+            if len(instr.operands) != 1 or not isinstance(instr.shape, Shape):
+                continue
+            operand = comp[instr.operands[0]].shape
+            if isinstance(operand, Shape) and (operand.element_type, operand.dimensions) == (
+                instr.shape.element_type,
+                instr.shape.dimensions,
+            ):
+                alias[instr.name] = alias.get(instr.operands[0], instr.operands[0])
+        if not alias:
+            comps.append(comp)
+            continue
+        body = tuple(
+            replace(i, operands=tuple(alias.get(o, o) for o in i.operands))
+            for i in comp.instructions
+            if i.name not in alias
+        )
+        comps.append(replace(comp, instructions=body, root=alias.get(comp.root, comp.root)))
+    return replace(module, computations=tuple(comps))
 
 
 # --------------------------------------------------------------------------------------------- broadcasts
