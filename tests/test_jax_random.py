@@ -62,8 +62,16 @@ def _data(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-@pytest.mark.parametrize("key", sorted(KEYS))
-@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+# Every function on the classic key; the typed key (a key<fry> parameter behind a Sharding annotation) and
+# another seed on a few (each run is about a second of a shared machine).
+CASES = [
+    *((name, "PRNGKey0") for name in sorted(FUNCTIONS)),
+    *((name, "key0") for name in ("split", "bits_u32", "uniform", "bernoulli", "split_then_uniform")),
+    ("bits_u32_tiles", "PRNGKey_big"),
+]
+
+
+@pytest.mark.parametrize(("name", "key"), CASES)
 def test_threefry_bit_exact(name: str, key: str) -> None:
     fn, k = FUNCTIONS[name], KEYS[key]()
     want = jax.jit(fn)(k)
