@@ -92,12 +92,10 @@ def _config(config: ChipConfig | str | Path, overrides: Sequence[str]) -> ChipCo
     if isinstance(config, ChipConfig):
         if not overrides:
             return config
-        import yaml
+        from tpusim.config import override_values, with_overrides
 
-        from tpusim.config import parse_override, with_overrides
-
-        pairs = [parse_override(o) for o in overrides]
-        return with_overrides(config, {".".join(k): yaml.safe_load(v) for k, v in pairs})
+        # typed as --set types them (1.5e9 a number; a bad tag or a huge integer a ConfigError)
+        return with_overrides(config, override_values(list(overrides)))
     return load_config(config, overrides=list(overrides))
 
 

@@ -18,6 +18,8 @@ stated tolerance. Overridden configs describe hypothetical chips and skip that c
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import re
 import types
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from tpusim.errors import ConfigError
+from tpusim.yamlio import SafeLoader, YamlError, compose_yaml, scalar_value, shorten, show_value
 
 __all__ = [
     "PRESETS",
@@ -48,6 +51,7 @@ __all__ = [
     "config_dir",
     "config_from_args",
     "load_config",
+    "override_values",
     "parse_override",
     "with_overrides",
 ]
@@ -83,14 +87,106 @@ def _need(cond: bool, key: str, message: str) -> None:
         raise ConfigValueError(key, message)
 
 
-def _positive(obj: Any, *keys: str) -> None:
-    for k in keys:
-        _need(getattr(obj, k) > 0, k, f"must be positive, not {getattr(obj, k)}")
+# ---------------------------------------------------------------------------------------------------------
+# Limits: one rule per kind of key, the kind read from the unit in the key's name (configs/README.md, Limits)
+# ---------------------------------------------------------------------------------------------------------
+# Simulated time is a float64 count of cycles. Integers are exact in a float64 only below 2^53 (9.0e15);
+# past it t + 1 == t, so a run whose events land there stops advancing and spins (dma.setup_cycles=1e15
+# did). Each bound below keeps one key within about 2^20 (a million) of what real chips have, slower or
+# larger; a run of 2^22 cycles on a real chip's config (the longest shipped run, a blocked 1024 matmul,
+# takes under 3 million) then stays below 2^42 cycles with any one key at its bound, far below 2^53 and
+# the run limit's default of 2^48 (tpusim/limits.py), and a run of a billion cycles (hours of simulation)
+# stays below 2^50.
+MAX_COUNT = 2**16
+"""Largest count of a thing (units, registers, rows, lanes, queue slots, chips per axis): 65,536, 64 x the
+largest real one (1,024 result buffer rows); the simulator holds some of them in lists and arrays."""
+
+MAX_BYTES = 2**48
+"""Largest size in bytes (a memory, a burst): 256 TiB, 2,700 x the largest real memory (v5p's 95 GiB HBM);
+byte addresses, offsets and strides then stay far from int64's and float64's exact limits."""
+
+MAX_LATENCY_CYCLES = 2**20
+"""Longest fixed cost of one event (``_cycles`` keys; ``_ns`` keys at the clock): 1,048,576 cycles (0.7 ms at
+1.5 GHz), 2^20 x the 1-cycle latencies and 500 x the 2,000-cycle ICI hop of real chips."""
+
+MAX_CYCLES_PER_UNIT = 2**10
+"""Slowest rate: one unit of work (a register, a run, a row, a byte) per 1,024 cycles; ``_per_cycle`` keys
+and ``_bytes_per_s`` keys at the clock are at least 1/1,024 per cycle, and ``_cycles_per_vreg`` keys at most
+1,024. The slowest real rates are 1 per cycle (DMA runs, VMEM ports); HBM moves 546 bytes per cycle on a
+v5e, so its floor is 2^19 x slower."""
+
+MAX_PER_CYCLE = 2**30
+"""Fastest rate: 2^30 units per cycle (a million x the fastest real one), so rates stay exact floats."""
+
+CLOCK_RANGE_HZ = (1e6, 1e12)
+"""``clock_hz`` from 1 MHz to 1 THz (real TPUs run at 0.9-1.75 GHz); the clock converts ``_ns`` and ``_per_s``
+keys to cycles, which have their own limits."""
+
+MAX_RESULT_BUFFER_WORDS = 2**26
+"""Largest MXU result buffer (``mxu.result_buffer_rows x mxu.cols`` 32-bit words, 256 MiB; a v6e's holds
+2^18): the simulator holds every MXU's buffer in memory."""
 
 
-def _non_negative(obj: Any, *keys: str) -> None:
-    for k in keys:
-        _need(getattr(obj, k) >= 0, k, f"must not be negative, not {getattr(obj, k)}")
+def _kind(name: str) -> str:
+    """The kind of a numeric key, from the unit in its name."""
+    if name.endswith("_hz"):
+        return "frequency"
+    if name == "tolerance":
+        return "fraction"
+    if name.endswith("_per_s"):
+        return "per_second"
+    if name.endswith("_cycles_per_vreg"):
+        return "cycles_per_unit"
+    if name.endswith("_per_cycle"):
+        return "rate"
+    if name.endswith("_cycles"):
+        return "latency"
+    if name.endswith("_ns"):
+        return "time"
+    if name == "bytes" or name.endswith("_bytes"):
+        return "size"
+    return "count"
+
+
+def _check_number(key: str, kind: str, v: float) -> None:
+    shown = show_value(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigValueError(key, f"must be a finite number, not {shown}")
+    if kind in ("count", "size", "cycles_per_unit", "rate", "per_second", "frequency"):
+        _need(v > 0, key, f"must be positive, not {shown}")
+    else:
+        _need(v >= 0, key, f"must not be negative, not {shown}")
+    limit = "see Limits in configs/README.md"
+    if kind == "count":
+        _need(v <= MAX_COUNT, key, f"must be at most {MAX_COUNT:,} (2^16; {limit}), not {shown}")
+    elif kind == "size":
+        _need(v <= MAX_BYTES, key, f"must be at most 2^48 = {MAX_BYTES:,} bytes ({limit}), not {shown}")
+    elif kind == "latency":
+        _need(v <= MAX_LATENCY_CYCLES, key, f"must be at most 2^20 = {MAX_LATENCY_CYCLES:,} cycles ({limit}), "
+              f"not {shown}")  # fmt: skip
+    elif kind == "cycles_per_unit":
+        _need(v <= MAX_CYCLES_PER_UNIT, key, f"must be at most {MAX_CYCLES_PER_UNIT:,} cycles ({limit}), not {shown}")
+    elif kind == "rate":
+        _need(v * MAX_CYCLES_PER_UNIT >= 1, key, f"must be at least 1/{MAX_CYCLES_PER_UNIT:,} per cycle ({limit}), "
+              f"not {shown}")  # fmt: skip
+        _need(v <= MAX_PER_CYCLE, key, f"must be at most 2^30 per cycle ({limit}), not {shown}")
+    elif kind == "frequency":
+        lo, hi = CLOCK_RANGE_HZ
+        _need(lo <= v <= hi, key, f"must be from {lo:g} to {hi:g} Hz ({limit}), not {shown}")
+    elif kind == "fraction":
+        _need(v <= 1, key, f"must be a fraction from 0 to 1, not {shown}")
+
+
+def _check_fields(obj: Any) -> None:
+    """Apply the limit of its kind to every number of ``obj`` (a config section); lists are checked per entry."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if f.name == "routing":  # axis numbers, checked as a permutation
+            continue
+        values = v if isinstance(v, tuple) else (v,)
+        for x in values:
+            if isinstance(x, (int, float)) and not isinstance(x, bool):
+                _check_number(f.name, _kind(f.name), x)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -107,8 +203,7 @@ class CoreConfig:
     branch_cycles: int = 1  # extra sequencer cycles for a taken branch or jump
 
     def __post_init__(self) -> None:
-        _positive(self, "count", "instruction_queue_depth", "scalar_registers", "semaphores")
-        _non_negative(self, "branch_cycles")
+        _check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,8 +220,8 @@ class MxuConfig:
     int8_speedup: int = 1  # 8-bit operands stream this many times faster than bf16
 
     def __post_init__(self) -> None:
-        _positive(self, "count", "rows", "cols", "result_buffer_rows", "pop_rows_per_cycle", "int8_speedup")
-        _need(self.weight_load_cycles is None or self.weight_load_cycles > 0, "weight_load_cycles", "must be positive")
+        _check_fields(self)
+        _need(self.weight_load_cycles != 0, "weight_load_cycles", "must be positive, not 0")
 
     @property
     def load_cycles(self) -> int:
@@ -141,8 +236,7 @@ class VpuOpClass:
     latency_cycles: int  # cycles from the last issue to the result
 
     def __post_init__(self) -> None:
-        _positive(self, "issue_vregs_per_cycle")
-        _non_negative(self, "latency_cycles")
+        _check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,7 +249,7 @@ class VpuConfig:
     transcendental: VpuOpClass = field(default_factory=lambda: VpuOpClass(issue_vregs_per_cycle=1, latency_cycles=8))
 
     def __post_init__(self) -> None:
-        _positive(self, "sublanes", "lanes")
+        _check_fields(self)
 
     @property
     def vreg_bytes(self) -> int:
@@ -176,10 +270,7 @@ class XluConfig:
     latency_cycles: int = 16
 
     def __post_init__(self) -> None:
-        _positive(
-            self, "count", "transpose_cycles_per_vreg", "lane_reduce_cycles_per_vreg", "lane_broadcast_cycles_per_vreg"
-        )
-        _non_negative(self, "latency_cycles")
+        _check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,8 +283,7 @@ class VmemConfig:
     scalar_latency_cycles: int = 8  # s.load from VMEM stalls the sequencer this long
 
     def __post_init__(self) -> None:
-        _positive(self, "bytes", "load_vregs_per_cycle", "store_vregs_per_cycle")
-        _non_negative(self, "scalar_latency_cycles")
+        _check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -204,8 +294,7 @@ class SmemConfig:
     latency_cycles: int = 2  # s.load from SMEM stalls the sequencer this long
 
     def __post_init__(self) -> None:
-        _positive(self, "bytes")
-        _non_negative(self, "latency_cycles")
+        _check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -219,8 +308,7 @@ class HbmConfig:
     interleave_bytes: int = 256  # consecutive bytes mapped to one channel
 
     def __post_init__(self) -> None:
-        _positive(self, "bytes", "bandwidth_bytes_per_s", "channels", "interleave_bytes")
-        _non_negative(self, "latency_ns")
+        _check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -235,8 +323,7 @@ class DmaConfig:
     local_bytes_per_cycle: int = 1024  # bandwidth of a core's VMEM/SMEM side of DMA transfers
 
     def __post_init__(self) -> None:
-        _positive(self, "engines", "queue_depth", "burst_bytes", "runs_per_cycle", "local_bytes_per_cycle")
-        _non_negative(self, "setup_cycles")
+        _check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -261,8 +348,7 @@ class IciConfig:
     routing: tuple[int, ...] | None = None  # dimension order of routes (axes corrected first to last); None: 0, 1, ..
 
     def __post_init__(self) -> None:
-        _positive(self, "dims", "links_per_chip", "link_bandwidth_bytes_per_s", "wraparound_multiple")
-        _non_negative(self, "hop_latency_ns")
+        _check_fields(self)
         _need(len(self.max_shape) == self.dims, "max_shape", f"must have {self.dims} entries (dims)")
         _need(all(n > 0 for n in self.max_shape), "max_shape", "entries must be positive")
         _need(
@@ -353,8 +439,7 @@ class PublishedFigures:
     tolerance: float = 0.01  # relative difference allowed between derived and published values
 
     def __post_init__(self) -> None:
-        _positive(self, "peak_bf16_flops_per_s", "hbm_bandwidth_bytes_per_s")
-        _non_negative(self, "tolerance")
+        _check_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -385,8 +470,43 @@ class ChipConfig:
     overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _positive(self, "clock_hz")
-        _need(self.vmem.bytes % 4 == 0 and self.smem.bytes % 4 == 0, "vmem.bytes", "memories hold whole 32-bit words")
+        _check_fields(self)
+        for key, size in (("vmem.bytes", self.vmem.bytes), ("smem.bytes", self.smem.bytes)):
+            _need(size % 4 == 0, key, f"memories hold whole 32-bit words: {size} is not a multiple of 4")
+        limit = "see Limits in configs/README.md"
+        for key, ns in (("hbm.latency_ns", self.hbm.latency_ns), ("ici.hop_latency_ns", self.ici.hop_latency_ns)):
+            cycles = ns * self.clock_hz / 1e9
+            _need(
+                cycles <= MAX_LATENCY_CYCLES,
+                key,
+                f"{ns:g} ns is {cycles:.4g} cycles at clock_hz {self.clock_hz:g}, more than 2^20 = "
+                f"{MAX_LATENCY_CYCLES:,} ({limit})",
+            )
+        for key, per_s in (
+            ("hbm.bandwidth_bytes_per_s", self.hbm.bandwidth_bytes_per_s),
+            ("ici.link_bandwidth_bytes_per_s", self.ici.link_bandwidth_bytes_per_s),
+        ):
+            per_cycle = per_s / self.clock_hz
+            _need(
+                per_cycle * MAX_CYCLES_PER_UNIT >= 1 and per_cycle <= MAX_PER_CYCLE,
+                key,
+                f"{per_s:g} bytes/s is {per_cycle:.4g} bytes per cycle at clock_hz {self.clock_hz:g}; it must be "
+                f"from 1/{MAX_CYCLES_PER_UNIT:,} to 2^30 ({limit})",
+            )
+        # The result buffer is used in halves (one accumulates while mxu.pop drains the other), and blocks of
+        # rows come in whole vector registers of vpu.sublanes rows: with a half that is not a multiple of
+        # sublanes, a block overran its half; with result_buffer_rows 1 a half had no rows at all.
+        rows, unit = self.mxu.result_buffer_rows, 2 * self.vpu.sublanes
+        _need(
+            rows % unit == 0,
+            "mxu.result_buffer_rows",
+            f"must be a multiple of 2 x vpu.sublanes = {unit} (two halves of whole vector registers), not {rows}",
+        )
+        _need(
+            rows * self.mxu.cols <= MAX_RESULT_BUFFER_WORDS,
+            "mxu.result_buffer_rows",
+            f"{rows} rows x mxu.cols {self.mxu.cols} is more than 2^26 words ({limit})",
+        )
 
     # -- derived figures
     @property
@@ -430,36 +550,26 @@ class ChipConfig:
 # ---------------------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------------------
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading ``1.5e9`` as a float as YAML 1.2 does (YAML 1.1 needs ``1.5e+9``)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
-        r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+0123456789."),
-)
-
-
 class _Context:
     def __init__(self, source: str) -> None:
         self.source = source
         self.origin: dict[int, str] = {}  # id(node) -> override text, for nodes that came from --set
-        self.constructor = _Loader("")
+        self.constructor = SafeLoader("", source)
 
-    def where(self, node: yaml.Node) -> str:
+    def where(self, node: yaml.Node, column: bool = False) -> str:
         if id(node) in self.origin:
-            return f"override {self.origin[id(node)]!r}"
-        return f"{self.source}:{node.start_mark.line + 1}"
+            return f"override {shorten(self.origin[id(node)])!r}"
+        mark = node.start_mark
+        return f"{self.source}:{mark.line + 1}" + (f":{mark.column + 1}" if column else "")
 
-    def fail(self, node: yaml.Node, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.where(node)}: {key}: {message}")
+    def fail(self, node: yaml.Node, key: str, message: str, column: bool = False) -> ConfigError:
+        return ConfigError(f"{self.where(node, column)}: {key}: {message}")
 
-    def scalar(self, node: yaml.Node) -> Any:
-        return self.constructor.construct_object(node, deep=True)
+    def scalar(self, node: yaml.Node, key: str) -> Any:
+        try:
+            return scalar_value(self.constructor, node)
+        except YamlError as e:
+            raise self.fail(node, key, e.problem, column=True) from None
 
 
 def _type_name(tp: Any) -> str:
@@ -490,33 +600,59 @@ def _convert(tp: Any, node: yaml.Node, key: str, ctx: _Context) -> Any:
             key,
             f"expected {_type_name(tp)}, not a {'list' if isinstance(node, yaml.SequenceNode) else 'mapping'}",
         )
-    value = ctx.scalar(node)
-    if origin is Literal:
+    value = ctx.scalar(node, key)
+    try:
+        return _typed(tp, value)
+    except ConfigValueError as e:
+        raise ctx.fail(node, key, e.reason) from None
+
+
+def _typed(tp: Any, value: Any) -> Any:
+    """``value`` (as YAML read it) as the schema type ``tp``, or a ConfigValueError saying what was expected."""
+    if get_origin(tp) is Literal:
         if value not in get_args(tp):
-            raise ctx.fail(node, key, f"expected {_type_name(tp)}, not {value!r}")
+            raise ConfigValueError("", f"expected {_type_name(tp)}, not {show_value(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ctx.fail(node, key, f"expected true or false, not {value!r}")
+            raise ConfigValueError("", f"expected true or false, not {show_value(value)}")
         return value
     if tp is int:
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ctx.fail(node, key, f"expected an integer, not {value!r}")
+            raise ConfigValueError("", f"expected an integer, not {show_value(value)}")
         return value
     if tp is float:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ctx.fail(node, key, f"expected a number, not {value!r}")
-        return float(value)
+            raise ConfigValueError("", f"expected a number, not {show_value(value)}")
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond float range: over 10^308
+            raise ConfigValueError("", f"must be a finite number, not {show_value(value)}") from None
     if tp is str:
         if not isinstance(value, str):
-            raise ctx.fail(node, key, f"expected a string, not {value!r}")
+            raise ConfigValueError("", f"expected a string, not {show_value(value)}")
         return value
     raise TypeError(f"config schema uses unsupported type {tp}")  # a bug in this module, not user input
 
 
 _INTERNAL = {"source", "overrides"}
+
+
+def _node_at(node: yaml.Node, parts: list[str], ctx: _Context) -> yaml.Node:
+    """Where dotted key ``parts`` under mapping ``node`` was set: its value's node if an override set it, else
+    its key's node (the line it is written on), else the deepest enclosing section's key, else ``node``."""
+    at = node
+    for part in parts:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        pair = next((kv for kv in node.value if isinstance(kv[0], yaml.ScalarNode) and kv[0].value == part), None)
+        if pair is None:
+            break
+        at = pair[1] if id(pair[1]) in ctx.origin else pair[0]
+        node = pair[1]
+    return at
 
 
 def _build(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
@@ -527,14 +663,14 @@ def _build(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
     values: dict[str, Any] = {}
     key_nodes: dict[str, yaml.Node] = {}
     for key_node, value_node in node.value:
-        key = ctx.scalar(key_node)
+        key = ctx.scalar(key_node, path or "(top level)")
         full = f"{path}.{key}" if path else str(key)
         if not isinstance(key, str):
-            raise ctx.fail(key_node, full, "keys must be strings")
+            raise ctx.fail(key_node, shorten(full), "keys must be strings")
         if key in key_nodes:
             raise ctx.fail(key_node, full, f"key given twice (first at line {key_nodes[key].start_mark.line + 1})")
         if key not in known:
-            raise ctx.fail(key_node, full, f"unknown key; {cls.__name__} keys are: {', '.join(known)}")
+            raise ctx.fail(key_node, shorten(full), f"unknown key; {cls.__name__} keys are: {', '.join(known)}")
         key_nodes[key] = key_node
         values[key] = _convert(hints[key], value_node, full, ctx)
     for f in dataclasses.fields(cls):
@@ -548,35 +684,57 @@ def _build(cls: Any, node: yaml.Node, path: str, ctx: _Context) -> Any:
     try:
         return cls(**values)
     except ConfigValueError as e:
-        first = e.key.split(".")[0]
-        at = key_nodes.get(first, node)
+        at = _node_at(node, e.key.split("."), ctx)
         full = f"{path}.{e.key}" if path else e.key
         raise ctx.fail(at, full, e.reason) from None
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
-    """``"mxu.rows=256"`` -> ``(("mxu", "rows"), 256)``; the value is typed as a YAML scalar would be."""
+    """``"mxu.rows=256"`` -> ``(("mxu", "rows"), "256")``: the dotted key and the value's text."""
     key, eq, value = text.partition("=")
     if not eq or not key.strip() or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key.strip()):
-        raise ConfigError(f"override {text!r} must look like section.key=value, e.g. mxu.rows=256")
+        raise ConfigError(f"override {shorten(text)!r} must look like section.key=value, e.g. mxu.rows=256")
     return tuple(key.strip().split(".")), value.strip()
 
 
-def _apply_override(root: yaml.MappingNode, text: str, ctx: _Context) -> None:
+def _compose_override(text: str) -> tuple[tuple[str, ...], yaml.Node, SafeLoader]:
+    """The key of override ``text`` and its value as a YAML node (typed as a YAML scalar, 1.5e9 a number)."""
     path, value = parse_override(text)
+    quoted = f"override {shorten(text)!r}"
     try:
-        new = yaml.compose(value if value else "null", Loader=_Loader)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: the value is not valid YAML: {e}") from None
-    if new is None:
-        new = yaml.compose("null", Loader=_Loader)
+        node, loader = compose_yaml(value if value else "null", quoted)
+    except YamlError as e:
+        if e.problem.startswith("not valid YAML"):
+            raise ConfigError(f"{quoted}: the value is {e.problem}") from None
+        raise ConfigError(f"{quoted}: {'.'.join(path)}: {e.problem}") from None
+    if node is None:
+        node, loader = compose_yaml("null", quoted)
+    assert node is not None
+    return path, node, loader
+
+
+def override_values(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["mxu.rows=256", ...]`` as ``{"mxu.rows": 256, ...}`` for :func:`with_overrides`, each value typed as
+    a YAML scalar as ``--set`` types it; a value YAML cannot read is a ConfigError naming the override."""
+    out: dict[str, Any] = {}
+    for text in overrides:
+        path, node, loader = _compose_override(text)
+        try:
+            out[".".join(path)] = loader.construct_document(node)
+        except YamlError as e:
+            raise ConfigError(f"override {shorten(text)!r}: {'.'.join(path)}: {e.problem}") from None
+    return out
+
+
+def _apply_override(root: yaml.MappingNode, text: str, ctx: _Context) -> None:
+    path, new, _ = _compose_override(text)
     _mark_origin(new, text, ctx)
     node = root
     for i, part in enumerate(path):
         if not isinstance(node, yaml.MappingNode):
-            raise ConfigError(f"override {text!r}: {'.'.join(path[:i])} is not a section")
+            raise ConfigError(f"override {shorten(text)!r}: {'.'.join(path[:i])} is not a section")
         for k, v in node.value:
-            if ctx.scalar(k) == part:
+            if isinstance(k, yaml.ScalarNode) and k.value == part:
                 if i == len(path) - 1:
                     node.value[node.value.index((k, v))] = (k, new)
                     _mark_origin(k, text, ctx)
@@ -592,10 +750,14 @@ def _apply_override(root: yaml.MappingNode, text: str, ctx: _Context) -> None:
 
 
 def _mark_origin(node: yaml.Node, text: str, ctx: _Context) -> None:
-    ctx.origin[id(node)] = text
-    for child in getattr(node, "value", []) if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) else []:
-        for n in child if isinstance(child, tuple) else (child,):
-            _mark_origin(n, text, ctx)
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        ctx.origin[id(n)] = text
+        if isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.MappingNode):
+            stack.extend(x for pair in n.value for x in pair)
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[str, Any] = ()) -> ChipConfig:
@@ -614,18 +776,20 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[
     """
     p = PRESETS.get(str(path), Path(path))
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except OSError as e:
         known = ", ".join(PRESETS)
-        raise ConfigError(f"cannot read config {str(path)!r} ({e.strerror}); presets are: {known}") from None
-    ctx = _Context(str(p))
+        raise ConfigError(f"cannot read config {shorten(str(path))!r} ({e.strerror}); presets are: {known}") from None
     try:
-        root = yaml.compose(text, Loader=_Loader)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{p}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+    ctx = _Context(str(p))
+    root, _ = compose_yaml(text, str(p))
     if root is None:
         raise ConfigError(f"{p}: the file is empty")
-    items = [f"{k}={v}" for k, v in overrides.items()] if isinstance(overrides, dict) else list(overrides)
+    items = _override_texts(overrides) if isinstance(overrides, dict) else list(overrides)
     for o in items:
         _apply_override(root, o, ctx)
     cfg = _build(ChipConfig, root, "", ctx)
@@ -642,6 +806,34 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[
     return cfg
 
 
+def _override_texts(overrides: dict[str, Any]) -> list[str]:
+    out = []
+    for k, v in overrides.items():
+        try:
+            out.append(f"{k}={_yaml_text(v)}")
+        except ValueError:  # an integer longer than Python writes out (4,300 digits)
+            raise ConfigError(f"override {shorten(str(k))}: {show_value(v)} is too long to be a value") from None
+    return out
+
+
+def _yaml_text(value: Any) -> str:
+    """A Python value as the YAML text of an override: numbers as written (``inf`` as ``.inf``), text quoted,
+    lists and mappings in flow style."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_yaml_text(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value))  # a JSON string is a YAML double-quoted scalar
+
+
 def with_overrides(cfg: ChipConfig, overrides: dict[str, Any]) -> ChipConfig:
     """A copy of ``cfg`` with dotted keys replaced by Python values (validated like the file).
 
@@ -649,14 +841,13 @@ def with_overrides(cfg: ChipConfig, overrides: dict[str, Any]) -> ChipConfig:
     False
     """
     for key, value in overrides.items():
-        parts = key.split(".")
         try:
-            cfg = _replace_path(cfg, parts, value)
+            cfg = _replace_path(cfg, key.split("."), value, ())
         except ConfigValueError as e:
-            raise ConfigError(
-                f"override {key}={value!r}: {'.'.join([*parts[:-1], e.key]) if len(parts) > 1 else e.key}: {e.reason}"
-            ) from None
-    return dataclasses.replace(cfg, overrides=cfg.overrides + tuple(f"{k}={v}" for k, v in overrides.items()))
+            raise ConfigError(f"override {shorten(f'{key}={show_value(value)}')}: {e.key}: {e.reason}") from None
+    return dataclasses.replace(
+        cfg, overrides=cfg.overrides + tuple(shorten(f"{k}={show_value(v)}", 200) for k, v in overrides.items())
+    )
 
 
 def _check_python_type(tp: Any, value: Any, key: str) -> Any:
@@ -665,37 +856,48 @@ def _check_python_type(tp: Any, value: Any, key: str) -> Any:
         if value is None and type(None) in get_args(tp):
             return None
         return _check_python_type(next(a for a in get_args(tp) if a is not type(None)), value, key)
-    ok = {
-        bool: isinstance(value, bool),
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, (int, float)) and not isinstance(value, bool),
-        str: isinstance(value, str),
-    }.get(tp)
-    if origin is Literal:
-        ok = value in get_args(tp)
-    elif origin is tuple:
+    if origin is tuple:
         item = get_args(tp)[0]
         ok = isinstance(value, (tuple, list)) and all(
             isinstance(v, bool) if item is bool else isinstance(v, int) and not isinstance(v, bool) for v in value
         )
-        value = tuple(value) if ok else value
-    if ok is None:
-        ok = isinstance(value, tp)
-    if not ok:
-        raise ConfigValueError(key, f"expected {_type_name(tp)}, not {value!r}")
-    return float(value) if tp is float else value
+        if not ok:
+            raise ConfigValueError(key, f"expected {_type_name(tp)}, not {show_value(value)}")
+        return tuple(value)
+    if tp in (bool, int, float, str) or origin is Literal:
+        try:
+            return _typed(tp, value)
+        except ConfigValueError as e:
+            raise ConfigValueError(key, e.reason) from None
+    if not isinstance(value, tp):
+        raise ConfigValueError(key, f"expected a {getattr(tp, '__name__', tp)} section, not {show_value(value)}")
+    return value
 
 
-def _replace_path(obj: Any, parts: list[str], value: Any) -> Any:
+class _Qualified(ConfigValueError):
+    """A ConfigValueError whose key is already the full dotted key."""
+
+
+def _replace_path(obj: Any, parts: list[str], value: Any, done: tuple[str, ...]) -> Any:
     names = {f.name for f in dataclasses.fields(obj)} - _INTERNAL
     if parts[0] not in names:
         raise ConfigError(
-            f"unknown config key {parts[0]!r} in {type(obj).__name__}; keys are: {', '.join(sorted(names))}"
+            f"unknown config key {shorten(parts[0])!r} in {type(obj).__name__}; keys are: {', '.join(sorted(names))}"
         )
+    here = (*done, parts[0])
     if len(parts) == 1:
-        value = _check_python_type(get_type_hints(type(obj))[parts[0]], value, parts[0])
+        try:
+            value = _check_python_type(get_type_hints(type(obj))[parts[0]], value, parts[0])
+        except ConfigValueError as e:
+            raise _Qualified(".".join(here), e.reason) from None
+    else:
+        value = _replace_path(getattr(obj, parts[0]), parts[1:], value, here)
+    try:
         return dataclasses.replace(obj, **{parts[0]: value})
-    return dataclasses.replace(obj, **{parts[0]: _replace_path(getattr(obj, parts[0]), parts[1:], value)})
+    except _Qualified:
+        raise
+    except ConfigValueError as e:  # the key relative to obj: qualify it with the sections above
+        raise _Qualified(".".join([*done, e.key]), e.reason) from None
 
 
 def add_config_arguments(parser: Any) -> None:

@@ -34,8 +34,8 @@ from typing import Any
 
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.config import PRESETS, ChipConfig, load_config
-from tpusim.errors import ConfigError, TpusimError
-from tpusim.yamlio import YamlMap, load_yaml, where
+from tpusim.errors import TpusimError
+from tpusim.yamlio import YamlMap, load_yaml, read_text, shorten, show_value, where
 
 __all__ = ["DEFAULT_METRICS", "Point", "SweepError", "SweepSpec", "load_spec"]
 
@@ -44,7 +44,13 @@ RUN_KEYS = ("program", "config", "seed", "inputs", "timing_only")
 DEFAULT_METRICS = ("seconds", "flops_fraction_of_peak", "hbm_bandwidth_fraction", "mxu_busy_fraction")
 _TOP_KEYS = ("name", "description", "programs", "config", "set", "options", "timing_only", "seed", "inputs", "grid",
              "zip", "objective", "cost", "metrics")  # fmt: skip
-_FLOAT = re.compile(r"^[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?$")
+_FLOAT = re.compile(r"^[-+]?(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)([eE][-+]?\d+)?$")  # linear: one way to match
+
+MAX_POINTS = 100_000
+"""Most points a spec may expand to: at a fraction of a second to minutes per point, more is days of work, and
+every point's config is built when the spec is read (a grid of three 1,000-value axes would hang there)."""
+
+MAX_SEED = 2**64 - 1
 
 
 class SweepError(TpusimError):
@@ -199,14 +205,8 @@ def _digest(program: str, params: tuple[tuple[str, Any], ...], base: dict[str, A
 def load_spec(path: str | Path) -> SweepSpec:
     """Read and check a sweep spec; every point's config is built here (errors name the spec's line)."""
     source = Path(path)
-    try:
-        text = source.read_text()
-    except OSError as e:
-        raise SweepError(f"cannot read sweep spec {source}: {e.strerror}") from None
-    try:
-        doc = load_yaml(source, text)
-    except ConfigError as e:
-        raise SweepError(str(e)) from None
+    text = read_text(source, "sweep spec")  # YAML it cannot read: a ConfigError naming file, line, column, key
+    doc = load_yaml(source, text)
     doc = _need_map(doc, str(source), "a sweep spec")
     for key in doc:
         if key not in _TOP_KEYS:
@@ -218,7 +218,13 @@ def load_spec(path: str | Path) -> SweepSpec:
     if len(programs) > 1 and not any("program" in a for a in axis_names):
         axis_names.insert(0, ("program",))
         axes.insert(0, [(("program", p),) for p in programs])
-    base_set = {k: _number(v) for k, v in _need_map(doc.get("set") or {}, where(doc, "set"), "set").items()}
+    set_map = _need_map(doc.get("set") or {}, where(doc, "set"), "set")
+    base_set = {k: _number(v) for k, v in set_map.items()}
+    for k in set_map:  # where a fixed setting is written, for errors about it
+        lines.setdefault(str(k), where(set_map, k))
+    for k in RUN_KEYS:
+        if k in doc:
+            lines.setdefault(k, where(doc, k))
     base_opts = dict(_need_map(doc.get("options") or {}, where(doc, "options"), "options"))
     for k in base_opts:
         if k not in OPTION_KEYS:
@@ -228,6 +234,13 @@ def load_spec(path: str | Path) -> SweepSpec:
         "config": doc.get("config", "tpu_v5e"), "set": base_set, "options": base_opts,
         "timing_only": doc.get("timing_only", True), "seed": doc.get("seed", 0), "inputs": doc.get("inputs"),
     }  # fmt: skip
+    count = 1
+    for axis in axes:
+        count *= len(axis)
+    if count > MAX_POINTS:
+        sizes = " x ".join(str(len(a)) for a in axes)
+        raise SweepError(f"{source}: the spec expands to {count:,} points ({sizes}), more than {MAX_POINTS:,}; "
+                         "split it into several sweeps")  # fmt: skip
     points = []
     for index, combo in enumerate(itertools.product(*axes)):
         params = tuple(kv for setting in combo for kv in setting)
@@ -256,7 +269,7 @@ def _point(
     lines: dict[str, str],
 ) -> Point:  # fmt: skip
     values = dict(params)
-    setting = ", ".join(f"{k}={v}" for k, v in params)
+    setting = shorten(", ".join(f"{k}={show_value(v) if isinstance(v, int) else v}" for k, v in params), 200)
 
     def at(culprit: str | None = None) -> str:
         line = lines.get(culprit or "", lines.get(params[0][0], "") if params else "")
@@ -269,8 +282,7 @@ def _point(
     overrides = dict(fixed["set"])
     overrides.update({k: v for k, v in params if k not in OPTION_KEYS and k not in RUN_KEYS})
     try:
-        config = load_config(_config_path(values.get("config", fixed["config"]), base),
-                             overrides=[f"{k}={json.dumps(v)}" for k, v in overrides.items()])  # fmt: skip
+        config = load_config(_config_path(values.get("config", fixed["config"]), base), overrides=overrides)
         options = CompileOptions(**{**fixed["options"], **{k: v for k, v in params if k in OPTION_KEYS}})
     except (TpusimError, TypeError) as e:
         culprit = re.search(r"override '([^=']+)=", str(e))
@@ -280,8 +292,10 @@ def _point(
         p = Path(str(inputs))
         inputs = str(p if p.is_absolute() else base / p)
     seed, timing_only = values.get("seed", fixed["seed"]), values.get("timing_only", fixed["timing_only"])
-    if not isinstance(seed, int) or not isinstance(timing_only, bool):
-        raise SweepError(f"{at()}: seed must be an integer and timing_only true or false")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise SweepError(f"{at('seed')}: seed must be a whole number from 0 to 2^64 - 1, not {show_value(seed)}")
+    if not isinstance(timing_only, bool):
+        raise SweepError(f"{at('timing_only')}: timing_only must be true or false, not {show_value(timing_only)}")
     identity = {"config": str(values.get("config", fixed["config"])), "set": overrides,
                 "options": dataclasses.asdict(options), "seed": seed, "inputs": values.get("inputs", fixed["inputs"]),
                 "timing_only": timing_only}  # fmt: skip
