@@ -16,7 +16,7 @@ import pytest
 from matplotlib.image import imread
 
 from tpusim.cli import main
-from tpusim.sweep import SweepError, load_spec, run_sweep
+from tpusim.sweep import SweepError, SweepWarning, load_spec, run_sweep
 from tpusim.sweep.store import Journal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +91,19 @@ def test_spec_expands_grid_and_zip(tmp_path: Path) -> None:
         ("programs: [{mlp}]\noptions: {{tilling: x}}\n", r"s\.yaml:2: unknown compile option 'tilling'"),
         ("programs: [{mlp}]\ngrid:\n  matmul_precision: [bogus]\n",
          r"s\.yaml:3: point 0 \(matmul_precision=bogus\): matmul precision must be default, high or highest"),
+        ("programs: [{mlp}]\nconfig: teaching\ngrid:\n  hbm.latency_ns: [10, .inf]\n",
+         r"s\.yaml:4: point 1 \(hbm\.latency_ns=inf\): override 'hbm\.latency_ns=\.inf': hbm\.latency_ns: must be a "
+         r"finite number, not inf"),
+        ("programs: [{mlp}]\nconfig: teaching\nset:\n  dma.setup_cycles: 1e15\n",
+         r"s\.yaml:4: point 0 \(\): override 'dma\.setup_cycles=1000000000000000\.0': dma\.setup_cycles: must be at "
+         r"most 2\^20"),
+        ("programs: [{mlp}]\nconfig: teaching\nseed: -1\n", r"s\.yaml:3: point 0 \(\): seed must be a whole number "
+         r"from 0 to 2\^64 - 1, not -1"),
+        ("programs: [{mlp}]\ntiming_only: 3\n", r"s\.yaml:2: point 0 \(\): timing_only must be true or false, not 3"),
+        ("programs: [{mlp}]\ngrid:\n  a: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n  b: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
+         "  c: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n  d: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
+         "  e: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n  f: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n",
+         r"s\.yaml: the spec expands to 1,000,000 points \(10 x 10 x 10 x 10 x 10 x 10\), more than 100,000; split"),
     ],
 )  # fmt: skip
 def test_spec_errors_name_the_line(tmp_path: Path, text: str, message: str) -> None:
@@ -148,7 +161,9 @@ def test_killed_sweep_resumes_without_losing_or_repeating_a_row(tmp_path: Path) 
         proc.wait()
     done_before = journal.read_bytes().count(b"\n")
     assert 1 <= done_before < total
-    result = run_sweep(load_spec(spec_path), out, workers=2, progress=False)
+    # SIGKILL left the killed sweep's pid in journal.lock (the kernel released the flock): taken over
+    with pytest.warns(SweepWarning, match=rf"journal\.lock: taking over the lock of pid {proc.pid}\b"):
+        result = run_sweep(load_spec(spec_path), out, workers=2, progress=False)
     assert result.ran == total - done_before
     ids = [json.loads(line)["id"] for line in journal.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == total
@@ -159,25 +174,155 @@ def test_killed_sweep_resumes_without_losing_or_repeating_a_row(tmp_path: Path) 
     assert again.ran == 0 and journal.read_text().count("\n") == total
 
 
-def test_journal_drops_a_torn_last_line(tmp_path: Path) -> None:
+def _row(i: str) -> dict[str, object]:
+    return {"index": 0, "id": i, "program": "p", "status": "ok"}
+
+
+def test_journal_keeps_every_row_around_a_torn_last_line(tmp_path: Path) -> None:
     j = Journal(tmp_path)
-    j.append({"id": "a", "status": "ok"})
+    j.append(_row("a"))
     j.close()
     with open(tmp_path / "journal.jsonl", "ab") as f:
         f.write(b'{"id": "b", "sta')  # a crash in the middle of a write
+    with pytest.warns(SweepWarning, match=r"journal\.jsonl:2: skipped a line that is not a sweep row \(not valid "
+                      r"JSON, cut short"):  # fmt: skip
+        j = Journal(tmp_path)
+    assert list(j.rows) == ["a"]
+    j.append(_row("b"))
+    j.close()
+    lines = (tmp_path / "journal.jsonl").read_bytes().splitlines()
+    assert lines[1] == b'{"id": "b", "sta'  # never truncated: the torn bytes stay, on a line of their own
+    assert [json.loads(x)["id"] for x in (lines[0], lines[2])] == ["a", "b"]
+    with pytest.warns(SweepWarning, match=r"journal\.jsonl:2: skipped"):
+        assert list(Journal(tmp_path).rows) == ["a", "b"]
+
+
+def test_journal_keeps_every_valid_row_after_a_corrupt_line(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    rows = [json.dumps(_row(i)).encode() for i in "abcde"]
+    damaged = [rows[0], b'{"id": "x", "status": "ok", "ind\x00\xff', rows[1], b"[1, 2]", b'{"id": "y"}', b"",
+               b"[" * 100_000, b"1" * 5000, rows[2], rows[3], rows[4] + b"\r"]  # fmt: skip
+    data = b"\n".join(damaged) + b"\n"
+    path.write_bytes(data)
+    with pytest.warns(SweepWarning) as caught:
+        j = Journal(tmp_path)
+    assert list(j.rows) == ["a", "b", "c", "d", "e"]
+    messages = [str(w.message) for w in caught]
+    assert [m.split(": ")[0].rsplit(":", 1)[1] for m in messages] == ["2", "4", "5", "7", "8"]
+    assert all(m.startswith(f"{path}:") and len(m) < 300 for m in messages)
+    assert "no 'index'" in messages[2]
+    j.append(_row("f"))
+    j.close()
+    assert path.read_bytes() == data + json.dumps(_row("f"), separators=(",", ":")).encode() + b"\n"
+
+
+def test_journal_keeps_a_whole_last_row_without_its_newline(tmp_path: Path) -> None:
+    (tmp_path / "journal.jsonl").write_bytes(json.dumps(_row("a")).encode())
     j = Journal(tmp_path)
     assert list(j.rows) == ["a"]
-    j.append({"id": "b", "status": "ok"})
+    j.append(_row("b"))
     j.close()
-    lines = (tmp_path / "journal.jsonl").read_text().splitlines()
-    assert [json.loads(x)["id"] for x in lines] == ["a", "b"]
+    assert [json.loads(x)["id"] for x in (tmp_path / "journal.jsonl").read_text().splitlines()] == ["a", "b"]
+
+
+def test_the_command_line_warns_of_a_damaged_journal_in_one_line(
+    spec_path: Path, reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    lines = (reference / "journal.jsonl").read_bytes().splitlines(keepends=True)
+    (out / "journal.jsonl").write_bytes(b"".join([*lines[:2], b"garbage\n", *lines[2:]]))
+    assert main(["sweep", str(spec_path), "--out", str(out), "-j", "1", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == f"tpusim sweep: warning: {out / 'journal.jsonl'}:3: skipped a line that is not a sweep " \
+        "row (not valid JSON); the rows around it are kept\n"  # fmt: skip
+    assert "6 points (0 failed, 0 run now)" in captured.out
+    assert (out / "results.csv").read_text() == (reference / "results.csv").read_text()
 
 
 def test_one_sweep_per_folder(tmp_path: Path) -> None:
     j = Journal(tmp_path)
-    with pytest.raises(SweepError, match="another sweep is writing"):
+    owner = json.loads((tmp_path / "journal.lock").read_text())
+    assert owner["pid"] == os.getpid()
+    with pytest.raises(SweepError, match=rf"another sweep \(pid {os.getpid()}, since [-\dT:]+\) is writing this "
+                       r"folder \(journal\.lock is held\); wait for it to finish, or give another --out"):  # fmt: skip
         Journal(tmp_path)
     j.close()
+    assert (tmp_path / "journal.lock").read_text() == ""  # a clean exit leaves no owner behind
+    Journal(tmp_path).close()  # and no warning
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_stale_lock_of_a_dead_sweep_is_taken_over(tmp_path: Path) -> None:
+    import socket
+
+    pid = _dead_pid()
+    (tmp_path / "journal.lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+    with pytest.warns(SweepWarning, match=rf"journal\.lock: taking over the lock of pid {pid}, which ended"):
+        j = Journal(tmp_path)
+    assert json.loads((tmp_path / "journal.lock").read_text())["pid"] == os.getpid()
+    j.close()
+
+
+def test_without_flock_the_pid_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a filesystem without flock (some network ones): a live owner on this host refuses, a dead one is taken
+    over, an owner on another host refuses (its liveness cannot be checked from here)."""
+    import errno
+    import socket
+
+    import tpusim.sweep.store as store
+
+    def no_flock(fd: int, op: int) -> None:
+        if op & store.fcntl.LOCK_EX:
+            raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(store.fcntl, "flock", no_flock)
+    lock = tmp_path / "journal.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+        with pytest.raises(SweepError, match=rf"another sweep \(pid {holder.pid}\) may be writing this folder"):
+            Journal(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    lock.write_text(json.dumps({"pid": holder.pid, "host": "elsewhere"}))
+    with pytest.raises(
+        SweepError, match=rf"\(pid {holder.pid} on elsewhere\) may be writing .* delete .*journal\.lock"
+    ):
+        Journal(tmp_path)
+    lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+    with pytest.warns(SweepWarning, match=rf"taking over the lock of pid {holder.pid}"):
+        Journal(tmp_path).close()
+
+
+def test_a_second_sweep_on_the_same_folder_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = tmp_path / "kill.yaml"
+    spec_path.write_text(KILL_SPEC)
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "tpusim.cli", "sweep", str(spec_path), "--out", str(out), "-j", "1", "--no-progress"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lock = out / "journal.lock"
+    deadline = time.monotonic() + 120
+    try:
+        while not (lock.exists() and lock.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        before = (out / "journal.jsonl").read_bytes() if (out / "journal.jsonl").exists() else b""
+        assert main(["sweep", str(spec_path), "--out", str(out), "-j", "1", "--no-progress"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"tpusim sweep: {out}: another sweep (pid {proc.pid}, since ") and err.count("\n") == 1
+        assert (out / "journal.jsonl").read_bytes()[: len(before)] == before  # nothing of the second one written
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    rows = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines()]
+    assert len({r["id"] for r in rows}) == len(rows)
 
 
 def test_failing_points_are_recorded_and_the_others_go_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,5 +6,8 @@
 
 from tpusim.sweep.runner import SweepInterrupted, SweepResult, run_sweep
 from tpusim.sweep.spec import Point, SweepError, SweepSpec, load_spec
+from tpusim.sweep.store import SweepWarning
 
-__all__ = ["Point", "SweepError", "SweepInterrupted", "SweepResult", "SweepSpec", "load_spec", "run_sweep"]
+__all__ = [
+    "Point", "SweepError", "SweepInterrupted", "SweepResult", "SweepSpec", "SweepWarning", "load_spec", "run_sweep",
+]  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 __all__ = ["configure_sweep", "run_sweep_command"]
@@ -23,9 +24,14 @@ def configure_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the points and exit")
 
 
+def _show_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+    print(f"tpusim sweep: warning: {message}", file=sys.stderr)
+
+
 def run_sweep_command(args: argparse.Namespace) -> int:
     from tpusim.sweep.runner import run_sweep
     from tpusim.sweep.spec import load_spec
+    from tpusim.sweep.store import SweepWarning
 
     spec = load_spec(args.spec)
     if args.dry_run:
@@ -33,10 +39,13 @@ def run_sweep_command(args: argparse.Namespace) -> int:
             setting = ", ".join(f"{k}={v}" for k, v in p.params) or "the base"
             print(f"#{p.index} {p.id} {p.program}: {setting}")
         return 0
-    result = run_sweep(
-        spec, args.out, workers=args.workers, executor=args.executor, scheduler=args.scheduler,
-        progress=False if args.no_progress else None, retry_failed=args.retry_failed,
-    )  # fmt: skip
+    with warnings.catch_warnings():  # a skipped journal line or a stale lock: one line each, no source echo
+        warnings.simplefilter("always", SweepWarning)
+        warnings.showwarning = _show_warning
+        result = run_sweep(
+            spec, args.out, workers=args.workers, executor=args.executor, scheduler=args.scheduler,
+            progress=False if args.no_progress else None, retry_failed=args.retry_failed,
+        )  # fmt: skip
     folder = result.files[-1].parent
     failed = sum(r["status"] != "ok" for r in result.rows)
     print(f"sweep {spec.name}: {len(result.rows)} points ({failed} failed, {result.ran} run now) -> {folder}/")
