@@ -31,6 +31,7 @@ from tpusim.compiler.pipeline import CompiledProgram, compile_module
 from tpusim.config import ChipConfig, load_config
 from tpusim.devices import Chip, RunMonitor, RunResult, Trace
 from tpusim.errors import TpusimError
+from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS, RunLimitError
 
 __all__ = ["InputError", "SimulationResult", "load_program", "simulate", "simulate_chips", "simulate_jax"]
 
@@ -161,6 +162,8 @@ def simulate(
     chips: int | None = None,
     topology: str | tuple[int, ...] | None = None,
     monitor: RunMonitor | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    max_cycles: int = DEFAULT_MAX_CYCLES,
 ) -> SimulationResult:
     """Compile ``program`` for ``config`` and simulate it.
 
@@ -180,16 +183,24 @@ def simulate(
         topology: the chips' grid, ``"2x4"`` or ``(2, 4)`` (default: the config's ``ici.shape``, or one
             chosen for ``chips``).
         monitor: a :class:`tpusim.devices.RunMonitor` another thread may read for progress while it runs.
+        max_steps: instructions the device may execute (every core and chip, each loop iteration again);
+            past it the run stops with :class:`tpusim.limits.RunLimitError` naming the loop (an endless
+            ``while``). Fallback kernels' reference runs take it as their ``while`` iteration limit.
+        max_cycles: simulated cycles the run may take, likewise. See :mod:`tpusim.limits` for both.
 
     Returns:
         Outputs, cycles, the compiled program and the device run (trace, memories).
+
+    Raises:
+        RunLimitError: the run reached ``max_steps`` or ``max_cycles``.
     """
     if chips is not None or topology is not None:
         if host is not None:
             raise InputError("host transfers are not supported in a run of several chips")
         return simulate_chips(
             program, inputs, chips=chips, topology=topology, config=config, overrides=overrides,
-            options=options, timing_only=timing_only, seed=seed, monitor=monitor,
+            options=options, timing_only=timing_only, seed=seed, monitor=monitor, max_steps=max_steps,
+            max_cycles=max_cycles,
         )  # fmt: skip
     began = time.perf_counter()
     if isinstance(program, CompiledProgram):
@@ -208,27 +219,32 @@ def simulate(
         inputs = random_inputs(module, seed)[0]
     placed = _flatten_inputs(module, inputs)
     placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
-    run = Chip(compiled.config).run(
-        compiled.program,
-        placed,
-        timing_only=timing_only,
-        fallback_evaluator=_evaluator(host or Host()),
-        monitor=monitor,
-    )
+    try:
+        run = Chip(compiled.config).run(
+            compiled.program,
+            placed,
+            timing_only=timing_only,
+            fallback_evaluator=_evaluator(host or Host(), max_steps),
+            monitor=monitor,
+            max_steps=max_steps,
+            max_cycles=max_cycles,
+        )
+    except RunLimitError as e:  # name the loop's computation (the device knows only HLO names)
+        raise e.located(compiled.module) from None
     outputs = () if timing_only else tuple(run.read(f"out{j}") for j in range(len(compiled.outputs)))
     done = time.perf_counter()
     compile_seconds = compiled_at - began if not isinstance(program, CompiledProgram) else 0.0
     return SimulationResult(outputs, run.cycles, compiled, run, None, compile_seconds, done - compiled_at)
 
 
-def _evaluator(host: Host) -> Callable[[str, list[np.ndarray]], list[np.ndarray]]:
+def _evaluator(host: Host, max_steps: int = DEFAULT_MAX_STEPS) -> Callable[[str, list[np.ndarray]], list[np.ndarray]]:
     """Run fallback kernels with the reference interpreter, keeping the device's RNG state and host queues
     from one kernel to the next."""
     from tpusim.compiler.hlo.reference import evaluate
     from tpusim.devices.fallback import parsed_kernel
 
     state = DeviceState()
-    return lambda hlo, inputs: list(evaluate(parsed_kernel(hlo), inputs, host=host, state=state))
+    return lambda hlo, inputs: list(evaluate(parsed_kernel(hlo), inputs, host=host, state=state, max_steps=max_steps))
 
 
 def simulate_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SimulationResult:
@@ -266,6 +282,8 @@ def simulate_chips(
     timing_only: bool = False,
     seed: int = DEFAULT_SEED,
     monitor: RunMonitor | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    max_cycles: int = DEFAULT_MAX_CYCLES,
 ) -> SimulationResult:
     """Compile ``program`` for a system of chips and run every chip's copy of it in one simulation.
 
@@ -318,7 +336,13 @@ def simulate_chips(
         placed = {k: [f[k] for f in flat] for k in (flat[0] if flat else {})}
     placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
     system = System(compiled.config, n, topo.shape)
-    run = system.run(compiled.program, placed, timing_only=timing_only, monitor=monitor)
+    try:
+        run = system.run(
+            compiled.program, placed, timing_only=timing_only, monitor=monitor, max_steps=max_steps,
+            max_cycles=max_cycles,
+        )  # fmt: skip
+    except RunLimitError as e:  # name the loop's computation (the device knows only HLO names)
+        raise e.located(compiled.module) from None
     outputs: tuple[np.ndarray, ...] = ()
     if not timing_only:
         outputs = tuple(np.stack([run.read(f"out{j}", chip=d) for d in range(n)]) for j in range(len(compiled.outputs)))

@@ -51,14 +51,17 @@ class Machine:
         topology: Topology,
         program: Program,
         numeric: bool,
-        max_jumps: int,
+        max_steps: int,
+        max_cycles: int,
         fallback_evaluator: FallbackEvaluator,
     ) -> None:
         self.cfg = cfg
         self.topology = topology
         self.program = program
         self.numeric = numeric
-        self.max_jumps = max_jumps
+        self.max_steps = max_steps  # run limits (tpusim.limits), checked at taken jumps and at the end
+        self.max_cycles = max_cycles
+        self.max_record_ints = max_steps * 8  # max_steps as a length of ``records``
         self.fallback_evaluator = fallback_evaluator
         self.env = make_env()
         self.network = FlowNetwork(self.env)

@@ -77,7 +77,6 @@ class Core:
         "finished",
         "first_try",
         "index",
-        "jumps",
         "max_end",
         "mxu_ctx",
         "mxu_queues",
@@ -99,6 +98,7 @@ class Core:
         "stream_id",
         "sync_unit",
         "system",
+        "trips",
         "unit",
         "vmem",
         "vpu_free",
@@ -153,7 +153,7 @@ class Core:
         self.blocked: tuple[int, str, tuple[Any, ...]] | None = None  # see block
         self.finished = False
         self.final_cycle = 0
-        self.jumps = 0
+        self.trips: dict[int, int] = {}  # back edge -> iterations of its loop's current execution (devices.limits)
         self.barrier_event: Any = None
         self.cache: dict[Any, Any] = {}  # handlers' per-run facts (e.g. a DMA's destination memory)
         self.bound: dict[int, tuple[tuple[Access, ...], tuple[Access, ...]]] = {}  # see bind

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tpusim.devices.hazards import OWN
+from tpusim.devices.limits import count_jump, limit_error
 from tpusim.devices.memory import read_value, write_value
 from tpusim.devices.units import handles
 from tpusim.isa import Branch, Halt, Jump, Reg, ScalarAlu, ScalarLoad, ScalarStore, Space
@@ -161,14 +162,15 @@ def issue_scalar_store(core: Any, d: Any, t: int) -> Any:
 
 
 def _jump(core: Any, d: Any, t: int, label: str) -> int:
-    core.jumps += 1
-    if core.jumps > core.system.max_jumps:
-        raise core.error(
-            d.index,
-            f"more than {core.system.max_jumps} jumps taken: an endless loop? "
-            "(raise max_jumps in run() if the program really loops that long)",
-        )
-    core.pc = core.stream.target(label)
+    m = core.system
+    index = d.index
+    target = core.stream.target(label)
+    # run limits (tpusim.limits): every endless run takes jumps, so they are checked here
+    if len(core.records) >= m.max_record_ints or t > m.max_cycles:
+        limit = "max_steps" if len(core.records) >= m.max_record_ints else "max_cycles"
+        raise limit_error(core, index, t, limit, index if target <= index else -1)
+    count_jump(core, index, target)
+    core.pc = target
     end = t + 1 + core.cfg.core.branch_cycles
     _record(core, d, t, end)
     return end
@@ -181,11 +183,14 @@ def issue_branch(core: Any, d: Any, t: int) -> int:
         ins = d.ins
         b = ins.b
         br, bv = (b.index, 0) if isinstance(b, Reg) else (-1, b)
-        prep = d.extra = (_COND[ins.cond.lower()], ins.a.index, br, bv)
-    cond, ar, br, bv = prep
+        back = core.stream.target(ins.target) <= d.index  # a do-while loop's back edge
+        prep = d.extra = (_COND[ins.cond.lower()], ins.a.index, br, bv, back)
+    cond, ar, br, bv, back = prep
     regs = core.regs
     if cond(regs[ar], regs[br] if br >= 0 else bv):
         return _jump(core, d, t, d.ins.target)
+    if back and core.trips:  # the do-while loop ends: its next execution counts from 0
+        core.trips.pop(d.index, None)
     core.records.extend((core.stream_id, d.index, core.scalar_unit, core.first_try, t, t + 1, 0, 0))
     core.pc = d.index + 1
     return t + 1

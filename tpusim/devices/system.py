@@ -27,12 +27,14 @@ from tpusim.devices.chip import ChipState, Machine
 from tpusim.devices.core import DeadlockError
 from tpusim.devices.engine import events_scheduled
 from tpusim.devices.fallback import FallbackEvaluator, reference_evaluator
+from tpusim.devices.limits import ended_past_limit, position_of
 from tpusim.devices.memory import ByteStore, MemoryAccessError
 from tpusim.devices.monitor import RunMonitor
 from tpusim.devices.trace import Trace, TraceStream
 from tpusim.devices.units import ExecutionError
 from tpusim.errors import TpusimError
 from tpusim.isa import Program, Space, Symbol
+from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS, check_limits, note_interrupt
 from tpusim.memory import pack, unpack
 from tpusim.topology import system_topology
 
@@ -111,7 +113,8 @@ class System:
         inputs: Mapping[str, np.ndarray | Sequence[np.ndarray]] | None = None,
         *,
         timing_only: bool = False,
-        max_jumps: int = 100_000_000,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        max_cycles: int = DEFAULT_MAX_CYCLES,
         fallback_evaluator: FallbackEvaluator | None = None,
         monitor: RunMonitor | None = None,
     ) -> RunResult:
@@ -122,7 +125,9 @@ class System:
             inputs: arrays by symbol name, packed into memory at the symbol before the run. A symbol on every
                 chip (``chip=None``) takes one array for all chips or a sequence of one per chip.
             timing_only: skip numeric work except scalar instructions and instructions flagged ``control``.
-            max_jumps: taken branches and jumps allowed per core (guards against endless loops).
+            max_steps: instructions the run may execute, summed over every core and chip (see
+                :mod:`tpusim.limits`; checked at every taken jump and at the end).
+            max_cycles: simulated cycles the run may take (likewise).
             fallback_evaluator: runs fallback kernels; default: the reference interpreter.
             monitor: a :class:`RunMonitor` another thread may read while the run goes on (for progress).
 
@@ -131,7 +136,12 @@ class System:
 
         Raises:
             ExecutionError: a bad instruction (naming it), an access outside a memory, a deadlock.
+            RunLimitError: the run reached ``max_steps`` or ``max_cycles`` (naming the loop it was in).
+
+        A KeyboardInterrupt (Ctrl-C) propagates with the run's position recorded on it
+        (:func:`tpusim.limits.interrupt_position`).
         """
+        check_limits(max_steps, max_cycles)
         clock = [time.perf_counter()]
         phases: dict[str, float] = {}
 
@@ -141,8 +151,9 @@ class System:
             clock[0] = now
 
         m = Machine(
-            self.config, self.topology, program, not timing_only, max_jumps, fallback_evaluator or reference_evaluator
-        )
+            self.config, self.topology, program, not timing_only, max_steps, max_cycles,
+            fallback_evaluator or reference_evaluator,
+        )  # fmt: skip
         for name, value in (inputs or {}).items():
             _place(m, program.symbol(name), value)
         lap("place")
@@ -156,6 +167,9 @@ class System:
             # SimPy re-raises a failed process's exception as a copy; give the caller the original.
             original = e.__cause__
             raise (original if isinstance(original, TpusimError) else e) from None
+        except KeyboardInterrupt as e:  # Ctrl-C: say where the run was (the CLI prints it in one line)
+            note_interrupt(e, position_of(m))
+            raise
         blocked = [c for c in m.cores if not c.finished]
         if blocked:
             raise _deadlock(blocked)
@@ -163,6 +177,9 @@ class System:
         lap("simulate")
         trace = Trace.build(m.records, m.units, [_trace_stream(c) for c in m.cores])
         cycles = max([int(trace.end.max()) if len(trace) else 0] + [c.final_cycle for c in m.cores])
+        past = ended_past_limit(m, cycles)
+        if past is not None:
+            raise past
         lap("trace")
         return RunResult(cycles, trace, self.config, events_scheduled(m.env), m, phases)
 

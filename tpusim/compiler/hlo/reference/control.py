@@ -29,6 +29,7 @@ from tpusim.compiler.hlo.reference.core import (
     check_value,
     register,
 )
+from tpusim.limits import note_interrupt
 from tpusim.memory import AnyShape, TupleShape
 
 __all__ = ["CUSTOM_CALLS", "literal_value", "register_custom_call", "zeros_of"]
@@ -101,11 +102,19 @@ def _fusion(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
 def _while(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     condition, body = instr.attr("condition"), instr.attr("body")
     state = args[0]
-    while True:
-        keep_going = ctx.call(condition, [state])
-        if not bool(np.asarray(keep_going)):
-            return state
-        state = ctx.call(body, [state])
+    frame = ctx.enter_loop(instr)  # counts iterations for the run limit (max_steps)
+    try:
+        while True:
+            keep_going = ctx.call(condition, [state])
+            if not bool(np.asarray(keep_going)):
+                return state
+            ctx.iterate(frame)
+            state = ctx.call(body, [state])
+    except KeyboardInterrupt as exc:  # Ctrl-C: where, from the innermost loop (outer ones keep it)
+        note_interrupt(exc, ctx.position())
+        raise
+    finally:
+        ctx.leave_loop(frame)
 
 
 @register("conditional")

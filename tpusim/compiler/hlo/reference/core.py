@@ -26,6 +26,7 @@ import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.errors import TpusimError
+from tpusim.limits import DEFAULT_MAX_STEPS, LimitHit, RunLimitError, check_limits, note_interrupt
 from tpusim.memory import AnyShape, Shape, TupleShape
 
 __all__ = [
@@ -383,6 +384,7 @@ class EvalContext:
         exchange: Any = None,
         plans: _PlanCache | None = None,
         state: DeviceState | None = None,
+        max_steps: int = DEFAULT_MAX_STEPS,
     ) -> None:
         self.module = module
         self.replica_id = replica_id
@@ -394,6 +396,12 @@ class EvalContext:
         self.state = state if state is not None else DeviceState()
         self.computation: Computation | None = None
         self._plans = plans if plans is not None else _PlanCache(module)
+        # run limit (tpusim.limits): while iterations of the whole run; the whiles running, innermost last,
+        # each [instruction, computation name, iterations of its current execution]
+        self.max_steps = max_steps
+        self.loop_steps = 0
+        self.loops: list[list[Any]] = []
+        self.cancelled = False  # set from another thread to stop this device at its next loop iteration
 
     @property
     def rng_state(self) -> int:
@@ -454,6 +462,60 @@ class EvalContext:
     def call(self, name: str, args: Sequence[Value]) -> Value:
         """Run a called computation (``to_apply``, ``body`` ...) on ``args`` and return its result."""
         return self.run(name, args)
+
+    # ----------------------------------------------------------------- loops and the run limit
+    def iterate(self, frame: list[Any]) -> None:
+        """Count one more iteration of the ``while`` of ``frame`` (see :meth:`enter_loop`); raises
+        RunLimitError past ``max_steps`` iterations of the run."""
+        if self.cancelled:
+            raise KeyboardInterrupt
+        if self.loop_steps >= self.max_steps:
+            raise self._limit_error()
+        self.loop_steps += 1
+        frame[2] += 1
+
+    def enter_loop(self, instr: Instruction) -> list[Any]:
+        """Start a ``while``: a frame :meth:`iterate` counts in; give it back to :meth:`leave_loop`."""
+        frame = [instr, self.computation.name if self.computation is not None else None, 0]
+        self.loops.append(frame)
+        return frame
+
+    def leave_loop(self, frame: list[Any]) -> None:
+        if self.loops and self.loops[-1] is frame:
+            self.loops.pop()
+
+    def _current_loop(self) -> list[Any] | None:
+        """The running while with the most iterations in its current execution (the innermost on a tie)."""
+        best = None
+        for frame in self.loops:
+            if best is None or frame[2] >= best[2]:
+                best = frame
+        return best
+
+    def _limit_error(self) -> RunLimitError:
+        frame = self._current_loop()
+        device = f", device {self.device_id}" if self.num_devices > 1 else ""
+        where = f"after {self.loop_steps:,} while iterations in all (the reference interpreter{device})"
+        if frame is None:
+            return RunLimitError.of(LimitHit("max_steps", self.max_steps, None, 0, where))
+        instr, comp, n = frame
+        line = str(instr.loc) if instr.loc is not None else None
+        return RunLimitError.of(
+            LimitHit("max_steps", self.max_steps, instr.name, n, where, opcode="while", computation=comp, line=line)
+        )
+
+    def position(self) -> str:
+        """Where the evaluation stands, for Ctrl-C: the while running and its iteration, or the computation."""
+        device = f", device {self.device_id}" if self.num_devices > 1 else ""
+        frame = self._current_loop()
+        if frame is not None:
+            instr, comp, n = frame
+            return (
+                f"in the reference interpreter{device}: while %{instr.name} (computation {comp}) on iteration "
+                f"{max(n, 1):,}, {self.loop_steps:,} while iterations in all"
+            )
+        comp = self.computation.name if self.computation is not None else None
+        return f"in the reference interpreter{device}" + (f", computation {comp}" if comp else "")
 
     def vectorized_call(self, name: str, arrays: Sequence[np.ndarray]) -> Value:
         """Apply scalar computation ``name`` elementwise to broadcastable arrays, all elements at once.
@@ -583,7 +645,12 @@ def _flat_outputs(value: Value) -> list[np.ndarray]:
 
 
 def evaluate(
-    module: Module, inputs: Sequence[Any], *, host: Host | None = None, state: DeviceState | None = None
+    module: Module,
+    inputs: Sequence[Any],
+    *,
+    host: Host | None = None,
+    state: DeviceState | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
 ) -> list[np.ndarray]:
     """Run ``module``'s entry computation on one device (replica 0, partition 0).
 
@@ -594,10 +661,15 @@ def evaluate(
             None or TOKEN).
         host: infeed/outfeed/send/recv queues; a fresh empty :class:`Host` when None.
         state: device state kept between calls (the RNG state); fresh when None.
+        max_steps: ``while`` iterations the run may take, summed over every while (see :mod:`tpusim.limits`).
 
     Returns:
         The root value flattened depth-first (a non-tuple root gives a one-element list; tokens are dropped).
+
+    Raises:
+        RunLimitError: past ``max_steps`` iterations, naming the while that was running.
     """
+    check_limits(max_steps)
     devices = module.replica_count * module.num_partitions
     if devices != 1:
         raise InputError(
@@ -605,9 +677,13 @@ def evaluate(
             f"run it with evaluate_spmd (command line: --replicas {devices})"
         )
     values = _check_inputs(module, inputs)
-    ctx = EvalContext(module, host=host, state=state)
-    with np.errstate(all="ignore"):
-        return _flat_outputs(ctx.run(module.entry, values))
+    ctx = EvalContext(module, host=host, state=state, max_steps=max_steps)
+    try:
+        with np.errstate(all="ignore"):
+            return _flat_outputs(ctx.run(module.entry, values))
+    except KeyboardInterrupt as exc:  # Ctrl-C: say where (the CLI prints it in one line)
+        note_interrupt(exc, ctx.position())
+        raise
 
 
 def evaluate_spmd(
@@ -617,6 +693,7 @@ def evaluate_spmd(
     num_devices: int | None = None,
     host: Sequence[Host] | None = None,
     timeout: float | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
 ) -> list[list[np.ndarray]]:
     """Run ``module`` on N devices in lockstep: one thread per device, collectives meet in a rendezvous.
 
@@ -630,10 +707,12 @@ def evaluate_spmd(
         host: one :class:`Host` per device (fresh empty ones when None).
         timeout: seconds a device may wait at a collective before the run fails (None: wait, relying on the
             exact deadlock detection).
+        max_steps: ``while`` iterations each device may take (see :func:`evaluate`).
 
     Returns:
         For each device, its flattened outputs.
     """
+    check_limits(max_steps)
     from tpusim.compiler.hlo.reference.exchange import Exchange, run_devices
 
     n = num_devices if num_devices is not None else len(per_device_inputs)
@@ -658,6 +737,7 @@ def evaluate_spmd(
             host=host[d] if host is not None else None,
             exchange=exchange,
             plans=plans,
+            max_steps=max_steps,
         )
         for d in range(n)
     ]
@@ -666,4 +746,11 @@ def evaluate_spmd(
         with np.errstate(all="ignore"):
             return _flat_outputs(contexts[d].run(module.entry, values[d]))
 
-    return run_devices(exchange, body)
+    try:
+        return run_devices(exchange, body)
+    except KeyboardInterrupt as exc:  # Ctrl-C: stop the other devices at their next iteration, say where
+        for ctx in contexts:
+            ctx.cancelled = True
+        exchange.fail(-1)  # and release those waiting at a collective
+        note_interrupt(exc, contexts[0].position())
+        raise

@@ -37,6 +37,7 @@ import numpy as np
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.reference.core import TOKEN, Host, Value, evaluate, evaluate_spmd
 from tpusim.errors import TpusimError
+from tpusim.limits import DEFAULT_MAX_STEPS
 from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type_of_dtype
 
 __all__ = [
@@ -404,10 +405,12 @@ def configure_run_reference(parser: argparse.ArgumentParser) -> None:
 
 
 def run_reference_command(args: argparse.Namespace) -> int:
-    """``tpusim run PROGRAM --reference [--inputs IN.npz] [--out OUT.npz] [--replicas N] [--seed S]``.
+    """``tpusim run PROGRAM --reference [--inputs IN.npz] [--out OUT.npz] [--replicas N] [--seed S]
+    [--max-steps N]``.
 
-    Reads ``args.program``, ``args.inputs`` (optional), ``args.out``, ``args.replicas`` (optional) and
-    ``args.seed`` (optional); prints one line per output to stderr. Returns the exit status (0).
+    Reads ``args.program``, ``args.inputs`` (optional), ``args.out``, ``args.replicas`` (optional),
+    ``args.seed`` (optional) and ``args.max_steps`` (optional: while iterations allowed, see
+    :mod:`tpusim.limits`); prints one line per output to stderr. Returns the exit status (0).
     """
     from tpusim.compiler.hlo import load_module
     from tpusim.paths import check_output_path
@@ -424,12 +427,14 @@ def run_reference_command(args: argparse.Namespace) -> int:
     seed = DEFAULT_SEED if seed is None else int(seed)
     inputs = load_inputs(inputs_path, module, n) if inputs_path is not None else random_inputs(module, seed, n)
     stacked = n > 1 or replicas is not None
+    max_steps = getattr(args, "max_steps", None)
+    max_steps = DEFAULT_MAX_STEPS if max_steps is None else max_steps
     hosts = [Host() for _ in range(n)]
     if n == 1 and declared == 1:
-        outputs: list[np.ndarray] = evaluate(module, inputs[0], host=hosts[0])
+        outputs: list[np.ndarray] = evaluate(module, inputs[0], host=hosts[0], max_steps=max_steps)
         per_device = [outputs]
     else:
-        per_device = evaluate_spmd(module, inputs, num_devices=n, host=hosts)
+        per_device = evaluate_spmd(module, inputs, num_devices=n, host=hosts, max_steps=max_steps)
     outputs = stack_devices(per_device) if stacked else per_device[0]
     feeds = [[v for v in h.outfeed if isinstance(v, np.ndarray)] for h in hosts]
     extra = {}
