@@ -188,6 +188,8 @@ def test_every_numeric_key_rejects_nonsense_naming_the_key(key: str, tp: Any, va
         ("hbm.bandwidth_bytes_per_s=1", r"hbm\.bandwidth_bytes_per_s: 1 bytes/s is 1e-09 bytes per cycle"),
         ("xlu.transpose_cycles_per_vreg=5000", r"xlu\.transpose_cycles_per_vreg: must be at most 1,024 cycles"),
         ("hbm.bytes=1e20", r"hbm\.bytes: must be at most 2\^48"),
+        ("dma.burst_bytes=281474976710656", r"dma\.burst_bytes: must be at most 2\^16 = 65,536 bytes"),
+        ("hbm.interleave_bytes=100000", r"hbm\.interleave_bytes: must be at most 2\^16"),
         ("mxu.rows=100000", r"mxu\.rows: must be at most 65,536"),
         ("published.tolerance=2", r"published\.tolerance: must be a fraction from 0 to 1"),
         ("mxu.result_buffer_rows=1", r"mxu\.result_buffer_rows: must be a multiple of 2 x vpu\.sublanes = 16"),
@@ -234,7 +236,7 @@ ENTRY e {
 @pytest.mark.parametrize(
     "override",
     ["dma.setup_cycles=1048576", "hbm.latency_ns=1048576", "dma.runs_per_cycle=0.0009765625",
-     "hbm.bandwidth_bytes_per_s=976563", "vpu.alu.issue_vregs_per_cycle=0.0009765625"],
+     "hbm.bandwidth_bytes_per_s=976563", "vpu.alu.issue_vregs_per_cycle=0.0009765625", "dma.burst_bytes=65536"],
 )  # fmt: skip
 def test_a_run_at_a_limit_ends_with_exact_cycles(override: str) -> None:
     """At each limit a small matmul still runs to the end, far below 2^53 cycles (dma.setup_cycles=1e15 spun)."""

@@ -102,8 +102,13 @@ MAX_COUNT = 2**16
 largest real one (1,024 result buffer rows); the simulator holds some of them in lists and arrays."""
 
 MAX_BYTES = 2**48
-"""Largest size in bytes (a memory, a burst): 256 TiB, 2,700 x the largest real memory (v5p's 95 GiB HBM);
-byte addresses, offsets and strides then stay far from int64's and float64's exact limits."""
+"""Largest memory (``bytes`` keys): 256 TiB, 2,700 x the largest real one (v5p's 95 GiB HBM); byte addresses,
+offsets and strides then stay far from int64's and float64's exact limits."""
+
+MAX_GRANULE_BYTES = 2**16
+"""Largest granule (``_bytes`` keys: ``dma.burst_bytes``, ``hbm.interleave_bytes``): 64 KiB, 256 x the largest
+real one. A granule is work per unit: every contiguous run of a transfer is charged whole bursts, so
+``dma.burst_bytes`` 2^48 made the transformer block example take 1.2e15 cycles (63,587 on a v5e)."""
 
 MAX_LATENCY_CYCLES = 2**20
 """Longest fixed cost of one event (``_cycles`` keys; ``_ns`` keys at the clock): 1,048,576 cycles (0.7 ms at
@@ -143,8 +148,10 @@ def _kind(name: str) -> str:
         return "latency"
     if name.endswith("_ns"):
         return "time"
-    if name == "bytes" or name.endswith("_bytes"):
+    if name == "bytes":
         return "size"
+    if name.endswith("_bytes"):
+        return "granule"
     return "count"
 
 
@@ -152,7 +159,7 @@ def _check_number(key: str, kind: str, v: float) -> None:
     shown = show_value(v)
     if isinstance(v, float) and not math.isfinite(v):
         raise ConfigValueError(key, f"must be a finite number, not {shown}")
-    if kind in ("count", "size", "cycles_per_unit", "rate", "per_second", "frequency"):
+    if kind in ("count", "size", "granule", "cycles_per_unit", "rate", "per_second", "frequency"):
         _need(v > 0, key, f"must be positive, not {shown}")
     else:
         _need(v >= 0, key, f"must not be negative, not {shown}")
@@ -161,6 +168,8 @@ def _check_number(key: str, kind: str, v: float) -> None:
         _need(v <= MAX_COUNT, key, f"must be at most {MAX_COUNT:,} (2^16; {limit}), not {shown}")
     elif kind == "size":
         _need(v <= MAX_BYTES, key, f"must be at most 2^48 = {MAX_BYTES:,} bytes ({limit}), not {shown}")
+    elif kind == "granule":
+        _need(v <= MAX_GRANULE_BYTES, key, f"must be at most 2^16 = {MAX_GRANULE_BYTES:,} bytes ({limit}), not {shown}")
     elif kind == "latency":
         _need(v <= MAX_LATENCY_CYCLES, key, f"must be at most 2^20 = {MAX_LATENCY_CYCLES:,} cycles ({limit}), "
               f"not {shown}")  # fmt: skip
