@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import tpusim
-from tpusim.compiler.hlo import HloParseError, parse_module, print_module
+from tpusim.compiler.errors import CompileError
+from tpusim.compiler.hlo import HloParseError, HloVerifyError, parse_module, print_module
 from tpusim.compiler.hlo.reference import evaluate
 from tpusim.errors import LayoutError, TpusimError
 from tpusim.memory import parse_shape
@@ -381,7 +382,12 @@ def test_ranks_past_the_limit_are_located_errors() -> None:
     ("data", "offset", "line", "column"),
     [
         (b"HloModule m\nENTRY e {\n  ROOT p = f32[2] parameter(0) // caf\xe9\n}\n", 59, 3, 38),
-        (b"HloModule m // \xc3\xa9t\xc3\xa9\nENTRY e {\n  ROOT p = f32[2] parameter(0) // \xc3\xa9\xff\n}\n", 67, 3, 37),
+        (
+            b"HloModule m // \xc3\xa9t\xc3\xa9\nENTRY e {\n  ROOT p = f32[2] parameter(0) // \xc3\xa9\xff\n}\n",
+            67,
+            3,
+            37,
+        ),
         (b"\x08\x00\x12\x05hello\x9f\x1b[31m", 9, 1, 10),
     ],
 )
@@ -408,3 +414,133 @@ def test_non_utf8_file_on_the_command_line(tmp_path) -> None:
     assert done.returncode == 1
     assert done.stderr.startswith(f"tpusim run: HLO parse error at {path}:3:38: byte 0xe9 at byte offset 59")
     assert "Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------------------------------------
+# Errors that once reached the compiler or the ISA without a location
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("shape", "what"),
+    [
+        ("f32[10]{0:D(C)}", "sparse layout"),
+        ("f32[10,4]{1,0:D(D,C)#(u32)*(u32)}", "sparse layout"),
+        ("f32[<=10]", "dynamic dimensions"),
+        ("f32[?]", "dynamic dimensions"),
+    ],
+)
+def test_shapes_the_compiler_cannot_lay_out_name_the_instruction(shape: str, what: str) -> None:
+    text = f"ENTRY e {{\n  p = {shape} parameter(0)\n  ROOT n = {shape} negate(p)\n}}"
+    module = parse_module(text, source="sparse.hlo")
+    with pytest.raises(CompileError, match=what) as info:
+        tpusim.simulate(module, timing_only=True)
+    assert _first_line(info.value).startswith("e/p (sparse.hlo:2): shape ")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("ROOT c = s32[4] add(a, b)", r"result s32\[4\] should be f32\[4\] \(add of f32\[4\] and f32\[4\]\)"),
+        ("ROOT c = pred[4] multiply(a, b)", r"result pred\[4\] should be f32\[4\]"),
+        ("ROOT c = s32[4] negate(a)", r"result s32\[4\] should be f32\[4\]"),
+        ("ROOT c = pred[4] compare(a, b), direction=XX", "direction=XX is not a comparison direction"),
+        ("ROOT c = pred[4] compare(a, b), direction=lt", "direction=lt is not a comparison direction"),
+        ("ROOT c = pred[4] compare(a, b), direction=LT, type=FOO", "type=FOO is not a comparison type"),
+        ("ROOT c = pred[4] compare(a, b), direction=LT, type=SIGNED", "type=SIGNED does not compare f32 values"),
+        ("ROOT c = pred[4] compare(i, i), direction=LT, type=FLOAT", "type=FLOAT does not compare s32 values"),
+        ("ROOT c = pred[4] compare(i, i), direction=LT, type=UNSIGNED", "type=UNSIGNED does not compare s32"),
+    ],
+)
+def test_the_verifier_catches_inconsistent_instructions(line: str, message: str) -> None:
+    text = f"ENTRY e {{\n  a = f32[4] parameter(0)\n  b = f32[4] parameter(1)\n  i = s32[4] parameter(2)\n  {line}\n}}"
+    with pytest.raises(HloVerifyError, match=message) as info:
+        parse_module(text, source="v.hlo")
+    assert "computation e, instruction %c (v.hlo:5)" in _first_line(info.value)
+
+
+def test_valid_compare_types_still_verify() -> None:
+    for operand, ctype in [("f32", "TOTALORDER"), ("f32", "FLOAT"), ("s32", "SIGNED"), ("u8", "UNSIGNED")]:
+        parse_module(
+            f"ENTRY e {{\n  a = {operand}[4] parameter(0)\n"
+            f"  ROOT c = pred[4] compare(a, a), direction=LT, type={ctype}\n}}"
+        )
+    parse_module(
+        "ENTRY e {\n  a = pred[4] parameter(0)\n  ROOT c = pred[4] compare(a, a), direction=EQ, type=UNSIGNED\n}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("signature", "message", "column"),
+    [
+        ("(p: f32[8]) -> f32[4]", r"declares parameter p as f32\[8\] but parameter\(0\) %p has shape f32\[4\]", 11),
+        ("(p: s32[4]) -> f32[4]", r"declares parameter p as s32\[4\]", 11),
+        ("(p: f32[4], q: f32[4]) -> f32[4]", r"declares 2 parameter\(s\) \(p, q\) but has 1 parameter instruction", 10),
+        ("() -> f32[4]", r"declares 0 parameter\(s\) \(none\) but has 1", 10),
+    ],
+)
+def test_signature_parameters_must_match_the_parameters(signature: str, message: str, column: int) -> None:
+    text = f"ENTRY %e {signature} {{\n  ROOT p = f32[4] parameter(0)\n}}"
+    with pytest.raises(HloParseError, match=message) as info:
+        parse_module(text, source="sig.hlo")
+    assert (info.value.line, info.value.column) == (1, column)
+
+
+def test_signatures_that_match_still_parse() -> None:
+    parse_module(
+        "ENTRY %e (x: f32[4,2]{0,1}) -> f32[4,2] {\n  ROOT p = f32[4,2]{1,0} parameter(0)\n}"
+    )  # names, layouts
+    with pytest.raises(HloParseError, match=r"computation add declares parameter y as s32\[\]"):
+        parse_module(
+            "add (x: f32[], y: s32[]) -> f32[] {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n"
+            "  ROOT s = f32[] add(x, y)\n}\nENTRY e {\n  a = f32[4] parameter(0)\n  z = f32[] constant(0)\n"
+            "  ROOT r = f32[] reduce(a, z), dimensions={0}, to_apply=add\n}"
+        )
+
+
+MIXED = [
+    ("add", "f32", "f32", "bf16"),
+    ("multiply", "bf16", "f32", "f32"),
+    ("maximum", "f16", "bf16", "f32"),
+    ("divide", "bf16", "bf16", "f16"),
+    ("add", "f16", "f16", "f32"),
+    ("exponential", "f32", None, "bf16"),
+    ("negate", "bf16", None, "f32"),
+    ("tanh", "f16", None, "bf16"),
+    ("compare", "f32", "bf16", "pred"),
+]
+
+
+@pytest.mark.parametrize(("op", "a", "b", "result"), MIXED)
+def test_mixed_precision_runs_like_the_reference(op: str, a: str, b: str | None, result: str) -> None:
+    """XLA accepts mixed floating-point types (allow_mixed_precision): the device once stopped at an ISA
+    check ("vpu.add of f32 operands gives f32, not bf16"); the compiler now converts explicitly."""
+    params = f"  x = {a}[8,128] parameter(0)\n" + (f"  y = {b}[8,128] parameter(1)\n" if b else "")
+    extra = ", direction=LT" if op == "compare" else ""
+    text = f"ENTRY e {{\n{params}  ROOT c = {result}[8,128] {op}(x{', y' if b else ''}){extra}\n}}"
+    module = parse_module(text)
+    rng = np.random.default_rng(1)
+    inputs = [
+        rng.standard_normal((8, 128)).astype(p.array_shape.element_type.dtype)
+        for p in module.entry_computation.parameters
+    ]
+    (got,) = tpusim.simulate(module, inputs).outputs
+    (want,) = evaluate(module, inputs)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_mixed_precision_movement_and_reductions_run() -> None:
+    """Copies, transposes, pads and reductions with a result type of their own run on the device (the
+    reference interpreter does not evaluate these forms)."""
+    text = (
+        ADD_TEXT.replace("f32", "bf16")
+        + "ENTRY e {\n  x = f32[8,128] parameter(0)\n  t = bf16[128,8] transpose(x), dimensions={1,0}\n"
+        "  z = bf16[] constant(0)\n  r = bf16[8] reduce(x, z), dimensions={1}, to_apply=add\n"
+        "  y = f32[] constant(0)\n  p = bf16[10,128] pad(x, y), padding=1_1x0_0\n"
+        "  ROOT o = (bf16[128,8], bf16[8], bf16[10,128]) tuple(t, r, p)\n}"
+    )
+    x = np.random.default_rng(2).standard_normal((8, 128)).astype(np.float32)
+    t, r, p = tpusim.simulate(parse_module(text), [x]).outputs
+    np.testing.assert_array_equal(t, x.T.astype(t.dtype))
+    np.testing.assert_allclose(r.astype(np.float32), x.astype(r.dtype).astype(np.float32).sum(1), rtol=2e-2, atol=0.1)
+    np.testing.assert_array_equal(p[1:9], x.astype(p.dtype))
+    assert not p[0].any() and not p[9].any()

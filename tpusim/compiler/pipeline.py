@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tpusim.compiler.buffer_assignment import BufferAssignment, assign_buffers, leaf_paths
+from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo import verify_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.printer import print_module
@@ -19,6 +20,7 @@ from tpusim.compiler.layout_assignment import Relayout, assign_layouts
 from tpusim.compiler.lowering import lower_module
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.passes import prepare_module
+from tpusim.compiler.precision import normalize_precision
 from tpusim.compiler.tiling_rules import load_tiling_rules
 from tpusim.compiler.verify import verify_program
 from tpusim.config import ChipConfig
@@ -27,7 +29,7 @@ from tpusim.isa import MemRef, Program, Space, Symbol
 from tpusim.isa.text import print_program
 from tpusim.memory import Shape
 
-__all__ = ["CompileOptions", "CompiledProgram", "compile_module"]
+__all__ = ["CompileOptions", "CompiledProgram", "check_supported", "compile_module"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     """
     options = options or CompileOptions()
     source = module
+    check_supported(module)
+    module = normalize_precision(module)  # mixed float types made explicit converts (XLA's FloatNormalization)
     rules = load_tiling_rules(options.tiling, sublanes=config.vpu.sublanes, lanes=config.vpu.lanes)
     checking = verify_enabled()
     module = prepare_module(module, options)  # fuse elementwise chains; unfuse what fusions cannot hold
@@ -122,6 +126,26 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
         config=config,
         options=options,
     )
+
+
+def check_supported(module: Module) -> None:
+    """Reject, naming the instruction, shapes the compiler cannot lay out: sparse layouts (``D(C)`` ...) and
+    dynamic dimensions (``<=N``, ``?``); both are valid HLO that tpusim does not simulate."""
+    for comp in module.computations:
+        for instr in comp.instructions:
+            for _, leaf in leaf_paths(instr.shape):
+                if leaf.layout is not None and leaf.layout.is_sparse:
+                    raise CompileError(
+                        f"shape {leaf} has a sparse layout (D(...)); tpusim compiles dense arrays only",
+                        instr,
+                        comp.name,
+                    )
+                if any(leaf.dynamic):
+                    raise CompileError(
+                        f"shape {leaf} has dynamic dimensions (<=N or ?); tpusim compiles static shapes only",
+                        instr,
+                        comp.name,
+                    )
 
 
 def _ref(buffers: BufferAssignment, comp: str, value: str, path: tuple[int, ...], shape: Shape) -> MemRef:

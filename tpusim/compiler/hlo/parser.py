@@ -249,10 +249,11 @@ class _Parser:
             line = self.src.original.count("\n", 0, self.computation_at[name]) + 1
             raise src.error(name_at, f"computation {name} is defined twice (first at line {line})")
         signature: AnyShape | None = None
+        params: list[tuple[str, AnyShape, int]] = []
         pos = src.skip_ws(pos)
         sig_at = pos
         if text.startswith("(", pos):
-            signature, pos = self._signature(pos)
+            params, signature, pos = self._signature(pos)
         pos = src.skip_ws(pos)
         if not text.startswith("{", pos):
             raise src.error(pos, f"expected '{{' to start the body of computation {name}, found {src.found(pos)}")
@@ -265,20 +266,48 @@ class _Parser:
                 f"computation {name} declares result {signature} but its root %{root} has shape "
                 f"{instructions[root].shape}",
             )
+        if signature is not None:
+            self._check_signature_parameters(name, sig_at, params, instructions)
         computation = Computation(name, tuple(instructions.values()), root, is_entry, Attributes(attrs))
         self.computation_at[name] = name_at
         self.computations.append(computation)
         return computation, pos
 
-    def _signature(self, pos: int) -> tuple[AnyShape, int]:
-        """``(p0: f32[2], p1: s32[]) -> f32[2]``: checked for syntax; the parameters are the instructions."""
+    def _check_signature_parameters(
+        self, name: str, sig_at: int, params: list[tuple[str, AnyShape, int]], instructions: dict[str, Instruction]
+    ) -> None:
+        """The signature's parameters must be the parameter instructions: as many, with their shapes (layouts
+        ignored, as for the result). Names may differ (XLA does not read them)."""
+        by_number = {i.attr("parameter_number"): i for i in instructions.values() if i.opcode == "parameter"}
+        if len(params) != len(by_number):
+            listed = ", ".join(p for p, _, _ in params) or "none"
+            raise self.src.error(
+                sig_at,
+                f"computation {name} declares {len(params)} parameter(s) ({listed}) but has {len(by_number)} "
+                "parameter instruction(s)",
+            )
+        for k, (param, shape, at) in enumerate(params):
+            instr = by_number.get(k)
+            if instr is not None and not compatible(shape, instr.shape):
+                raise self.src.error(
+                    at,
+                    f"computation {name} declares parameter {param} as {shape} but parameter({k}) %{instr.name} "
+                    f"has shape {instr.shape}",
+                )
+
+    def _signature(self, pos: int) -> tuple[list[tuple[str, AnyShape, int]], AnyShape, int]:
+        """``(p0: f32[2], p1: s32[]) -> f32[2]``: the parameters as ``(name, shape, offset of the name)``, the
+        result shape and the end; the parameters are the instructions (checked against them after the body)."""
         src, text = self.src, self.text
         pos = src.skip_ws(pos + 1)
+        params: list[tuple[str, AnyShape, int]] = []
         if not text.startswith(")", pos):
             while True:
+                at = src.skip_ws(pos)
                 param, pos = src.name(pos, "a parameter name in the computation's signature")
                 pos = src.expect(pos, ":", f"after parameter {param} in the signature")
-                _, pos = self._shape(src.skip_ws(pos))
+                shape, pos = self._shape(src.skip_ws(pos))
+                params.append((param, shape, at))
                 pos = src.skip_ws(pos)
                 if text.startswith(",", pos):
                     pos += 1
@@ -286,7 +315,8 @@ class _Parser:
                 break
         pos = src.expect(pos, ")", "or ',' in the computation's parameter list")
         pos = src.expect(pos, "->", "between the parameter list and the result shape")
-        return self._shape(src.skip_ws(pos))
+        result, pos = self._shape(src.skip_ws(pos))
+        return params, result, pos
 
     def _body(self, pos: int, computation: str) -> tuple[dict[str, Instruction], str, int]:
         src, text = self.src, self.text

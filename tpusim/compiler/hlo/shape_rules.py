@@ -219,11 +219,33 @@ def _stochastic_convert(ins: Instruction, ops: Sequence[AnyShape], module: Modul
     _result_dims(ins, a.dimensions, lambda: f"stochastic-convert of {a}")
 
 
+_DIRECTIONS = ("EQ", "NE", "LT", "LE", "GT", "GE")
+# The comparison types each kind of element type takes (StableHLO's compare, constraint C3; XLA's parser
+# knows no others).
+_COMPARE_TYPES = {
+    "float": ("FLOAT", "TOTALORDER", "PARTIALORDER"),
+    "complex": ("FLOAT",),
+    "signed": ("SIGNED",),
+    "unsigned": ("UNSIGNED",),
+    "pred": ("UNSIGNED",),
+}
+
+
 @rule("compare")
 def _compare(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     a, b = _array(ops[0], "the lhs"), _array(ops[1], "the rhs")
     if not _loose(a, b):
         raise RuleError(f"compare needs operands of one shape, found {a} and {b}")
+    direction = ins.attr("direction")
+    if direction not in _DIRECTIONS:
+        raise RuleError(f"direction={direction} is not a comparison direction ({', '.join(_DIRECTIONS)})")
+    ctype = ins.attr("type")
+    allowed = _COMPARE_TYPES.get(a.element_type.kind, ())
+    if ctype is not None and ctype not in allowed:
+        known = sorted({t for ts in _COMPARE_TYPES.values() for t in ts})
+        if ctype not in known:
+            raise RuleError(f"type={ctype} is not a comparison type ({', '.join(known)})")
+        raise RuleError(f"type={ctype} does not compare {a.element_type.name} values (use {' or '.join(allowed)})")
     _same(ins, make_shape(element_type("pred"), a.dimensions), lambda: f"compare of {a} and {b} gives pred")
 
 
