@@ -23,6 +23,8 @@ __all__ = ["SweepInterrupted", "SweepResult", "best_points", "columns", "default
 class SweepInterrupted(SweepError):
     """The sweep was stopped (Ctrl-C); its finished rows are kept and a new run resumes it."""
 
+    exit_code = 130  # the shell's 128 + SIGINT, as for an interrupted ``tpusim run`` (see cli.main)
+
 
 @dataclass(frozen=True)
 class SweepResult:
