@@ -544,3 +544,27 @@ def test_mixed_precision_movement_and_reductions_run() -> None:
     np.testing.assert_allclose(r.astype(np.float32), x.astype(r.dtype).astype(np.float32).sum(1), rtol=2e-2, atol=0.1)
     np.testing.assert_array_equal(p[1:9], x.astype(p.dtype))
     assert not p[0].any() and not p[9].any()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ENTRY e {\n  p = f32[10]{0:D(C)} parameter(0)\n  ROOT n = f32[10]{0:D(C)} negate(p)\n}",
+        "ENTRY e {\n  a = f32[4] parameter(0)\n  ROOT c = pred[4] compare(a, a), direction=XX\n}",
+        "ENTRY %e (p: f32[8]) -> f32[4] {\n  ROOT p = f32[4] parameter(0)\n}",
+        f"ENTRY e {{\n  ROOT p = {_nested(5000)} parameter(0)\n}}",
+        f"ENTRY e {{\n  ROOT p = f32[{HUGE}] parameter(0)\n}}",
+    ],
+    ids=["sparse", "direction", "signature", "deep_tuple", "huge_dimension"],
+)
+def test_bad_programs_on_the_command_line(tmp_path, capsys, text: str) -> None:
+    """Exit code 1, one short first line naming the file (or the instruction), no traceback."""
+    from tpusim.cli import main
+
+    path = tmp_path / "bad.hlo"
+    path.write_text(text)
+    assert main(["run", str(path), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tpusim run: ") and "Traceback" not in err
+    first = err.splitlines()[0]
+    assert len(first) < 300 and ("bad.hlo" in first or "e/p" in first)
