@@ -82,12 +82,14 @@ class RunLimitError(TpusimError):
         hit = self.hit
         if hit is None or hit.loop is None or hit.computation is not None or module is None:
             return self
-        for comp in module.computations:
-            if hit.loop in comp:
-                instr = comp[hit.loop]
-                line = str(instr.loc) if instr.loc is not None else None
-                return RunLimitError.of(replace(hit, opcode=instr.opcode, computation=comp.name, line=line))
-        return self
+        found = [(comp, comp[hit.loop]) for comp in module.computations if hit.loop in comp]
+        # (hand-written modules may repeat a name in several computations: a while first)
+        found.sort(key=lambda pair: pair[1].opcode != "while")
+        if not found:
+            return self
+        comp, instr = found[0]
+        line = str(instr.loc) if instr.loc is not None else None
+        return RunLimitError.of(replace(hit, opcode=instr.opcode, computation=comp.name, line=line))
 
 
 @dataclass(frozen=True)
