@@ -132,10 +132,11 @@ def test_one_vpu_instruction_per_tap_and_block() -> None:
 
 
 def test_narrow_sums_are_fused_convert_add() -> None:
-    """bf16 sums accumulate in f32 (``vpu.fused`` convert + add per tap) and round once, as the reference
-    does; a bf16 max needs no widening."""
+    """bf16 sums accumulate in f32 (``vpu.fused`` convert + add per tap, the first adding the init value: +0.0
+    is no exact identity of a sum, +0.0 + -0.0 is +0.0) and round once, as the reference does; a bf16 max
+    needs no widening."""
     x = data(NHWC, BF16)
-    for fn, fused in ((CASES["bf16_sum_accumulates_in_f32"][0], 8), (CASES["bf16_max"][0], 0)):
+    for fn, fused in ((CASES["bf16_sum_accumulates_in_f32"][0], 9), (CASES["bf16_max"][0], 0)):
         stream = tpusim.simulate(jax_module(fn, x), [x], config="tpu_v5e").compiled.program.streams[0].instructions
         assert sum(isinstance(i, VpuFused) for i in stream) == fused
 
@@ -280,8 +281,8 @@ def random_windowed(rng: np.random.Generator) -> tuple[Module, list[np.ndarray]]
         fn = str(rng.choice(["add", "maximum", "minimum"]))
         big = "inf" if et != "s32" else "2147483647"
         init = {"add": "0", "maximum": f"-{big}" if et != "s32" else "-2147483648", "minimum": big}[fn]
-        if fn == "add" and all(w[3] == 1 for w in windows) and rng.integers(0, 2):
-            init = "2"
+        if fn == "add" and rng.integers(0, 2):
+            init = "2"  # not the identity: counted once per window, never for padding or holes
         text = (
             f"HloModule r\ncomb {{\n  a = {et}[] parameter(0)\n  b = {et}[] parameter(1)\n"
             f"  ROOT c = {et}[] {fn}(a, b)\n}}\nENTRY main {{\n  x = {x}{{{layout}}} parameter(0)\n"
@@ -294,6 +295,78 @@ def random_windowed(rng: np.random.Generator) -> tuple[Module, list[np.ndarray]]
         return (rng.integers(-3, 4, shape) if small else rng.standard_normal(shape)).astype(dtype)
 
     return parse_module(text), [values(dims)] + ([values(outs)] if scatter else [])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# init values that are not identities: XLA combines init with a window's in-bounds elements only (padding and
+# base-dilation holes take no part); the device once pre-filled padding with init and added init once more
+# ---------------------------------------------------------------------------------------------------------
+def _bits(a: Any) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view(np.dtype(f"u{a.dtype.itemsize}")) if a.dtype != np.bool_ else a
+
+
+INIT_CASES: dict[str, tuple[Callable[..., Any], tuple[int, ...], Any]] = {
+    "issue_13_sum_init_2": (rw(2.0, jax.lax.add, (3, 3), (1, 1), ((1, 1), (1, 1))), (4, 4), np.float32),
+    "sum_init_1_5_same": (rw(1.5, jax.lax.add, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"), NHWC, np.float32),
+    "s32_sum_base_dilation": (
+        rw(7, jax.lax.add, (3, 2), (2, 1), ((1, 2), (-1, 1)), base_dilation=(2, 1), window_dilation=(1, 2)),
+        (9, 12),
+        np.int32,
+    ),
+    "s32_product_padded": (rw(3, jax.lax.mul, (2, 2), (1, 1), ((1, 1), (1, 1))), (5, 6), np.int32),
+    "bf16_sum_init_half": (rw(BF16(0.5), jax.lax.add, (2, 3), (2, 1), ((1, 1), (1, 1))), (6, 40), BF16),
+    "max_init_above_data": (rw(0.5, jax.lax.max, (3, 3), (2, 2), ((1, 1), (1, 1))), (7, 9), np.float32),
+    "windows_in_padding_only": (rw(2.0, jax.lax.add, (6,), (1,), ((3, 3),)), (3,), np.float32),
+    "windows_in_holes_only": (rw(2.0, jax.lax.add, (2,), (1,), "VALID", base_dilation=(3,)), (4,), np.float32),
+}
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("name", sorted(INIT_CASES))
+def test_non_identity_init_against_jax(name: str, chip: str) -> None:
+    """The device (no fallback) and the reference equal JAX on CPU bit for bit (small integers: exact)."""
+    fn, shape, dtype = INIT_CASES[name]
+    x = np.random.default_rng(len(name)).integers(-3, 4, shape).astype(dtype)
+    if name.startswith("issue"):
+        x = np.ones(shape, dtype)
+    want = np.asarray(jax.jit(fn)(x))
+    m = jax_module(fn, x)
+    result = tpusim.simulate(m, [x], config=chip)
+    assert not result.fallbacks, result.fallbacks
+    np.testing.assert_array_equal(_bits(result.outputs[0]), _bits(want))
+    checked = run_checked(m, [x], config=chip)
+    checked.assert_ok(f"{name} on {chip}")
+
+
+def test_issue_13_example_through_simulate_jax() -> None:
+    f = rw(2.0, jax.lax.add, (3, 3), (1, 1), ((1, 1), (1, 1)))
+    x = jnp.ones((4, 4))
+    got = np.asarray(tpusim.simulate_jax(f, x).tree)
+    np.testing.assert_array_equal(got, [[6, 8, 8, 6], [8, 11, 11, 8], [8, 11, 11, 8], [6, 8, 8, 6]])
+    np.testing.assert_array_equal(got, np.asarray(jax.jit(f)(x)))
+
+
+@pytest.mark.parametrize("init", ["0", "-0.0"])
+@pytest.mark.parametrize("et", ["f32", "bf16"])
+def test_sum_of_negative_zeros_has_the_sign_of_init(et: str, init: str) -> None:
+    """Windows of -0.0s sum to -0.0 with init -0.0 and to +0.0 with init +0.0, padded or not, as on XLA: the
+    padding holds -0.0 (+0.0 is no identity of a sum) and a +0.0 init is added, not skipped."""
+    from jax_oracle import run_hlo_on_xla
+
+    text = (
+        f"HloModule z\ncomb {{\n  a = {et}[] parameter(0)\n  b = {et}[] parameter(1)\n"
+        f"  ROOT c = {et}[] add(a, b)\n}}\nENTRY main {{\n  x = {et}[8,16] parameter(0)\n"
+        f"  i = {et}[] constant({init})\n"
+        f"  ROOT r = {et}[9,16] reduce-window(x, i), window={{size=2x3 pad=1_1x1_1}}, to_apply=comb\n}}"
+    )
+    x = np.full((8, 16), -0.0, {"f32": np.float32, "bf16": BF16}[et])
+    (want,) = run_hlo_on_xla(text, x)
+    for chip in CHIPS:
+        result = tpusim.simulate(parse_module(text), [x], config=chip)
+        assert not result.fallbacks, result.fallbacks
+        np.testing.assert_array_equal(_bits(result.outputs[0]), _bits(want))
+    assert np.signbit(want.astype(np.float32)).all() == (init == "-0.0")
 
 
 @pytest.mark.parametrize("seed", range(24))

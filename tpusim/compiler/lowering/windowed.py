@@ -1,11 +1,14 @@
 """reduce-window and select-and-scatter on the VPU, over the staged windows of :mod:`.staging`.
 
 reduce-window: per output block, per phase, one VPU instruction per tap combines the tap's window of the
-staging block into an accumulator block viewed with the same per-axis splits (``vpu.copy`` for the first
-tap, ``vpu.FN`` after). Sums and products of bf16/f16 accumulate in f32 (``vpu.fused`` convert+add) and
-round once, as the reference does. Blocks are double-buffered: block k+1's input loads while block k
-computes, and block k's result is written out while k+1 computes. Windows of more than :data:`MAX_TAPS`
-taps decline.
+staging block into an accumulator block viewed with the same per-axis splits: the first tap combines the
+init value with the window (``vpu.FN(init, tap)``, or ``vpu.copy`` when init is an exact identity of FN),
+later taps ``vpu.FN(acc, tap)``. As on XLA, padding and base-dilation holes take no part: padding is
+pre-filled with FN's exact identity (-0.0 for a float sum), holes are not taps of their phase, so a
+non-identity init counts once per window, not once per padded tap. Sums and products of bf16/f16
+accumulate in f32 (``vpu.fused`` convert+add) and round once, as the reference does. Blocks are
+double-buffered: block k+1's input loads while block k computes, and block k's result is written out while
+k+1 computes. Windows of more than :data:`MAX_TAPS` taps decline.
 
 select-and-scatter: each window's pick is folded tap by tap exactly as XLA defines it (the current pick is
 kept while ``select(pick, candidate)`` holds; taps in the padding are masked out), keeping the pick's value
@@ -24,6 +27,7 @@ from math import prod
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.hlo.reference.combiners import exact_identity as reference_identity
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.elementwise import combiner, reduce_identity
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
@@ -43,7 +47,7 @@ from tpusim.compiler.lowering.staging import (
     tap_window,
 )
 from tpusim.isa import Const, FusedOp, MemRef, VpuBroadcast, VpuCopy, VpuFused, VpuMap, Window
-from tpusim.memory import Shape, element_type
+from tpusim.memory import ElementType, Shape, element_type
 
 __all__ = ["MAX_TAPS", "canonical_order", "lower_reduce_window", "lower_select_and_scatter"]
 
@@ -111,11 +115,29 @@ def lower_reduce_window(ctx: Lowering, comp: Computation, instr: Instruction) ->
             f"a window of {taps} taps (more than {MAX_TAPS}, e.g. a cumulative sum): one VPU instruction per tap "
             f"and block would not be proportional to the data"
         )
-    identity = reduce_identity(fn, et)
-    is_identity = identity is not None and Const(identity, et) == init
-    if any(a.phases > 1 for a in axes) and not is_identity:
-        raise NotLowerable("base dilation with an init value that is not the identity of the reduction")
-    _ReduceWindow(ctx, axes, src, out, fn, init, is_identity).lower()
+    fill = exact_identity(fn, et)
+    if fill is None:
+        raise NotLowerable(f"a {fn} reduce-window of {et}, which has no identity to fill padding with")
+    _ReduceWindow(ctx, axes, src, out, fn, init, fill).lower()
+
+
+def exact_identity(fn: str, et: ElementType) -> Const | None:
+    """The value ``e`` of ``et`` with ``fn(e, x) == x`` bit for bit for every ``x`` (the reference's
+    :func:`~tpusim.compiler.hlo.reference.combiners.exact_identity`: -0.0 for a float sum, the lowest finite
+    value for the maximum of a float type without infinities), or None."""
+    assert et.dtype is not None
+    value = reference_identity(fn, et.dtype)
+    if value is None:
+        return None
+    if et.name == "pred":
+        return Const(bool(value), et)
+    return Const(float(value), et) if et.is_float else Const(int(value), et)
+
+
+def _same_bits(a: Const, b: Const) -> bool:
+    dtype = a.etype.dtype
+    bits = [np.asarray(c.value).astype(dtype).tobytes() for c in (a, b)]
+    return a.etype == b.etype and bits[0] == bits[1]
 
 
 def _halving(ctx: Lowering, emit: Callable[[int], None], cap: int) -> None:
@@ -141,7 +163,7 @@ class _ReduceWindow:
     out: MemRef
     fn: str
     init: Const
-    init_is_identity: bool
+    fill: Const  # padding: the exact identity of fn
 
     def lower(self) -> None:
         ctx, src = self.ctx, self.src
@@ -155,6 +177,9 @@ class _ReduceWindow:
         wide = self.fn in ("add", "multiply") and et.is_float and et.bits < 32
         self.acc_rows = Rows(_F32, lanes, 0, tiled) if wide else self.rows
         self.acc_init = Const(float(self.init.value), _F32) if wide else self.init
+        # the first tap is combined with init unless init changes nothing, bit for bit (+0.0 is no identity
+        # of a float sum: +0.0 + -0.0 is +0.0)
+        self.init_is_identity = _same_bits(self.init, self.fill)
         _halving(ctx, self._emit, max(1, min(_BLOCK_BYTES, ctx.vmem_free_bytes() // 8) // max(1, et.bits // 8)))
 
     def _emit(self, cap: int) -> None:
@@ -176,7 +201,7 @@ class _ReduceWindow:
             first = [a for a, _ in st.data]
             size = [b - a for a, b in st.data]
             local = [f - lo for f, lo in zip(first, st.lo)]
-            return inbound.load(slot, sem, first, size, local, st.extent, self.init if st.fill else None)
+            return inbound.load(slot, sem, first, size, local, st.extent, self.fill if st.fill else None)
 
         def compute(i: int, slot: int) -> None:
             block, st = blocks[i], stages[i]
@@ -196,9 +221,6 @@ class _ReduceWindow:
                 for t, kappa in enumerate(taps):
                     win = MemRef(in_view.space, in_view.address, in_view.shape, tap_window(axes, st, block, q, kappa))
                     self._combine(dst, win, first=t == 0)
-            if not self.init_is_identity:
-                whole = acc_rows.ref(target, extent)
-                ctx.emit(VpuMap, fn=self.fn, dst=whole, srcs=(whole, self.acc_init))
             outbound.finish(slot, extent, [s.size for s in block])
 
         def store(i: int, slot: int, sem: int) -> int:
@@ -209,17 +231,22 @@ class _ReduceWindow:
         run_blocks(ctx, len(blocks), load, compute, store)
 
     def _combine(self, dst: MemRef, win: MemRef, first: bool) -> None:
+        """``dst = fn(dst, win)``; for the first tap ``dst = fn(init, win)`` (XLA's order: init, then the taps)."""
         ctx = self.ctx
+        acc: MemRef | Const = dst
+        if first:
+            if self.init_is_identity:
+                if self.acc_rows is not self.rows:
+                    ctx.emit(VpuMap, fn="convert", dst=dst, srcs=(win,))
+                else:
+                    ctx.emit(VpuCopy, dst=dst, src=win)
+                return
+            acc = self.acc_init
         if self.acc_rows is not self.rows:  # narrow floats: accumulate in f32, round once at the end
-            if first:
-                ctx.emit(VpuMap, fn="convert", dst=dst, srcs=(win,))
-            else:
-                steps = (FusedOp("convert", _F32, (1,)), FusedOp(self.fn, _F32, (0, 2)))
-                ctx.emit(VpuFused, dst=dst, srcs=(dst, win), ops=steps)
-        elif first:
-            ctx.emit(VpuCopy, dst=dst, src=win)
+            steps = (FusedOp("convert", _F32, (1,)), FusedOp(self.fn, _F32, (0, 2)))
+            ctx.emit(VpuFused, dst=dst, srcs=(acc, win), ops=steps)
         else:
-            ctx.emit(VpuMap, fn=self.fn, dst=dst, srcs=(dst, win))
+            ctx.emit(VpuMap, fn=self.fn, dst=dst, srcs=(acc, win))
 
 
 # ---------------------------------------------------------------------------------------------------------

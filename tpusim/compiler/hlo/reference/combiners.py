@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
@@ -35,6 +36,7 @@ __all__ = [
     "binary_ufunc",
     "combine",
     "computation",
+    "exact_identity",
     "is_projection",
     "reduce_last_axis",
     "ufunc_for",
@@ -119,8 +121,42 @@ def _accumulator(opcode: str, dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype in NARROW_FLOATS and opcode in ("add", "multiply") else dtype
 
 
+def exact_identity(opcode: str, dtype: np.dtype) -> np.ndarray | None:
+    """The value ``e`` of ``dtype`` with ``opcode(e, x) == x`` bit for bit for every ``x`` (NaNs and signed
+    zeros included), or None when there is none: -0.0 for float add (``+0.0 + -0.0`` is ``+0.0``), the lowest
+    finite value for the maximum of a float type without infinities; complex multiply has none
+    (``(1+0j) * (inf+0j)`` has a NaN imaginary part)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return np.asarray(opcode in ("multiply", "minimum", "and"))
+    if dtype.kind == "c":
+        return np.asarray(complex(-0.0, -0.0), dtype) if opcode == "add" else None
+    if dtype.kind == "f" or dtype in NARROW_FLOATS:
+        if opcode in ("maximum", "minimum"):
+            sign = -1.0 if opcode == "maximum" else 1.0
+            inf = np.asarray(sign * np.inf).astype(dtype)
+            if np.isinf(inf):
+                return inf
+            finfo = ml_dtypes.finfo(dtype)
+            return np.asarray(finfo.min if opcode == "maximum" else finfo.max, dtype)
+        fvalue = {"add": -0.0, "multiply": 1.0}.get(opcode)
+        ident = None if fvalue is None else np.asarray(fvalue).astype(dtype)
+        return None if ident is None or np.isnan(ident) else ident  # (f8e8m0fnu has no zero)
+    iinfo = ml_dtypes.iinfo(dtype)  # (numpy's iinfo does not know the 4-bit integers)
+    lo, hi = int(iinfo.min), int(iinfo.max)
+    table = {"add": 0, "or": 0, "xor": 0, "multiply": 1, "maximum": lo, "minimum": hi, "and": -1 if lo < 0 else hi}
+    ivalue = table.get(opcode)
+    return None if ivalue is None else np.asarray(ivalue).astype(dtype)
+
+
 def reduce_last_axis(
-    ctx: EvalContext, comp: Computation, arrays: Sequence[np.ndarray], inits: Sequence[np.ndarray]
+    ctx: EvalContext,
+    comp: Computation,
+    arrays: Sequence[np.ndarray],
+    inits: Sequence[np.ndarray],
+    valid: np.ndarray | None = None,
+    *,
+    exact_zero: bool = False,
 ) -> list[np.ndarray]:
     """Reduce the last axis of every array in ``arrays`` together with ``comp``, then combine with ``inits``.
 
@@ -128,38 +164,61 @@ def reduce_last_axis(
         ctx: the evaluation context.
         comp: the reduction computation (2N scalar parameters, N results).
         arrays: N arrays of equal shape ``(..., K)``.
-        inits: N scalars, the init values (XLA requires them to be identities of ``comp``).
+        inits: N scalars, the init values (XLA's reduce requires them to be identities of ``comp``;
+            reduce-window does not: there each window's result is ``init`` combined with its in-bounds
+            elements only).
+        valid: None, or a pred array of the arrays' shape: only the elements where it is true take part
+            (reduce-window's padding and base-dilation holes are false).
+        exact_zero: a recognised float sum of -0.0s is -0.0, as XLA's reduce-window computes it (init, then
+            each element); without it numpy's sum starts at +0.0, as XLA CPU's reduce gives +0.0 for a
+            sum of -0.0s with init -0.0.
 
     Returns:
-        N arrays of shape ``(...)``: ``comp(init, reduce(x))`` per position, ``init`` when K == 0.
+        N arrays of shape ``(...)``: ``comp(init, reduce(x))`` per position, ``init`` when K == 0 or no
+        element is valid.
     """
     n = len(arrays)
     k = arrays[0].shape[-1]
     if k == 0:
         return [np.broadcast_to(i, a.shape[:-1]).astype(a.dtype) for i, a in zip(inits, arrays)]
     opcode = binary_ufunc(comp) if n == 1 else None
+    identity = None
     if opcode is not None:
         a = arrays[0]
         acc = _accumulator(opcode, a.dtype)
+        identity = exact_identity(opcode, acc)
+    if opcode is not None and (valid is None or identity is not None):
+        if valid is not None and identity is not None:  # elements out of bounds become the identity
+            a = np.where(valid, a.astype(acc, copy=False), identity)
         uf = ufunc_for(opcode, acc)
         if uf in (np.add, np.multiply):  # denormal operands read as zero, a denormal result is zero (DAZ/FTZ)
-            red = flush(uf.reduce(flush(a.astype(acc, copy=False)), axis=-1, dtype=acc))
+            start = exact_identity(opcode, acc) if exact_zero else None
+            red = flush(uf.reduce(flush(a.astype(acc, copy=False)), axis=-1, dtype=acc, initial=start))
             reduced = flush(np.asarray(uf(flush(np.asarray(inits[0]).astype(acc)), red)))
         else:
             reduced = np.asarray(uf(np.asarray(inits[0]).astype(acc), uf.reduce(a, axis=-1)))
-        return [reduced.astype(a.dtype)]
+        return [reduced.astype(arrays[0].dtype)]
     cur = [np.asarray(a) for a in arrays]
+    have = None if valid is None else np.asarray(valid, dtype=bool)
     while k > 1:
         even = k // 2 * 2
         left = [a[..., 0:even:2] for a in cur]
         right = [a[..., 1:even:2] for a in cur]
         out = combine(ctx, comp.name, left, right)
+        if have is not None:  # a pair with one valid element keeps it; with none, either (still invalid)
+            lv, rv = have[..., 0:even:2], have[..., 1:even:2]
+            out = [np.where(lv & rv, o, np.where(lv, x, y)) for o, x, y in zip(out, left, right)]
+            pair = lv | rv
+            have = np.concatenate([pair, have[..., -1:]], axis=-1) if k % 2 else pair
         if k % 2:
             out = [np.concatenate([o, a[..., -1:]], axis=-1) for o, a in zip(out, cur)]
         cur = out
         k = cur[0].shape[-1]
     last = [a[..., 0] for a in cur]
-    return combine(ctx, comp.name, [np.broadcast_to(i, last[0].shape) for i in inits], last)
+    res = combine(ctx, comp.name, [np.broadcast_to(i, last[0].shape) for i in inits], last)
+    if have is None:
+        return res
+    return [np.where(have[..., 0], r, np.broadcast_to(i, r.shape)).astype(r.dtype) for r, i in zip(res, inits)]
 
 
 def duplicate_rounds(targets: np.ndarray) -> list[np.ndarray]:

@@ -7,7 +7,10 @@ Semantics from XLA's Operation Semantics ("Reduce", "ReduceWindow", "SelectAndSc
   backend. Here: reduced elements are taken in row-major order and combined pairwise (a balanced tree)
   with one vectorised call per tree level; recognised one-op computations (add, max, ...) run as numpy
   reductions, sums and products of narrow floats accumulating in f32 (see :mod:`.combiners`).
-* reduce-window pads (and base-dilates) each operand with its init value, then reduces every window.
+* reduce-window combines each window's init value with the window's in-bounds elements only: padding and
+  base-dilation holes take no part (XLA's evaluator and CPU backend skip them; Operation Semantics and
+  StableHLO describe padding with the init value, which agrees only when init is an identity: a sum with
+  init 2 over a 3x3 window at a corner of ones is 2 + 4 = 6 on XLA, not 2 + 4 + 5 x 2).
 * select-and-scatter picks one element per window by folding ``select`` over the window's in-bounds
   elements in row-major order (the current pick is the first argument), then combines the source value
   into that position of an ``init``-filled output with ``scatter``; positions picked by several windows
@@ -85,6 +88,11 @@ def reduce_window_arrays(
     window = _window(instr, operands[0].ndim)
     rank = operands[0].ndim
     strided = [windows(dilate_pad(a, window.dims, init), window.dims) for a, init in zip(operands, inits)]
+    # Padding and base-dilation holes take no part (XLA applies the computation to init and the window's
+    # in-bounds elements only; padding with init would count a non-identity init once per padded tap).
+    mask = None
+    if any(d.lhs_dilate > 1 or d.pad_low > 0 or d.pad_high > 0 for d in window.dims):
+        mask = windows(dilate_pad(np.ones(operands[0].shape, np.bool_), window.dims, False), window.dims)
     comp = computation(ctx, instr, instr.attr("to_apply"))
     positions = strided[0].shape[:rank]
     taps = int(np.prod(strided[0].shape[rank:]))
@@ -92,12 +100,15 @@ def reduce_window_arrays(
     # reduce the windows in chunks of the leading position axis that stay within _WINDOW_CHUNK elements.
     if rank == 0 or int(np.prod(positions)) * taps <= _WINDOW_CHUNK:
         views = [np.asarray(v, order="C").reshape((*positions, -1)) for v in strided]
-        return reduce_last_axis(ctx, comp, views, inits)
+        valid = None if mask is None else np.asarray(mask, order="C").reshape((*positions, -1))
+        return reduce_last_axis(ctx, comp, views, inits, valid, exact_zero=True)
     step = max(1, _WINDOW_CHUNK // max(1, taps * int(np.prod(positions[1:]))))
     parts: list[list[np.ndarray]] = []
     for start in range(0, positions[0], step):
-        views = [np.asarray(v[start : start + step], order="C").reshape((-1, *positions[1:], taps)) for v in strided]
-        parts.append(reduce_last_axis(ctx, comp, views, inits))
+        chunk = (-1, *positions[1:], taps)
+        views = [np.asarray(v[start : start + step], order="C").reshape(chunk) for v in strided]
+        valid = None if mask is None else np.asarray(mask[start : start + step], order="C").reshape(chunk)
+        parts.append(reduce_last_axis(ctx, comp, views, inits, valid, exact_zero=True))
     return [np.concatenate([p[i] for p in parts], axis=0) for i in range(len(operands))]
 
 
