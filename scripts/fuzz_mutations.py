@@ -8,7 +8,9 @@ truncation, a huge or boundary number, or a shape in deep tuples: tests/mutation
 parsed, verified, printed, compiled and, where it compiles, simulated timing-only in a worker process with a
 time limit per mutant. The summary says how many mutants parsed, compiled and ran, how many stopped with
 which TpusimError, and lists every other outcome (another exception, a hang, a dead worker) grouped by root
-cause (exception type and innermost tpusim frame). Each such mutant is saved under ``--out`` with its
+cause (exception type and innermost tpusim frame). With ``--check`` each mutant that runs also runs
+numerically against the reference interpreter, and wrong outputs (or numeric cycles unlike the timing-only
+run's) are findings too. Each such mutant is saved under ``--out`` with its
 traceback, for reproduction. The exit code is 1 when there were findings.
 """
 
@@ -44,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds per mutant before it counts as a hang")
     ap.add_argument("--time-limit", type=float, default=0.0, help="stop starting mutants after this many seconds")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="also run each mutant that compiles numerically and compare its outputs with the reference "
+        "interpreter and its cycles with the timing-only run's (slower; differences are findings)",
+    )
     ap.add_argument("--out", type=Path, default=Path("fuzz-findings"), help="folder for the findings' mutants")
     args = ap.parse_args(argv)
     mutators = tuple(m for m in args.mutators.split(",") if m)
@@ -54,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.index is not None:
         mutant = make_mutant(sources, args.seed, args.index, mutators)
-        with MutantRunner(args.timeout) as runner:
+        with MutantRunner(args.timeout, check=args.check) as runner:
             outcome = runner.run(mutant)
         print(f"{mutant.name} of {mutant.example}: {'; '.join(mutant.mutations)}")
         print(f"{outcome.status} at {outcome.stage}: {outcome.error_type} {outcome.message}")
@@ -73,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
 
     def work() -> None:
-        with MutantRunner(args.timeout) as runner:
+        with MutantRunner(args.timeout, check=args.check) as runner:
             while not stop.is_set():
                 with lock:
                     i = next(indices, None)
@@ -134,7 +142,8 @@ def _summary(
     findings = [r for r in results if r[3].is_finding]
     print(f"\n{n} mutants of seed {args.seed} (indices {args.start}..{args.start + n - 1}) in {elapsed:.0f} s")
     print(f"  parsed {reached('parse')}, verified {reached('verify')}, compiled {reached('compile')}, "
-          f"ran {sum(o.status == 'ok' for o in outcomes)}")  # fmt: skip
+          f"ran {sum(o.status in ('ok', 'wrong') for o in outcomes)}"
+          + (f", checked {sum(o.status in ('ok', 'wrong') for o in outcomes)}" if args.check else ""))  # fmt: skip
     print(f"  TpusimErrors: {len(errors)}; other failures (findings): {len(findings)}")
     by_kind = Counter((o.stage, o.error_type.rsplit(".", 1)[-1]) for o in errors)
     for (stage, kind), k in sorted(by_kind.items(), key=lambda kv: (STAGES.index(kv[0][0]), -kv[1])):

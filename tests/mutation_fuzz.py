@@ -5,7 +5,8 @@ token deletions, swaps and replacements, a duplicated line, a truncation, a numb
 boundary value, a shape wrapped in deeply nested tuples. Each mutant goes the way a user's file goes: read
 from disk, parsed, verified, printed, compiled, and where it compiles simulated timing-only. The one
 acceptable failure is a :class:`tpusim.errors.TpusimError`; anything else (another exception, a worker that
-dies, a mutant that runs past its time limit) is a finding.
+dies, a mutant that runs past its time limit) is a finding. In check mode a mutant that runs is also run
+numerically and compared with the reference interpreter: wrong outputs are findings too.
 
 Mutants run in a separate worker process (:class:`MutantRunner`) with a wall-clock limit per mutant and a
 cap on its memory, so a hang or a runaway allocation fails the mutant instead of blocking the caller; the
@@ -38,7 +39,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CONFIG = "tpu_v5e"
 OVERRIDES = ("hbm.bytes=33554432",)
 MEMORY_CAP = 3 << 30  # bytes of address space a worker may add to what it has when it starts
-STAGES = ("read", "parse", "verify", "print", "compile", "simulate")
+STAGES = ("read", "parse", "verify", "print", "compile", "simulate", "check")
+# Run limits of each simulation: the examples execute at most 1,600 instructions, and a mutant cannot add
+# loops of its own (the examples have none), so this only bounds a mutant's cost.
+RUN_LIMITS = {"max_steps": 500_000}
 
 TOKEN = re.compile(r"%?[A-Za-z_][A-Za-z0-9_.\-]*|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|\s+|\"(?:[^\"\\]|\\.)*\"|.", re.S)
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.])")
@@ -245,6 +249,47 @@ def change_layout(data: bytes, rng: random.Random) -> tuple[bytes, str]:
     return _bytes(text[: m.start()] + new + text[m.end() :]), f"layout at {m.start()} {m.group(0)} -> {new}"
 
 
+INT_ATTRIBUTE = re.compile(r"\b(dimensions|[a-z_]+_dims)=\{([0-9,\s-]*)\}")
+WINDOW = re.compile(r"\b(window=\{[^{}\n]*\}|dim_labels=[0-9a-z_>-]+)")
+
+
+def change_attribute(data: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """Change one dimension-list attribute (``dimensions``, ``*_dims``: drop, add, repeat, permute or replace
+    an entry, or empty it), a window's numbers or a convolution's dimension labels."""
+    text = _text(data)
+    spots = list(INT_ATTRIBUTE.finditer(text)) + list(WINDOW.finditer(text))
+    if not spots:
+        return data, "attribute (none)"
+    m = rng.choice(spots)
+    old = m.group(0)
+    if old.startswith("window="):
+        numbers = list(re.finditer(r"\d+", old))
+        k = rng.choice(numbers)
+        new = old[: k.start()] + rng.choice(("0", "1", "2", "5", "-1", "1000")) + old[k.end() :]
+    elif old.startswith("dim_labels="):
+        labels = list(old[len("dim_labels=") :])
+        i, j = rng.randrange(len(labels)), rng.randrange(len(labels))
+        labels[i], labels[j] = labels[j], labels[i]
+        new = "dim_labels=" + "".join(labels)
+    else:
+        dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
+        how = rng.choice(("drop", "add", "repeat", "permute", "replace", "empty"))
+        if how == "drop" and dims:
+            dims.pop(rng.randrange(len(dims)))
+        elif how == "add":
+            dims.insert(rng.randrange(len(dims) + 1), str(rng.randint(0, 4)))
+        elif how == "repeat" and dims:
+            dims.append(rng.choice(dims))
+        elif how == "permute":
+            rng.shuffle(dims)
+        elif how == "replace" and dims:
+            dims[rng.randrange(len(dims))] = rng.choice(("0", "1", "2", "3", "-1"))
+        else:
+            dims = []
+        new = f"{m.group(1)}={{{','.join(dims)}}}"
+    return _bytes(text[: m.start()] + new + text[m.end() :]), f"attribute at {m.start()} {old[:40]} -> {new[:40]}"
+
+
 Mutator = Callable[[bytes, random.Random], tuple[bytes, str]]
 MUTATORS: dict[str, Mutator] = {
     "flip": flip_bits,
@@ -259,6 +304,7 @@ MUTATORS: dict[str, Mutator] = {
     "retype": retype,
     "opcode": change_opcode,
     "layout": change_layout,
+    "attribute": change_attribute,
 }
 
 
@@ -306,8 +352,9 @@ class Outcome:
 
     Attributes:
         status: ``ok`` (simulated), ``error`` (a TpusimError), ``crash`` (another exception), ``hang`` (ran
-            past the time limit) or ``died`` (the worker process ended, e.g. killed for memory).
-        stage: the stage the mutant reached (one of :data:`STAGES`); for ``ok``, ``simulate``.
+            past the time limit), ``died`` (the worker process ended, e.g. killed for memory) or, in check mode,
+            ``wrong`` (outputs unlike the reference interpreter's, or cycles unlike the timing-only run's).
+        stage: the stage the mutant reached (one of :data:`STAGES`); for ``ok``, the last one run.
         error_type: the exception's module-qualified class name, if any.
         message: the first line of its message (at most 300 characters).
         message_length: the length of that first line before cutting it.
@@ -328,13 +375,15 @@ class Outcome:
 
     @property
     def is_finding(self) -> bool:
-        return self.status in ("crash", "hang", "died")
+        return self.status in ("crash", "hang", "died", "wrong")
 
     @property
     def key(self) -> str:
         """The root-cause key findings are deduplicated by."""
         if self.status == "crash":
             return f"{self.error_type} at {self.where or '?'}"
+        if self.status == "wrong":
+            return "wrong " + ("outputs" if self.message.startswith("outputs") else "cycles")
         return f"{self.status} in {self.stage}"
 
 
@@ -356,13 +405,19 @@ class _Pipeline:
         overrides: tuple[str, ...] = OVERRIDES,
         run_limits: dict[str, Any] | None = None,
         progress: Any = None,
+        check: bool = False,
     ) -> None:
+        import inspect
+
+        from tpusim.api import simulate
         from tpusim.config import load_config
 
         self.workdir = workdir
         self.progress = progress  # a shared integer: the index of the stage running, for a hang's report
         self.config = load_config(CONFIG, overrides=list(overrides))
-        self.run_limits = run_limits or {}
+        known = inspect.signature(simulate).parameters
+        self.run_limits = {k: v for k, v in (RUN_LIMITS if run_limits is None else run_limits).items() if k in known}
+        self.check = check
 
     def run(self, name: str, data: bytes) -> Outcome:
         from tpusim.api import simulate
@@ -390,7 +445,12 @@ class _Pipeline:
             stage = enter("compile")
             compiled = compile_module(module, self.config)
             stage = enter("simulate")
-            simulate(compiled, timing_only=True, **self.run_limits)
+            timed = simulate(compiled, timing_only=True, **self.run_limits)
+            if self.check:
+                stage = enter("check")
+                wrong = self._check(module, compiled, timed.cycles)
+                if wrong:
+                    return Outcome("wrong", stage, message=wrong[:300], seconds=time.perf_counter() - began)
             return Outcome("ok", stage, seconds=time.perf_counter() - began)
         except TpusimError as err:
             try:
@@ -402,6 +462,29 @@ class _Pipeline:
             return Outcome("error", stage, kind, first[:300], len(first), seconds=time.perf_counter() - began)
         except (Exception, RecursionError, MemoryError) as err:
             return self._crash(stage, err, began)
+
+    def _check(self, module: Any, compiled: Any, timed_cycles: int) -> str:
+        """Run numerically on seeded random inputs and compare with the reference interpreter (as ``tpusim run
+        --check`` does) and the cycles with the timing-only run's: what differs, or ''."""
+        from tpusim.api import simulate
+        from tpusim.check import compare_outputs, emulate_one_pass
+        from tpusim.compiler.hlo.reference import evaluate
+        from tpusim.compiler.hlo.reference.io import random_inputs
+        from tpusim.report.summary import program_precision
+
+        inputs = random_inputs(module, 0)[0]
+        result = simulate(compiled, inputs, **self.run_limits)
+        precision = program_precision(compiled)
+        exact = frozenset(name for _, name, opcode, _ in compiled.fallbacks if opcode in ("dot", "convolution"))
+        oracle = emulate_one_pass(module, exact) if precision == "bf16" else module
+        steps = {"max_steps": self.run_limits["max_steps"]} if "max_steps" in self.run_limits else {}
+        reference = evaluate(oracle, list(inputs), **steps)
+        bad = [str(c) for c in compare_outputs(result.outputs, reference, precision) if not c.ok]
+        if bad:
+            return "outputs differ from the reference interpreter: " + "; ".join(bad)
+        if result.cycles != timed_cycles:
+            return f"cycles differ: {result.cycles:,} numeric, {timed_cycles:,} timing-only"
+        return ""
 
     @staticmethod
     def _crash(stage: str, err: BaseException, began: float) -> Outcome:
@@ -419,7 +502,12 @@ class _Pipeline:
 
 
 def _worker(
-    conn: Any, progress: Any, overrides: tuple[str, ...], run_limits: dict[str, Any] | None, memory_cap: int
+    conn: Any,
+    progress: Any,
+    overrides: tuple[str, ...],
+    run_limits: dict[str, Any] | None,
+    memory_cap: int,
+    check: bool,
 ) -> None:
     if memory_cap:
         with open("/proc/self/status") as f:
@@ -427,7 +515,7 @@ def _worker(
         if size:
             resource.setrlimit(resource.RLIMIT_AS, (size + memory_cap, resource.RLIM_INFINITY))
     with tempfile.TemporaryDirectory(prefix="tpusim-mutants-") as tmp:
-        pipeline = _Pipeline(Path(tmp), overrides, run_limits, progress)
+        pipeline = _Pipeline(Path(tmp), overrides, run_limits, progress, check)
         conn.send("ready")
         while True:
             try:
@@ -455,9 +543,10 @@ class MutantRunner:
         overrides: tuple[str, ...] = OVERRIDES,
         run_limits: dict[str, Any] | None = None,
         memory_cap: int = MEMORY_CAP,
+        check: bool = False,
     ) -> None:
         self.timeout = timeout
-        self.args = (overrides, run_limits, memory_cap)
+        self.args = (overrides, run_limits, memory_cap, check)
         self.ctx = multiprocessing.get_context("spawn")
         self.process: Any = None
         self.conn: Any = None

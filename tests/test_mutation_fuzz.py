@@ -71,3 +71,60 @@ def test_runner_turns_a_hang_into_a_finding_and_recovers():
         assert outcome.status == "hang" and outcome.is_finding and outcome.stage in STAGES
         runner.timeout = TIMEOUT
         assert runner.run(mutant).status == "ok"
+
+
+# ------------------------------------------------------------------------------------------- regressions
+# Minimal reproducers of what the fuzzer found, each fixed at its root.
+
+
+def _elementwise(opcode: str, etype: str, result: str | None = None) -> str:
+    from tpusim.compiler.hlo.opcodes import UNARY_ELEMENTWISE
+
+    args = "x" if opcode in UNARY_ELEMENTWISE else "x, y"
+    return (
+        f"HloModule m\nENTRY main {{\n  x = {etype}[8,128] parameter(0)\n  y = {etype}[8,128] parameter(1)\n"
+        f"  ROOT z = {result or etype}[8,128] {opcode}({args})\n}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("opcode", "etype"),
+    [("or", "bf16"), ("xor", "f32"), ("not", "f16"), ("shift-left", "f32"), ("popcnt", "bf16"),
+     ("count-leading-zeros", "pred"), ("sqrt", "s32"), ("floor", "c64"), ("negate", "pred"), ("atan2", "s32"),
+     ("maximum", "c64"), ("remainder", "c64")],
+)  # fmt: skip
+def test_elementwise_operand_types_are_checked_by_the_verifier(opcode, etype):
+    # Found by the fuzzer (mutant 5-21 with --check, `add` -> `or` in the bf16 transformer block): the verifier
+    # accepted bitwise, integer-only and float-only opcodes on any element type; the program compiled, ran
+    # timing-only, and its numeric run failed inside numpy with a TypeError. The verifier now refuses them,
+    # located, with the reference interpreter's table (XLA's shape inference).
+    from tpusim.api import simulate
+    from tpusim.compiler.hlo import HloVerifyError, parse_module
+
+    text = _elementwise(opcode, etype)
+    with pytest.raises(HloVerifyError, match=rf"{opcode} takes .* operands, not {etype}\[8,128\]") as err:
+        parse_module(text, "bad.hlo")
+    assert "instruction %z (bad.hlo:5)" in str(err.value)
+    with pytest.raises(HloVerifyError):
+        simulate(text, config="teaching")
+
+
+@pytest.mark.parametrize(
+    ("opcode", "etype", "result"),
+    [("or", "pred", None), ("and", "u8", None), ("not", "s32", None), ("shift-right-logical", "u32", None),
+     ("sqrt", "c64", None), ("real", "c64", "f32"), ("floor", "bf16", None), ("negate", "s8", None),
+     ("maximum", "pred", None), ("remainder", "s32", None), ("atan2", "f32", None), ("abs", "u8", None)],
+)  # fmt: skip
+def test_elementwise_operand_types_the_reference_evaluates_stay_accepted(opcode, etype, result):
+    import numpy as np
+
+    from tpusim.api import simulate
+    from tpusim.compiler.hlo import parse_module
+    from tpusim.compiler.hlo.reference import evaluate
+    from tpusim.compiler.hlo.reference.io import random_inputs
+
+    module = parse_module(_elementwise(opcode, etype, result))
+    inputs = random_inputs(module, 0)[0]
+    want = evaluate(module, inputs)[0]
+    got = simulate(module, inputs, config="tpu_v5e").outputs[0]
+    assert np.array_equal(np.ascontiguousarray(got).view(np.uint8), np.ascontiguousarray(want).view(np.uint8))

@@ -102,6 +102,15 @@ def _same(ins: Instruction, expected: AnyShape, because: Because) -> None:
         raise RuleError(f"result {ins.shape} should be {expected} ({_why(because)})")
 
 
+def _exact(ins: Instruction, expected: AnyShape, because: Because) -> None:
+    """The result is ``expected`` with the same element types: the opcodes XLA's ShapeVerifier::CheckShape
+    compares with ShapesSame also under allow_mixed_precision (tuple, get-tuple-element, call, while,
+    conditional, dynamic-update-slice ...): they pass values on or update them in place, so a different
+    floating-point type there is a wrong program, not a conversion."""
+    if not compatible(ins.shape, expected):
+        raise RuleError(f"result {ins.shape} should be {expected} ({_why(because)}; no change of precision here)")
+
+
 def _dim_list(values: Sequence[int], rank: int, what: str, unique: bool = True, of: object = None) -> None:
     operand = f" {of}" if of is not None else ""
     for d in values:
@@ -121,10 +130,18 @@ def _scalar(shape: AnyShape, what: str) -> Shape:
 
 
 def _signature(
-    module: Module, name: str, params: Sequence[AnyShape] | int, result: AnyShape | str | None, role: str
+    module: Module,
+    name: str,
+    params: Sequence[AnyShape] | int,
+    result: AnyShape | str | None,
+    role: str,
+    exact: bool = False,
 ) -> None:
     """Check that computation ``name`` takes ``params`` (shapes or a count) and returns ``result``
-    (a shape, 'scalars' for scalar or tuple-of-scalar results, or None for any)."""
+    (a shape, 'scalars' for scalar or tuple-of-scalar results, or None for any). ``exact``: the same
+    floating-point types too (XLA's CheckOperandAndParameter and the ShapesSame results of call, while
+    and conditional); otherwise they may differ, as for a reduction's computation."""
+    match = compatible if exact else _loose
     if name not in module:
         raise RuleError(f"{role} computation {name} does not exist")
     comp = module[name]
@@ -136,7 +153,7 @@ def _signature(
         if len(got) != len(params):
             raise RuleError(f"{role} computation {name} should take {len(params)} parameters, it takes {len(got)}")
         for i, (g, want) in enumerate(zip(got, params)):
-            if not _loose(g, want):
+            if not match(g, want):
                 raise RuleError(f"parameter {i} of {role} computation {name} is {g}, expected {want}")
     root = comp.root_instruction.shape if comp.root in comp else None
     if root is None or result is None:
@@ -145,7 +162,7 @@ def _signature(
         leaves = root.leaves() if isinstance(root, TupleShape) else [root]
         if any(leaf.rank for leaf in leaves):
             raise RuleError(f"{role} computation {name} should return scalars, it returns {root}")
-    elif not isinstance(result, str) and not _loose(root, result):
+    elif not isinstance(result, str) and not match(root, result):
         raise RuleError(f"{role} computation {name} returns {root}, expected {result}")
 
 
@@ -184,9 +201,42 @@ _COMPONENT = {"c64": "f32", "c128": "f64"}
 _COMPLEX = {"f32": "c64", "f64": "c128"}
 
 
+_FLOATING = ("float", "complex")
+_INTEGER = ("signed", "unsigned")
+# The element types each elementwise opcode takes, by kind, after XLA's shape inference and StableHLO's
+# constraints; exactly the ones the reference interpreter evaluates (opcodes not listed take every kind). A
+# module outside them is refused here, located, not in the middle of a run (e.g. `or` of bf16 compiled, and
+# its numeric run failed inside numpy).
+_OPERAND_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
+    opcode: (kinds, what)
+    for opcodes, kinds, what in (
+        (
+            "acos acosh asin asinh atan atanh cosh cosine exponential exponential-minus-one imag log log-plus-one "
+            "logistic real rsqrt sine sinh sqrt tan tanh",
+            _FLOATING,
+            "floating-point or complex",
+        ),
+        ("atan2 cbrt ceil erf floor is-finite round-nearest-afz round-nearest-even", ("float",), "floating-point"),
+        ("count-leading-zeros mulhi popcnt shift-left shift-right-arithmetic shift-right-logical", _INTEGER, "integer"),
+        ("and or xor not", ("pred", *_INTEGER), "pred or integer"),
+        ("divide negate power sign", (*_FLOATING, *_INTEGER), "numeric (not pred)"),
+        ("remainder", ("float", *_INTEGER), "floating-point or integer"),
+        ("maximum minimum", ("pred", "float", *_INTEGER), "real (not complex)"),
+    )
+    for opcode in opcodes.split()
+}
+
+
+def _operand_kind(ins: Instruction, x: Shape) -> None:
+    allowed = _OPERAND_KINDS.get(ins.opcode)
+    if allowed is not None and x.element_type.kind not in allowed[0]:
+        raise RuleError(f"{ins.opcode} takes {allowed[1]} operands, not {x}")
+
+
 @rule(*UNARY_ELEMENTWISE)
 def _unary(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     x = _array(ops[0], "the operand")
+    _operand_kind(ins, x)
     etype = x.element_type.name
     if ins.opcode == "is-finite":
         etype = "pred"
@@ -200,6 +250,7 @@ def _binary(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     a, b = _array(ops[0], "the lhs"), _array(ops[1], "the rhs")
     if not _loose(a, b):
         raise RuleError(f"{ins.opcode} needs operands of one shape, found {a} and {b}")
+    _operand_kind(ins, a)
     _same(ins, a, lambda: f"{ins.opcode} of {a} and {b}")
 
 
@@ -358,7 +409,7 @@ def _add_dependency(ins: Instruction, ops: Sequence[AnyShape], module: Module) -
 
 @rule("tuple")
 def _tuple_rule(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
-    _same(ins, TupleShape(tuple(ops)), "a tuple holds its operands")
+    _exact(ins, TupleShape(tuple(ops)), "a tuple holds its operands")
 
 
 @rule("get-tuple-element")
@@ -367,7 +418,7 @@ def _gte(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     i = ins.attr("index")
     if not isinstance(i, int) or not 0 <= i < len(t.elements):
         raise RuleError(f"index={i} is out of range for the {len(t.elements)}-element tuple {t}")
-    _same(ins, t.elements[i], lambda: f"element {i} of {t}")
+    _exact(ins, t.elements[i], lambda: f"element {i} of {t}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,7 +518,7 @@ def _dynamic_update_slice(ins: Instruction, ops: Sequence[AnyShape], module: Mod
     _check_indices(ops, 2, x.rank, "dynamic-update-slice")
     if update.rank != x.rank or any(u > d for u, d in zip(update.dimensions, x.dimensions)):
         raise RuleError(f"update {update} does not fit inside the operand {x}")
-    _same(ins, x, lambda: f"dynamic-update-slice keeps the shape of {x}")
+    _exact(ins, x, lambda: f"dynamic-update-slice keeps the shape of {x}")
 
 
 @rule("concatenate")
