@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -20,6 +21,8 @@ from tpusim.compiler.hlo.reference import evaluate
 from tpusim.errors import LayoutError, TpusimError
 from tpusim.memory import parse_shape
 from tpusim.memory.shape_text import MAX_RANK, MAX_TUPLE_DEPTH
+
+BF16 = ml_dtypes.bfloat16
 
 # --------------------------------------------------------------------------------------------------------
 # Empty arrays
@@ -529,8 +532,8 @@ def test_mixed_precision_runs_like_the_reference(op: str, a: str, b: str | None,
 
 
 def test_mixed_precision_movement_and_reductions_run() -> None:
-    """Copies, transposes, pads and reductions with a result type of their own run on the device (the
-    reference interpreter does not evaluate these forms)."""
+    """Copies, transposes, pads and reductions with a result type of their own run on the device and in the
+    reference interpreter (which once stopped at them with "returned a wrong value"), equal bit for bit."""
     text = (
         ADD_TEXT.replace("f32", "bf16")
         + "ENTRY e {\n  x = f32[8,128] parameter(0)\n  t = bf16[128,8] transpose(x), dimensions={1,0}\n"
@@ -539,11 +542,154 @@ def test_mixed_precision_movement_and_reductions_run() -> None:
         "  ROOT o = (bf16[128,8], bf16[8], bf16[10,128]) tuple(t, r, p)\n}"
     )
     x = np.random.default_rng(2).standard_normal((8, 128)).astype(np.float32)
-    t, r, p = tpusim.simulate(parse_module(text), [x]).outputs
+    module = parse_module(text)
+    t, r, p = tpusim.simulate(module, [x]).outputs
     np.testing.assert_array_equal(t, x.T.astype(t.dtype))
     np.testing.assert_allclose(r.astype(np.float32), x.astype(r.dtype).astype(np.float32).sum(1), rtol=2e-2, atol=0.1)
     np.testing.assert_array_equal(p[1:9], x.astype(p.dtype))
     assert not p[0].any() and not p[9].any()
+    for got, want in zip((t, r, p), evaluate(module, [x])):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+# XLA verifies with allow_mixed_precision on the backends whose passes write such HLO (BFloat16Propagation);
+# its ShapeVerifier::CheckShape then lets an instruction define its result in another floating-point type
+# than its operands give, except for the opcodes it compares with ShapesSame. The meaning (XLA's
+# FloatNormalization): the operation on the operands' values, then one convert to the declared type; a
+# reduction reads its elements in its init value's type. Each form: (body, expected value from x and y).
+BF16_ADD = "addb {\n  a = bf16[] parameter(0)\n  b = bf16[] parameter(1)\n  ROOT s = bf16[] add(a, b)\n}\n"
+MIXED_FORMS = {
+    "copy": ("  ROOT r = f16[8,128] copy(x)", lambda x, y: x.astype(np.float16)),
+    "transpose": ("  ROOT r = f16[128,8] transpose(x), dimensions={1,0}", lambda x, y: x.T.astype(np.float16)),
+    "slice": ("  ROOT r = f16[4,64] slice(x), slice={[2:6], [64:128]}", lambda x, y: x[2:6, 64:].astype(np.float16)),
+    "pad": (
+        "  z = f32[] constant(0.1)\n  ROOT r = f16[10,128] pad(x, z), padding=1_1x0_0",
+        lambda x, y: np.pad(x, ((1, 1), (0, 0)), constant_values=np.float32(0.1)).astype(np.float16),
+    ),
+    "reverse": ("  ROOT r = f16[8,128] reverse(x), dimensions={0}", lambda x, y: x[::-1].astype(np.float16)),
+    "dynamic_slice": (
+        "  i = s32[] constant(3)\n  j = s32[] constant(0)\n"
+        "  ROOT r = f16[2,128] dynamic-slice(x, i, j), dynamic_slice_sizes={2,128}",
+        lambda x, y: x[3:5].astype(np.float16),
+    ),
+    "dynamic_update_slice_of_a_bf16_update": (
+        "  v = f32[2,128] slice(y), slice={[0:2], [0:128]}\n  u = bf16[2,128] convert(v)\n"
+        "  i = s32[] constant(5)\n  j = s32[] constant(0)\n"
+        "  ROOT r = f32[8,128] dynamic-update-slice(x, u, i, j)",
+        lambda x, y: np.concatenate([x[:5], y[:2].astype(BF16).astype(np.float32), x[7:]]),
+    ),
+    "select": (
+        "  c = pred[8,128] compare(x, y), direction=GT\n  b = bf16[8,128] convert(y)\n"
+        "  ROOT r = f16[8,128] select(c, x, b)",
+        lambda x, y: np.where(x > y, x, y.astype(BF16).astype(np.float32)).astype(np.float16),
+    ),
+    "reduce_in_the_init_type": (
+        "  z = bf16[] constant(0)\n  ROOT r = f16[8] reduce(x, z), dimensions={1}, to_apply=addb",
+        lambda x, y: x.astype(BF16).astype(np.float32).sum(1).astype(BF16).astype(np.float16),
+    ),
+    "reduce_window_in_the_init_type": (
+        "  z = bf16[] constant(0)\n"
+        "  ROOT r = bf16[8,64] reduce-window(x, z), window={size=1x2 stride=1x2}, to_apply=addb",
+        lambda x, y: x.astype(BF16).astype(np.float32).reshape(8, 64, 2).sum(2).astype(BF16),
+    ),
+    "reduce_precision": (
+        "  ROOT r = f16[8,128] reduce-precision(x), exponent_bits=5, mantissa_bits=2",
+        None,
+    ),
+    "add_dependency": (
+        "  a = token[] after-all()\n  ROOT r = f16[8,128] add-dependency(x, a)",
+        lambda x, y: x.astype(np.float16),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXED_FORMS))
+def test_mixed_precision_forms_run_alike_on_the_device_and_in_the_reference(name: str) -> None:
+    body, expect = MIXED_FORMS[name]
+    text = BF16_ADD + "ENTRY e {\n  x = f32[8,128] parameter(0)\n  y = f32[8,128] parameter(1)\n" + body + "\n}"
+    module = parse_module(text)
+    rng = np.random.default_rng(7)
+    x, y = (rng.standard_normal((8, 128)).astype(np.float32) * 3 for _ in range(2))
+    (want,) = evaluate(module, [x, y])
+    result = tpusim.simulate(module, [x, y], config="teaching")
+    (got,) = result.outputs
+    assert not result.fallbacks, result.fallbacks
+    assert got.dtype == want.dtype == module.entry_computation.root_instruction.shape.element_type.dtype
+    bits = np.dtype(f"u{got.dtype.itemsize}")
+    np.testing.assert_array_equal(got.view(bits), want.view(bits))
+    if expect is not None:
+        np.testing.assert_array_equal(want.view(bits), np.asarray(expect(x, y), want.dtype).view(bits))
+
+
+WHILE_STATE = (
+    "cond {\n  p = (s32[], f32[4]) parameter(0)\n  i = s32[] get-tuple-element(p), index=0\n"
+    "  n = s32[] constant(2)\n  ROOT c = pred[] compare(i, n), direction=LT\n}\n"
+    "body {\n  p = (s32[], BODY[4]) parameter(0)\n  i = s32[] get-tuple-element(p), index=0\n"
+    "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n  x = BODY[4] get-tuple-element(p), index=1\n"
+    "  ROOT t = (s32[], BODY[4]) tuple(j, x)\n}\n"
+)
+NEG = "neg {\n  p = PARAM[4] parameter(0)\n  ROOT n = PARAM[4] negate(p)\n}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ENTRY e {\n  x = f32[4] parameter(0)\n  ROOT t = (f16[4]) tuple(x)\n}", r"a tuple holds its operands"),
+        (
+            "ENTRY e {\n  x = f32[4] parameter(0)\n  t = (f32[4]) tuple(x)\n"
+            "  ROOT g = bf16[4] get-tuple-element(t), index=0\n}",
+            r"element 0 of \(f32\[4\]\)",
+        ),
+        (
+            "ENTRY e {\n  x = f32[4] parameter(0)\n  u = f32[2] parameter(1)\n  i = s32[] constant(1)\n"
+            "  ROOT r = f16[4] dynamic-update-slice(x, u, i)\n}",
+            r"dynamic-update-slice keeps the shape of f32\[4\]",
+        ),
+        (
+            NEG.replace("PARAM", "f32")
+            + "ENTRY e {\n  x = f32[4] parameter(0)\n  ROOT r = bf16[4] call(x), to_apply=neg\n}",
+            r"computation neg returns f32\[4\], expected bf16\[4\]",
+        ),
+        (
+            NEG.replace("PARAM", "bf16")
+            + "ENTRY e {\n  x = f32[4] parameter(0)\n  ROOT r = bf16[4] call(x), to_apply=neg\n}",
+            r"parameter 0 of the call's computation neg is bf16\[4\], expected f32\[4\]",
+        ),
+        (
+            WHILE_STATE.replace("BODY", "bf16") + "ENTRY e {\n  x = f32[4] parameter(0)\n  z = s32[] constant(0)\n"
+            "  t = (s32[], f32[4]) tuple(z, x)\n  ROOT w = (s32[], f32[4]) while(t), condition=cond, body=body\n}",
+            r"parameter 0 of the body computation body is \(s32\[\], bf16\[4\]\), expected \(s32\[\], f32\[4\]\)",
+        ),
+        (
+            WHILE_STATE.replace("BODY", "f32") + "ENTRY e {\n  x = f32[4] parameter(0)\n  z = s32[] constant(0)\n"
+            "  t = (s32[], f32[4]) tuple(z, x)\n  ROOT w = (s32[], f16[4]) while(t), condition=cond, body=body\n}",
+            r"while returns its loop state",
+        ),
+        (
+            NEG.replace("PARAM", "f32") + "ENTRY e {\n  b = pred[] parameter(0)\n  x = f32[4] parameter(1)\n"
+            "  ROOT r = bf16[4] conditional(b, x, x), true_computation=neg, false_computation=neg\n}",
+            r"branch 0 computation neg returns f32\[4\], expected bf16\[4\]",
+        ),
+    ],
+    ids=[
+        "tuple",
+        "get_tuple_element",
+        "dynamic_update_slice",
+        "call_result",
+        "call_parameter",
+        "while_body",
+        "while_result",
+        "conditional",
+    ],
+)
+def test_no_change_of_precision_where_xla_forbids_it(text: str, message: str) -> None:
+    """XLA's verifier compares these results (and a call's, while's or conditional's operands with the called
+    computation's parameters) with ShapesSame, also under allow_mixed_precision: a located verifier error
+    for both paths. The device once returned float32 outputs for a bf16 call, and the reference stopped
+    mid-run."""
+    with pytest.raises(HloVerifyError, match=message):
+        parse_module(text)
 
 
 @pytest.mark.parametrize(
@@ -568,3 +714,15 @@ def test_bad_programs_on_the_command_line(tmp_path, capsys, text: str) -> None:
     assert err.startswith("tpusim run: ") and "Traceback" not in err
     first = err.splitlines()[0]
     assert len(first) < 300 and ("bad.hlo" in first or "e/p" in first)
+
+
+def test_a_wrong_dtype_from_same_typed_operands_is_still_reported() -> None:
+    """The reference's mixed-precision rounding applies only when a floating-point operand has another type
+    than the declared result: an op function that returns f32 for bf16 operands is a bug, reported."""
+    from tpusim.compiler.hlo.reference.core import mixed_precision_result
+
+    module = parse_module("ENTRY e {\n  x = bf16[4] parameter(0)\n  ROOT r = bf16[4] negate(x)\n}")
+    instr = module.entry_computation.root_instruction
+    x = np.ones(4, ml_dtypes.bfloat16)
+    assert mixed_precision_result(instr, [x], np.ones(4, np.float32)) is None
+    assert mixed_precision_result(instr, [x.astype(np.float32)], np.ones(4, np.float32)).dtype == x.dtype

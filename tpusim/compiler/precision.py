@@ -6,9 +6,13 @@ HLO lets the floating-point types of an instruction's operands and result differ
 its operands converted to the compute type, the operation in that type, and a ``convert`` to the declared
 result type. The compute type is f64 when an f64 takes part, f32 otherwise: narrow floats are computed in
 f32 anyway (by XLA, by the reference interpreter and by the VPU), so this changes no rounding. Data
-movement (copy, transpose, slice, pad, dynamic-update-slice) moves its operands converted to the result
-type, which is the same as converting what it moved. A reduction reads its input in its initial value's
-type (the type its computation takes) and converts its result to the declared type.
+movement (copy, transpose, slice, pad, reverse, dynamic-slice, gather, add-dependency, and the update of a
+dynamic-update-slice) moves its operands converted to the result type, which is the same as converting what
+it moved. reduce-precision and the collectives compute in their operand's type and convert the result. A
+reduction reads its input in its initial value's type (the type its computation takes) and converts its
+result to the declared type. (XLA's verifier allows no change of precision for tuple, get-tuple-element,
+call, while, conditional and the result of dynamic-update-slice; the shape rules refuse those.) The
+reference interpreter computes the same values by its own rule (``mixed_precision_result``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,27 @@ _COMPUTE = (UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | {"select", "clamp", "compar
     "complex",
 }
 # Operations that only move values: operands converted to the result type.
-_MOVE = {"copy": (0,), "transpose": (0,), "slice": (0,), "pad": (0, 1), "dynamic-update-slice": (0, 1)}
+_MOVE = {
+    "copy": (0,),
+    "transpose": (0,),
+    "slice": (0,),
+    "pad": (0, 1),
+    "dynamic-update-slice": (0, 1),
+    "reverse": (0,),
+    "dynamic-slice": (0,),
+    "gather": (0,),
+    "add-dependency": (0,),
+}
+# Operations computed in their (one) floating-point operand type, the result then converted.
+_THEN_CONVERT = {
+    "reduce-precision",
+    "all-reduce",
+    "all-gather",
+    "all-to-all",
+    "reduce-scatter",
+    "collective-permute",
+    "collective-broadcast",
+}
 
 
 def _float(shape: object) -> str | None:
@@ -85,6 +109,11 @@ def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[
         positions = [k for k in _MOVE[op] if k < len(operands)]
         if compute is None or all(_float(operands[k]) in (compute, None) for k in positions):
             return None
+    elif op in _THEN_CONVERT:
+        kinds = {_float(s) for s in operands} - {None}
+        if len(kinds) != 1 or _float(result) in (None, *kinds):
+            return None
+        compute, positions = kinds.pop(), []  # type: ignore[assignment]
     else:
         return None
     out: list[Instruction] = []

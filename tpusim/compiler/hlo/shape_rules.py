@@ -108,7 +108,8 @@ def _exact(ins: Instruction, expected: AnyShape, because: Because) -> None:
     conditional, dynamic-update-slice ...): they pass values on or update them in place, so a different
     floating-point type there is a wrong program, not a conversion."""
     if not compatible(ins.shape, expected):
-        raise RuleError(f"result {ins.shape} should be {expected} ({_why(because)}; no change of precision here)")
+        note = "; XLA allows no change of floating-point precision here" if _loose(ins.shape, expected) else ""
+        raise RuleError(f"result {ins.shape} should be {expected} ({_why(because)}){note}")
 
 
 def _dim_list(values: Sequence[int], rank: int, what: str, unique: bool = True, of: object = None) -> None:

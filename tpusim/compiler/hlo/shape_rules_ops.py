@@ -14,6 +14,7 @@ from tpusim.compiler.hlo.shape_rules import (
     _array,
     _dim_list,
     _dims,
+    _exact,
     _group_size,
     _result_dims,
     _same,
@@ -307,14 +308,16 @@ def _rng_bit_generator(ins: Instruction, ops: Sequence[AnyShape], module: Module
 @rule("call", "fusion")
 def _call(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     callee = ins.attr("to_apply" if ins.opcode == "call" else "calls")
-    _signature(module, callee, ops, ins.shape, f"the {ins.opcode}'s")
+    _signature(module, callee, ops, None, f"the {ins.opcode}'s", exact=True)  # (XLA: operands = parameters)
+    _signature(module, callee, len(ops), ins.shape, f"the {ins.opcode}'s", exact=ins.opcode == "call")
 
 
 @rule("while")
 def _while(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
-    _same(ins, ops[0], "while returns its loop state")
-    _signature(module, ins.attr("condition"), [ops[0]], make_shape(element_type("pred"), ()), "the condition")
-    _signature(module, ins.attr("body"), [ops[0]], ops[0], "the body")
+    _exact(ins, ops[0], "while returns its loop state")
+    pred = make_shape(element_type("pred"), ())
+    _signature(module, ins.attr("condition"), [ops[0]], pred, "the condition", exact=True)
+    _signature(module, ins.attr("body"), [ops[0]], ops[0], "the body", exact=True)
 
 
 @rule("conditional")
@@ -334,7 +337,7 @@ def _conditional(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> N
     if len(branches) != len(ops) - 1:
         raise RuleError(f"{len(branches)} branches need {len(branches)} branch operands, found {len(ops) - 1}")
     for i, name in enumerate(branches):
-        _signature(module, name, [ops[i + 1]], ins.shape, f"branch {i}")
+        _signature(module, name, [ops[i + 1]], ins.shape, f"branch {i}", exact=True)
 
 
 @rule("async-start")

@@ -25,6 +25,7 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.hlo.reference.convert import convert, is_narrow_float
 from tpusim.errors import TpusimError
 from tpusim.limits import DEFAULT_MAX_STEPS, LimitHit, RunLimitError, check_limits, note_interrupt
 from tpusim.memory import AnyShape, Shape, TupleShape
@@ -181,6 +182,59 @@ def check_value(value: Any, shape: AnyShape, *, dims: bool = True) -> str | None
     if dims and value.shape != shape.dimensions:
         return f"expected dimensions {list(shape.dimensions)}, got {list(value.shape)}"
     return None
+
+
+# XLA's verifier requires these opcodes' results to have exactly the inferred shape, also with
+# allow_mixed_precision (ShapeVerifier::CheckShape): they reinterpret, pass on or update values in place.
+SAME_PRECISION_OPCODES: Final = frozenset(
+    {
+        "bitcast",
+        "call",
+        "conditional",
+        "constant",
+        "copy-start",
+        "copy-done",
+        "custom-call",
+        "dynamic-update-slice",
+        "get-tuple-element",
+        "infeed",
+        "outfeed",
+        "opt-barrier",
+        "parameter",
+        "recv",
+        "recv-done",
+        "send",
+        "send-done",
+        "tuple",
+        "while",
+    }
+)
+
+
+def _is_real_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or is_narrow_float(dtype)
+
+
+def mixed_precision_result(instr: Instruction, args: Sequence[Any], out: Any) -> np.ndarray | None:
+    """``out`` rounded to ``instr``'s declared floating-point type when ``instr`` is mixed precision, else None.
+
+    XLA verifies HLO with ``allow_mixed_precision`` on the backends whose passes produce it (BFloat16
+    Propagation): an instruction may then define its result in another floating-point type than the one
+    its operands give (``f16 copy(f32)``, ``bf16 transpose(f32)``, ``f16 select(pred, f32, bf16)``), and
+    XLA's FloatNormalization gives it the meaning used here: the operation on the operands' values, then
+    one ``convert`` to the declared type. Only when some floating-point operand has another type than the
+    declared result (an op that returns a wrong dtype from same-typed operands is still reported) and never
+    for :data:`SAME_PRECISION_OPCODES`.
+    """
+    shape = instr.shape
+    if not isinstance(shape, Shape) or instr.opcode in SAME_PRECISION_OPCODES or shape.element_type.kind != "float":
+        return None
+    want = shape.element_type.dtype
+    if not isinstance(out, np.ndarray) or out.dtype == want or not _is_real_float(out.dtype):
+        return None
+    if not any(isinstance(a, np.ndarray) and _is_real_float(a.dtype) and a.dtype != want for a in args):
+        return None
+    return convert(out, shape.element_type)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,6 +509,10 @@ class EvalContext:
         if isinstance(out, np.generic):  # numpy's ufuncs give a scalar for 0-d operands: the value, as an array
             out = np.asarray(out)
         why = check_value(out, instr.shape, dims=not vectorized)
+        if why is not None:
+            rounded = mixed_precision_result(instr, args, out)
+            if rounded is not None:
+                out, why = rounded, check_value(rounded, instr.shape, dims=not vectorized)
         if why is not None:
             raise EvaluationError(instr, f"reference of {instr.opcode!r} returned a wrong value: {why}")
         return out

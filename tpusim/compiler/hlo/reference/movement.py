@@ -23,7 +23,7 @@ import numpy as np
 from tpusim.compiler.hlo.ir import Instruction
 from tpusim.compiler.hlo.reference.convert import convert
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value, register
-from tpusim.memory import Layout, PackError, Shape, pack, unpack
+from tpusim.memory import Layout, PackError, Shape, element_type_of_dtype, pack, unpack
 
 __all__: list[str] = []
 
@@ -129,6 +129,8 @@ def _dynamic_slice(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) ->
 @register("dynamic-update-slice")
 def _dynamic_update_slice(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     x, update = args[0], args[1]
+    if update.dtype != x.dtype:  # mixed precision: the update is stored in the operand's type (XLA convert)
+        update = convert(update, element_type_of_dtype(x.dtype))
     starts = _start_indices(instr, args[2:], x.ndim)
     out = x.copy()
     index = []
