@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown mutators {unknown}; known: {', '.join(MUTATORS)}")
     sources = load_sources()
+    global _mutator_set
+    _mutator_set = mutators
 
     if args.index is not None:
         mutant = make_mutant(sources, args.seed, args.index, mutators)
@@ -116,6 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(o.is_finding for *_, o in results) else 0
 
 
+def _mutators_flag() -> str:
+    """``--mutators ...`` when the run used a subset: a mutant depends on the mutators it may draw from."""
+    return "" if _mutator_set == tuple(MUTATORS) else f" --mutators {','.join(_mutator_set)}"
+
+
+_mutator_set: tuple[str, ...] = tuple(MUTATORS)
+
+
 def _save(out: Path, mutant, outcome: Outcome) -> None:  # type: ignore[no-untyped-def]
     folder = out / _slug(outcome.key)
     folder.mkdir(parents=True, exist_ok=True)
@@ -123,7 +133,7 @@ def _save(out: Path, mutant, outcome: Outcome) -> None:  # type: ignore[no-untyp
     (folder / f"{mutant.name}.txt").write_text(
         f"seed {mutant.seed} index {mutant.index} of {mutant.example}\n"
         f"mutations: {'; '.join(mutant.mutations)}\n"
-        f"rerun: python scripts/fuzz_mutations.py --seed {mutant.seed} --index {mutant.index}\n"
+        f"rerun: python scripts/fuzz_mutations.py --seed {mutant.seed} --index {mutant.index}{_mutators_flag()}\n"
         f"{outcome.status} at {outcome.stage}: {outcome.error_type}: {outcome.message}\n\n{outcome.traceback}"
     )
 
@@ -140,7 +150,8 @@ def _summary(
 
     errors = [o for o in outcomes if o.status == "error"]
     findings = [r for r in results if r[3].is_finding]
-    print(f"\n{n} mutants of seed {args.seed} (indices {args.start}..{args.start + n - 1}) in {elapsed:.0f} s")
+    print(f"\n{n} mutants of seed {args.seed} (indices {args.start}..{args.start + n - 1}) in {elapsed:.0f} s"
+          f"{'; mutators ' + ','.join(_mutator_set) if _mutators_flag() else ''}")  # fmt: skip
     print(f"  parsed {reached('parse')}, verified {reached('verify')}, compiled {reached('compile')}, "
           f"ran {sum(o.status in ('ok', 'wrong') for o in outcomes)}"
           + (f", checked {sum(o.status in ('ok', 'wrong') for o in outcomes)}" if args.check else ""))  # fmt: skip
@@ -160,7 +171,8 @@ def _summary(
     for i, _, _, o in results:
         kind = o.error_type.rsplit(".", 1)[-1]
         if o.status == "error" and o.stage in ("compile", "simulate") and kind in INTERNAL:
-            internal[f"{o.stage} {kind}: {re.sub(r'[0-9]+', 'N', o.message)[:100]}"].append(i)
+            message = re.sub(r"[0-9]+", "N", re.sub(r"`[^`]*`", "`...`", o.message))
+            internal[f"{o.stage} {kind}: {message[:120]}"].append(i)
     if internal:
         print(f"  internal errors after the verifier accepted the module ({sum(map(len, internal.values()))}):")
         for key, ids in sorted(internal.items(), key=lambda kv: -len(kv[1])):

@@ -272,20 +272,21 @@ def change_attribute(data: bytes, rng: random.Random) -> tuple[bytes, str]:
         labels[i], labels[j] = labels[j], labels[i]
         new = "dim_labels=" + "".join(labels)
     else:
-        dims = [d.strip() for d in m.group(2).split(",") if d.strip()]
+        given = [d.strip() for d in m.group(2).split(",") if d.strip()]
+        dims = list(given)
         how = rng.choice(("drop", "add", "repeat", "permute", "replace", "empty"))
         if how == "drop" and dims:
             dims.pop(rng.randrange(len(dims)))
-        elif how == "add":
-            dims.insert(rng.randrange(len(dims) + 1), str(rng.randint(0, 4)))
         elif how == "repeat" and dims:
             dims.append(rng.choice(dims))
         elif how == "permute":
             rng.shuffle(dims)
         elif how == "replace" and dims:
             dims[rng.randrange(len(dims))] = rng.choice(("0", "1", "2", "3", "-1"))
-        else:
+        elif how == "empty":
             dims = []
+        if dims == given:  # "add", or a change that changed nothing
+            dims.insert(rng.randrange(len(dims) + 1), str(rng.randint(0, 4)))
         new = f"{m.group(1)}={{{','.join(dims)}}}"
     return _bytes(text[: m.start()] + new + text[m.end() :]), f"attribute at {m.start()} {old[:40]} -> {new[:40]}"
 
@@ -416,7 +417,9 @@ class _Pipeline:
         self.progress = progress  # a shared integer: the index of the stage running, for a hang's report
         self.config = load_config(CONFIG, overrides=list(overrides))
         known = inspect.signature(simulate).parameters
-        self.run_limits = {k: v for k, v in (RUN_LIMITS if run_limits is None else run_limits).items() if k in known}
+        self.run_limits: dict[str, Any] = {
+            k: v for k, v in (RUN_LIMITS if run_limits is None else run_limits).items() if k in known
+        }
         self.check = check
 
     def run(self, name: str, data: bytes) -> Outcome:
