@@ -340,7 +340,8 @@ def test_failing_points_are_recorded_and_the_others_go_on(tmp_path: Path, capsys
 
 def test_sweep_page_and_plots(reference: Path) -> None:
     md = (reference / "sweep.md").read_text()
-    assert "**Best point** (lowest `seconds`): #5, mxu.rows = 8, hbm.bandwidth_bytes_per_s = 3.2e+10" in md
+    # 4 rows beat 8 on this tiny MLP by 2 cycles: its tiles load in mxu.rows cycles (weight_load_cycles null)
+    assert "**Best point** (lowest `seconds`): #2, mxu.rows = 4, hbm.bandwidth_bytes_per_s = 3.2e+10" in md
     for name in ("seconds", "mxu_busy_fraction", "pareto"):
         assert f"(plots/{name}.png)" in md
         img = imread(reference / "plots" / f"{name}.png")[..., :3]

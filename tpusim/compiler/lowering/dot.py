@@ -13,7 +13,8 @@ are not loaded again: a row panel of A stays resident across the N blocks, all o
 it fits). Each ``R x C`` weight tile is latched with ``mxu.load_weights`` on the MXU that owns it and the
 block's rows (or that MXU's row group) stream through with ``mxu.matmul`` into one half of its result
 buffer, accumulating over K; when a block is complete, ``mxu.pop`` writes it to VMEM and a DMA to HBM
-while the next block accumulates in the other half.
+while the next block accumulates in the other half (or, for blocks taller than half the buffer, once the
+pop has read the rows the next block overwrites).
 
 Orientation follows the physical layouts: A must have K in lanes (its most minor dimension) to stream,
 otherwise each loaded window is transposed on an XLU (``vpu.copy`` into a K-minor block); B is latched
@@ -340,7 +341,9 @@ class _DotEmitter:
 
         issue_upto(depth - 1, 0)
         pending_out = [0, 0]
-        half = self.cfg.result_buffer_rows // 2
+        # Blocks alternate between the result buffer's halves (one pops while the next accumulates), or
+        # each uses the whole buffer from row 0 (plan.halves == 1, blocks taller than a half).
+        half = self.cfg.result_buffer_rows // 2 if plan.halves == 2 else 0
         acc_half = [0] * self.cfg.count
         done_blocks = 0
         for i, st in enumerate(steps):

@@ -6,8 +6,11 @@ A dot is a set of 2-D products ``A[M,K] @ B[K,N]`` (see :mod:`.dot`). Each is cu
 * ``tn``: at most one MXU-width (``mxu.cols``) tile per MXU. When N has fewer tiles than there are MXUs,
   the spare MXUs take row *groups* of the block: MXU ``t * groups + j`` multiplies rows group ``j`` by
   weight tile ``t`` (each latches the same weights), so a 256-wide product still keeps four MXUs busy.
-* ``tm``: at most half a result buffer per row group (the other half is popped while the next block
-  accumulates): ``groups * mxu.result_buffer_rows / 2``.
+* ``tm``: at most half a result buffer per row group, so the other half is popped while the next block
+  accumulates (``halves = 2``); or, as one more candidate, the whole result buffer per row group
+  (``halves = 1``): then the next block's first matmul waits for the pop of the rows it overwrites, which
+  the estimate charges per block (below). Without double buffering every weight tile costs a fixed
+  load and drain, so streaming more rows through each tile (fewer tiles) is what pays.
 * ``tk``: the whole K when the blocks fit VMEM, else halves of it in whole weight tiles.
 * ``depth``: the operand loads of that many steps are in flight ahead of the MXU work, enough to cover
   a load's latency and transfer time; ``lag``: the MXUs may still read the windows of that many earlier
@@ -25,8 +28,21 @@ B slots keep all of B resident across the rows. The planner enumerates these cho
 the instruction's VMEM share, and picks the one with the least estimated time
 ``max(HBM bytes / HBM bytes per cycle, MXU cycles)`` plus the pipeline's fill (the first step's operands
 arrive before any MXU work) and drain (the last block's pop and store) and a DMA set-up share per step.
-The MXU term charges, per MXU and weight tile, the larger of its weight load and its row stream
-(double-buffered loads hide behind streams of at least ``weight_load_cycles`` rows).
+The MXU term follows the MXU's timing contract (:mod:`tpusim.devices.mxu`) for the config's keys, per MXU
+and weight tile (a *pass*), with ``L = mxu.weight_load_cycles`` (``mxu.rows`` when null) times the weight's
+bf16 parts, ``S`` the rows streamed (times the precision's passes, over ``mxu.int8_speedup``) and
+``D = mxu.rows - 1 + mxu.cols - 1`` the array's input and output skew:
+
+* ``mxu.double_buffered``: a tile loads while the previous one streams, so a pass costs ``max(L, S)``,
+  plus one unhidden load at the start and one drain ``D`` at the end;
+* single-buffered: a load waits until the previous pass has drained, so a pass costs ``L + S + D``
+  (SCALE-Sim's ``2R + C + T - 2`` per fold when ``L = R``, ``S = T``);
+* a block using the whole result buffer (``halves = 1``) adds, per block after the first, the wait of the
+  next block's first matmul for the pop (``ceil(rows / mxu.pop_rows_per_cycle)`` cycles) of the rows it
+  overwrites: ``D + pop`` when double-buffered (the next tile is already staged), ``max(0, pop - L)``
+  single-buffered (the next tile's load runs while the pop does); and once, the first block's pops of its
+  ``tiles`` MXUs one after another (they write interleaved windows of one block, which the scoreboard
+  orders: the MXUs stay staggered by that afterwards).
 """
 
 from __future__ import annotations
@@ -93,6 +109,7 @@ class DotPlan:
     hbm_bytes: int
     cycles: float
     vmem_bytes: int
+    halves: int = 2  # result-buffer regions blocks alternate between (1: every block uses the whole buffer)
 
 
 def row_groups(rows: int, groups: int, sublanes: int) -> list[tuple[int, int]]:
@@ -124,7 +141,12 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
     sub = config.vpu.sublanes
     tm_top = min(p.m, half * groups)
     tms = [t for t in _halvings(tm_top, sub) if t <= p.m] or [p.m]
+    whole = min(p.m, cfg.result_buffer_rows * groups)  # one block's rows in the whole result buffer
+    if whole > tms[0]:
+        tms.insert(0, whole)
     tks = _halvings(p.k, cfg.rows) if p.k > cfg.rows else [p.k]
+    load = cfg.load_cycles * p.weight_parts  # one weight tile, every bf16 part
+    skew = cfg.rows - 1 + cfg.cols - 1  # a matmul's results are complete this long after its last row entered
     plans: list[DotPlan] = []
     for tk in tks:
         for tm in tms:
@@ -132,9 +154,23 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
             nm, nn, nk = ceil(p.m / tm), ceil(p.n / tn), ceil(p.k / tk) * p.contracts
             g = len(row_groups(tm, groups, sub))
             rows = max(r for _, r in row_groups(tm, groups, sub))
-            per_tile = max(cfg.load_cycles * p.weight_parts, p.passes * ceil(rows / p.speedup))
+            halves = 2 if rows <= half else 1
+            stream = p.passes * ceil(rows / p.speedup)
+            pop = ceil(rows / cfg.pop_rows_per_cycle)
+            if cfg.double_buffered:  # the next tile loads while this one streams
+                per_tile, ends = max(load, stream), load + skew
+                turn = skew + pop  # the next block's first matmul waits for this block's pop
+            else:  # each load waits until the previous pass has drained
+                per_tile, ends = load + stream + skew, 0
+                turn = max(0, pop - load)  # the pop runs while the next tile loads
             k_tiles = ceil(p.k / cfg.rows) * p.contracts
-            mxu_cycles = p.products * nm * nn * k_tiles * per_tile + cfg.rows + cfg.cols
+            n_blocks = p.products * nm * nn
+            mxu_cycles = n_blocks * k_tiles * per_tile + ends
+            if halves == 1 and n_blocks > 1:
+                # The first block's pops of one row group write interleaved windows of one VMEM block, which
+                # the scoreboard orders one after another; the MXUs stay staggered by that, so later pops
+                # do not collide.
+                mxu_cycles += (n_blocks - 1) * turn + (tiles - 1) * pop
             bpc = config.hbm_bytes_per_cycle
             # Prefetch depth: enough steps in flight to cover a load's latency and transfer time.
             step_cycles = ceil(min(tk, p.k) / cfg.rows) * per_tile
@@ -175,7 +211,7 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
                             block_cycles = mxu_cycles / (p.products * nm * nn)
                             cycles += p.products * nm * nn * max(0.0, store - block_cycles)
                             cycles *= 1.03
-                        plan = DotPlan(tm, tn, tk, g, order, a_slots, b_slots, depth, lag, hbm, cycles, need)
+                        plan = DotPlan(tm, tn, tk, g, order, a_slots, b_slots, depth, lag, hbm, cycles, need, halves)
                         plans.append(plan)
     # Least time, where plans within _TIE of the best count as equal (the estimate is not that exact); among
     # those, taller blocks first: each weight tile then streams more rows, so there are fewer weight loads
