@@ -131,12 +131,62 @@ def test_unit_busy_time_agrees_with_the_trace_file(run: dict[str, Any]) -> None:
         if ev["ph"] == "X":
             unit = f"chip{ev['pid'] - 1}." + re.sub(r" \[\d+\]$", "", names[(ev["pid"], ev["tid"])])
             assert unit == ev["args"]["unit"]
-            spans.setdefault(unit, []).append((ev["ts"], ev["ts"] + ev["dur"]))
+            spans.setdefault(unit, []).append((ev["args"]["start_cycle"], ev["args"]["end_cycle"]))
     for u in run["summary"]["units"]:
         if u["name"] in spans:
             s, e = (np.array(x) for x in zip(*spans[u["name"]]))
             rs, re_ = merged_runs(s, e)
             assert int((re_ - rs).sum()) == u["busy_cycles"], u["name"]
+
+
+def test_trace_is_in_simulated_microseconds(run: dict[str, Any]) -> None:
+    """ts and dur are microseconds of simulated time in whole nanoseconds (cycle / clock, nearest ns), which
+    Perfetto's importer (``llround(us * 1000)``; older versions truncate) turns back into the same ns; the
+    cycles are in each slice's args; the last slice ends at the run's length in us, not at its cycle count."""
+    doc, clock = run["trace"], run["result"].compiled.config.clock_hz
+    slices = [ev for ev in doc["traceEvents"] if ev["ph"] == "X"]
+    for ev in slices:
+        s, e = ev["args"]["start_cycle"], ev["args"]["end_cycle"]
+        assert ev["args"]["cycles"] == e - s
+        s_ns, e_ns = round(s * 1e9 / clock), round(e * 1e9 / clock)
+        assert round(ev["ts"] * 1000.0) == int(ev["ts"] * 1000.0) == s_ns, ev
+        assert round(ev["dur"] * 1000.0) == int(ev["dur"] * 1000.0) == e_ns - s_ns, ev
+    for ev in doc["traceEvents"]:
+        if ev["ph"] != "M":
+            assert int(ev["ts"] * 1000.0) == round(ev["ts"] * 1000.0), ev  # whole ns, however the viewer rounds
+    cycles = run["summary"]["totals"]["cycles"]
+    last = max(ev["ts"] + ev["dur"] for ev in slices)
+    assert last == pytest.approx(cycles / clock * 1e6, abs=1e-3)
+    assert doc["otherData"]["clock_hz"] == clock and doc["otherData"]["cycles"] == cycles
+    assert doc["otherData"]["seconds"] == pytest.approx(run["summary"]["totals"]["seconds"])
+
+
+def test_trace_names_processes_and_threads(run: dict[str, Any]) -> None:
+    """A process per chip named ``chip 0``, a named and sorted thread per unit track; no thread id equals a
+    process id (viewers show such a thread as the process's "main thread") or repeats in another process."""
+    meta = [ev for ev in run["trace"]["traceEvents"] if ev["ph"] == "M"]
+    procs = {ev["pid"]: ev["args"]["name"] for ev in meta if ev["name"] == "process_name"}
+    assert procs == {1: "chip 0"}
+    threads = {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in meta if ev["name"] == "thread_name"}
+    order = {(ev["pid"], ev["tid"]): ev["args"]["sort_index"] for ev in meta if ev["name"] == "thread_sort_index"}
+    assert set(order) == set(threads)
+    tids = [t for _, t in threads]
+    assert len(set(tids)) == len(tids) and not set(tids) & set(procs)
+    ranked = [threads[k] for k in sorted(threads, key=order.__getitem__)]
+    assert ranked[0] == "core0.scalar" and "main thread" not in ranked
+    assert ranked.index("core0.mxu0") < ranked.index("core0.vpu") < ranked.index("core0.dma")
+    used = {(ev["pid"], ev["tid"]) for ev in run["trace"]["traceEvents"] if ev["ph"] == "X"}
+    assert used == set(threads)
+
+
+@pytest.mark.parametrize("ns", [0, 1, 7, 999, 1000, 1001, 4_350, 63_587_667, 2**40 + 3])
+def test_trace_microseconds_come_back_as_the_same_nanoseconds(ns: int) -> None:
+    from tpusim.report.chrome_trace import ns_to_us
+
+    us = ns_to_us(ns)
+    back = json.loads(json.dumps(us))  # as written to and read from the file
+    assert int(back * 1000.0) == round(back * 1000.0) == ns
+    assert abs(back - ns / 1000) <= 1e-9 * max(1, ns)
 
 
 def test_trace_checker_catches_broken_traces() -> None:

@@ -1,21 +1,27 @@
 """``trace.json``: a run as a Chrome trace (Trace Event Format, JSON object form) for Perfetto and chrome://tracing.
 
-* One process per chip; one track (thread) per unit of each core. Instructions that overlap on one unit
-  (pipelined MXU passes, concurrent DMAs) go to extra tracks of that unit, so slices on a track never overlap
-  (both viewers require proper nesting on a thread).
+* One process per chip, named ``chip 0``; one thread per unit of each core, named ``core0.mxu1`` and sorted
+  scalar, MXUs, VPU, XLUs, DMA, fallback, sync. Instructions that overlap on one unit (pipelined MXU passes,
+  concurrent DMAs) go to extra tracks of that unit, so slices on a track never overlap (both viewers require
+  proper nesting on a thread). Thread ids are unique across processes and never equal a process id (a
+  viewer shows a thread whose id is its process's as the "main thread").
 * One complete event (``ph: X``) per executed instruction, named after its HLO instruction, with the
-  instruction text, bytes and flops in ``args``.
+  instruction text, bytes, flops and its issue, start and end cycle in ``args``.
 * Flow arrows (``ph: s`` / ``f``) from each DMA to the first instruction that reads what it wrote.
 * Counters (``ph: C``) of HBM occupancy per chip and VMEM occupancy per core, in bytes.
 
-Time axis: **1 us in the trace is 1 cycle.** Timestamps are integers, which both viewers read exactly
-(Perfetto's importer truncates fractional microseconds to whole nanoseconds, so real-time units would shift
-short slices by rounding); the clock is in ``otherData``. Flow ends sit half a cycle inside their slices.
+Time axis: **microseconds of simulated time**, as the format defines ``ts`` and ``dur``. Every time is a whole
+number of nanoseconds (``cycle / clock_hz`` rounded to the nearest ns, written as microseconds with three
+decimals), because Perfetto's importer stores nanoseconds: a slice's end is its start plus its duration,
+so slices that abut in cycles abut in the viewer and nesting survives the import exactly. The exact cycles
+are in each slice's ``args``; the clock is in ``otherData``. Flow ends sit inside their slices (one ns in
+from the edge where the slice is long enough).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +33,27 @@ import tpusim
 from tpusim.report.analysis import RunAnalysis
 from tpusim.report.timeline import assign_lanes
 
-__all__ = ["FLOW_SCAN", "check_trace", "trace_events", "write_trace"]
+__all__ = ["FLOW_SCAN", "check_trace", "ns_to_us", "trace_events", "write_trace"]
 
 FLOW_SCAN = 4096
 """Accesses examined after a DMA completes when looking for the instruction that reads its data."""
 
 _UNIT_ORDER = ("scalar", "mxu", "vpu", "xlu", "dma", "fallback", "sync")
+
+
+def ns_to_us(ns: int) -> float:
+    """``ns`` nanoseconds as the float of microseconds that a viewer turns back into exactly ``ns``: the
+    nearest double to ``ns / 1000``, nudged up where multiplying it by 1000 falls short, so that rounding
+    (Perfetto today) and truncation (older Perfetto) of ``us * 1000.0`` both give ``ns``."""
+    us = ns / 1000
+    while us * 1000.0 < ns:
+        us = math.nextafter(us, math.inf)
+    return us
+
+
+def _ns(cycles: np.ndarray | float, clock_hz: float) -> np.ndarray:
+    """Cycles as whole nanoseconds of simulated time (nearest)."""
+    return np.rint(np.asarray(cycles, np.float64) * (1e9 / clock_hz)).astype(np.int64)
 
 
 def _consumers(a: RunAnalysis) -> dict[int, int]:
@@ -63,13 +84,19 @@ def _consumers(a: RunAnalysis) -> dict[int, int]:
     return out
 
 
+def _links_pid(a: RunAnalysis) -> int:
+    return len(a.result.trace.streams) + 2
+
+
 def _tracks(a: RunAnalysis) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, str]]]:
-    """(pid, tid) of every entry and the thread names ``(pid, tid, name)``."""
+    """(pid, tid) of every entry and the thread names ``(pid, tid, name)``. Thread ids count up from above
+    every process id, so no thread shares its id with a process (viewers call such a thread the process's
+    "main thread") or with a thread of another process."""
     f, tr = a.facts, a.facts.trace
     pid = f.chip.astype(np.int64) + 1  # pid 0 is special in some viewers
     tid = np.zeros(len(tr), np.int64)
     names: list[tuple[int, int, str]] = []
-    next_tid: dict[int, int] = defaultdict(lambda: 1)
+    next_tid = _links_pid(a) + 1
 
     def order(u: int) -> tuple[int, int, str]:
         name = tr.units[u]
@@ -85,8 +112,8 @@ def _tracks(a: RunAnalysis) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int
         chip = int(f.chip[sel[0]])
         label = tr.units[u].split(".", 1)[1] if "." in tr.units[u] else tr.units[u]
         for lane in range(int(lanes.max()) + 1):
-            t = next_tid[chip]
-            next_tid[chip] += 1
+            t = next_tid
+            next_tid += 1
             tid[sel[lanes == lane]] = t
             names.append((chip + 1, t, label if lane == 0 else f"{label} [{lane + 1}]"))
     return pid, tid, names
@@ -96,45 +123,54 @@ def trace_events(a: RunAnalysis) -> Iterator[dict[str, Any]]:
     """The trace's events in timestamp order after the metadata (see the module docstring)."""
     f, tr = a.facts, a.facts.trace
     cfg = a.result.compiled.config
+    clock = float(cfg.clock_hz)
     pid, tid, names = _tracks(a)
     for chip in sorted({p for p, _, _ in names}):
-        label = f"chip{chip - 1} of {cfg.name} (time axis: 1 us = 1 cycle at {cfg.clock_hz / 1e9:g} GHz)"
-        yield {"ph": "M", "name": "process_name", "pid": chip, "tid": 0, "args": {"name": label}}
+        yield {"ph": "M", "name": "process_name", "pid": chip, "tid": 0, "args": {"name": f"chip {chip - 1}"}}
         yield {"ph": "M", "name": "process_sort_index", "pid": chip, "tid": 0, "args": {"sort_index": chip}}
     for p, t, name in names:
         yield {"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": name}}
         yield {"ph": "M", "name": "thread_sort_index", "pid": p, "tid": t, "args": {"sort_index": t}}
-    timed: list[tuple[float, int, dict[str, Any]]] = []
+    start_ns, end_ns = _ns(tr.start, clock), _ns(tr.end, clock)
+    timed: list[tuple[int, int, dict[str, Any]]] = []
     for i in range(len(tr)):
         s, e = int(tr.start[i]), int(tr.end[i])
+        s_ns, e_ns = int(start_ns[i]), int(end_ns[i])
         args: dict[str, Any] = {
             "instruction": tr.text(i), "unit": tr.units[int(tr.unit[i])], "bytes": int(tr.bytes[i]),
             "flops": int(tr.flops[i]), "issue_cycle": int(tr.issue[i]), "start_cycle": s, "end_cycle": e,
+            "cycles": e - s,
         }  # fmt: skip
         if a.engine[i] >= 0:
             args["dma_engine"] = int(a.engine[i])
         name = f.hlo[i] or f"({f.mnemonic[i]})"
-        ev = {"ph": "X", "name": name, "cat": str(f.kind[i]), "ts": s, "dur": e - s, "pid": int(pid[i]),
-              "tid": int(tid[i]), "args": args}  # fmt: skip
-        timed.append((s, 0, ev))
+        ev = {"ph": "X", "name": name, "cat": str(f.kind[i]), "ts": ns_to_us(s_ns), "dur": ns_to_us(e_ns - s_ns),
+              "pid": int(pid[i]), "tid": int(tid[i]), "args": args}  # fmt: skip
+        timed.append((s_ns, 0, ev))
     for n, (i, j) in enumerate(sorted(_consumers(a).items())):
-        if tr.end[j] - tr.start[j] < 1:
-            continue  # a zero-length slice cannot hold the arrow's end
+        (i0, i1), (j0, j1) = (int(start_ns[i]), int(end_ns[i])), (int(start_ns[j]), int(end_ns[j]))
+        if i1 - i0 < 1 or j1 - j0 < 1:
+            continue  # a slice of no time in whole nanoseconds cannot hold the arrow's end
         flow = {"cat": "dma", "name": "data", "id": n + 1}
-        s_ts, f_ts = float(tr.end[i]) - 0.5, float(tr.start[j]) + 0.5
-        timed.append((s_ts, 1, {"ph": "s", "ts": s_ts, "pid": int(pid[i]), "tid": int(tid[i]), **flow}))
-        timed.append((f_ts, 1, {"ph": "f", "bp": "e", "ts": f_ts, "pid": int(pid[j]), "tid": int(tid[j]), **flow}))
+        s_ts, f_ts = i1 - 1, j0 + 1 if j1 - j0 >= 2 else j0
+        timed.append((s_ts, 1, {"ph": "s", "ts": ns_to_us(s_ts), "pid": int(pid[i]), "tid": int(tid[i]), **flow}))
+        timed.append((f_ts, 1, {"ph": "f", "bp": "e", "ts": ns_to_us(f_ts), "pid": int(pid[j]), "tid": int(tid[j]),
+                                **flow}))  # fmt: skip
     for name, occ in a.occupancy.items():
         chip = int(name.split(".")[0][4:])
         label = "HBM occupancy" if name.endswith("hbm") else f"{name.split('.')[1]} VMEM occupancy"
-        for c, v in zip(occ.cycles.tolist(), occ.bytes.tolist()):
-            timed.append((c, 2, {"ph": "C", "name": label, "ts": c, "pid": chip + 1, "args": {"bytes": v}}))
+        for c, v in zip(_ns(occ.cycles, clock).tolist(), occ.bytes.tolist()):
+            timed.append((c, 2, {"ph": "C", "name": label, "ts": ns_to_us(c), "pid": chip + 1, "args": {"bytes": v}}))
     if a.links:
         from tpusim.report.links import link_trace_events
 
-        for ev in link_trace_events(a.result, pid=len(a.result.trace.streams) + 2):
+        for ev in link_trace_events(a.result, pid=_links_pid(a)):
             ts = ev.get("ts")
-            timed.append((float(ts) if isinstance(ts, (int, float)) else -1.0, 2, ev))
+            if isinstance(ts, (int, float)):
+                c = int(_ns(ts, clock))
+                timed.append((c, 2, {**ev, "ts": ns_to_us(c)}))
+            else:
+                timed.append((-1, 2, ev))
     timed.sort(key=lambda x: (x[0], x[1]))
     for _, _, ev in timed:
         yield ev
@@ -157,7 +193,8 @@ def write_trace(a: RunAnalysis, path: Path) -> dict[str, int]:
             first = False
         other = {
             "tpusim": tpusim.__version__, "program": a.result.compiled.source.name, "config": cfg.name,
-            "clock_hz": cfg.clock_hz, "time_axis": "1 us in this trace = 1 cycle", "cycles": a.cycles, **counts,
+            "clock_hz": cfg.clock_hz, "time_unit": "us of simulated time (whole ns; cycles in each slice's args)",
+            "cycles": a.cycles, "seconds": a.cycles / float(cfg.clock_hz), **counts,
         }  # fmt: skip
         out.write('\n],"otherData":' + json.dumps(other) + "}\n")
     tmp.replace(path)
@@ -170,20 +207,26 @@ _META = {"process_name": "name", "process_labels": "labels", "process_sort_index
 _PHASES = set("BEXIiCMsftbenPOND") | {"(", ")"}
 
 
+def _import_ns(us: float) -> int:
+    """A time in microseconds as Perfetto's JSON importer stores it: whole nanoseconds, nearest."""
+    return int(us) * 1000 if us == int(us) else round(us * 1000.0)
+
+
 def check_trace(doc: Any) -> list[str]:
     """Problems of a Chrome trace against the Trace Event Format's rules (empty when it follows them).
 
     Checked: the JSON object form with a ``traceEvents`` list; every event has a known ``ph``; timed events
     have a numeric ``ts >= 0`` and integer ``pid`` (and ``tid`` for thread events); ``X`` has ``dur >= 0``;
     counters carry at least one numeric series in ``args``; metadata names are the documented ones with the
-    documented argument; complete events on one thread nest properly (no partial overlap); every flow id has
+    documented argument; complete events on one thread nest properly (no partial overlap) in the whole
+    nanoseconds a viewer stores (``ts`` and ``dur`` each rounded, as Perfetto imports them); every flow id has
     one start and one end with the same ``cat`` and ``name``, the end not before the start, the start inside
     a slice of its thread and the end (``bp: e``) inside a slice of its thread.
     """
     problems: list[str] = []
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         return ["the document must be a JSON object with a 'traceEvents' list"]
-    slices: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    slices: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     flows: dict[Any, dict[str, dict[str, Any]]] = defaultdict(dict)
     for n, ev in enumerate(doc["traceEvents"]):
         where = f"event {n}"
@@ -208,7 +251,7 @@ def check_trace(doc: Any) -> list[str]:
             if not isinstance(dur, (int, float)) or dur < 0 or not isinstance(ev.get("name"), str):
                 problems.append(f"{where}: a complete event needs a 'name' and 'dur' >= 0")
                 continue
-            slices[(ev["pid"], ev["tid"])].append((ts, ts + dur))
+            slices[(ev["pid"], ev["tid"])].append((_import_ns(ts), _import_ns(ts) + _import_ns(dur)))
         elif ph == "C":
             args = ev.get("args")
             if (
@@ -226,12 +269,12 @@ def check_trace(doc: Any) -> list[str]:
             flows[ev["id"]][ph] = ev
     for (p, t), spans in slices.items():
         spans.sort(key=lambda s: (s[0], -s[1]))
-        stack: list[float] = []
+        stack: list[int] = []
         for s, e in spans:
             while stack and stack[-1] <= s:
                 stack.pop()
             if stack and e > stack[-1]:
-                problems.append(f"pid {p} tid {t}: a slice [{s}, {e}) overlaps the end of an enclosing one")
+                problems.append(f"pid {p} tid {t}: a slice [{s}, {e}) ns overlaps the end of an enclosing one")
             stack.append(e)
     for fid, ends in flows.items():
         s_ev, f_ev = ends.get("s"), ends.get("f")
@@ -246,6 +289,6 @@ def check_trace(doc: Any) -> list[str]:
             spans = slices.get((ev["pid"], ev["tid"]), [])
             if ev is f_ev and ev.get("bp") != "e":
                 continue  # binds to the next slice instead
-            if not any(s <= ev["ts"] < e for s, e in spans):
+            if not any(s <= _import_ns(ev["ts"]) < e for s, e in spans):
                 problems.append(f"flow id {fid}: its {ev['ph']!r} event at {ev['ts']} is not inside a slice")
     return problems

@@ -102,6 +102,10 @@ def _trace_view(directory: Path, window: tuple[float | None, float | None], dpi:
         doc = json.loads((directory / "trace.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ReportError(f"cannot read {directory / 'trace.json'}: {e}") from None
+    other = doc.get("otherData", {}) if isinstance(doc, dict) else {}
+    clock = other.get("clock_hz")
+    if "time_axis" not in other and isinstance(clock, (int, float)) and clock > 0:  # cycles -> the trace's us
+        start, end = (None if t is None else t * 1e6 / clock for t in window)  # (older traces: 1 us = 1 cycle)
     out = directory / "trace_view.png"
     title = (f"{doc.get('otherData', {}).get('program', '')}: trace.json drawn by tpusim's trace view "
              "(not a Perfetto screenshot)")  # fmt: skip

@@ -147,7 +147,7 @@ def render_markdown(s: dict[str, Any], plots: dict[str, str]) -> str:
         "- `summary.json`: every number above and more (schema `tpusim.report.summary` version "
         f"{s['schema_version']}; `tpusim report --schema` prints it).",
         "- `trace.json`: the timeline for https://ui.perfetto.dev or chrome://tracing (open the file there); "
-        "its time axis shows 1 cycle as 1 us.",
+        "its time axis is simulated time (whole nanoseconds), each slice's cycles are in its arguments.",
         "- `tpusim report DIR` renders this page and the plots again from the JSON files.",
         "",
     ]

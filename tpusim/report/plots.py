@@ -35,8 +35,9 @@ def timeline_figure(summary: dict[str, Any], trace: dict[str, Any]) -> Figure:
     for ev in trace["traceEvents"]:
         if ev.get("ph") == "M" and ev.get("name") == "thread_name":
             names[(ev["pid"], ev["tid"])] = ev["args"]["name"]
-        elif ev.get("ph") == "X":
-            bars[(ev["pid"], ev["tid"])].append((ev["ts"], ev["dur"], ev["name"]))
+        elif ev.get("ph") == "X":  # in cycles, which every slice carries in its args
+            s, e = ev["args"]["start_cycle"], ev["args"]["end_cycle"]
+            bars[(ev["pid"], ev["tid"])].append((s, e - s, ev["name"]))
     top = [op["name"] for op in summary["ops"][:_TOP_OPS]]
     cmap = colormaps["tab20"]
     palette = {name: cmap((2 * i + i // 10) % 20) for i, name in enumerate(top)}  # strong hues first

@@ -25,7 +25,8 @@ def _colour(name: str) -> Any:
 
 def trace_view_figure(doc: dict[str, Any], start: float | None = None, end: float | None = None,
                       title: str = "") -> Figure:  # fmt: skip
-    """Draw the tracks of a Chrome trace between ``start`` and ``end`` (trace time units; default: all of it)."""
+    """Draw the tracks of a Chrome trace between ``start`` and ``end`` (trace time units, microseconds;
+    default: all of it)."""
     events = doc["traceEvents"]
     names: dict[tuple[int, int], str] = {}
     procs: dict[int, str] = {}
@@ -87,8 +88,7 @@ def trace_view_figure(doc: dict[str, Any], start: float | None = None, end: floa
                   fontsize=7)  # fmt: skip
     ax.set_ylim(rows, -1)
     ax.set_xlim(t0, t1)
-    unit = doc.get("otherData", {}).get("time_axis", "trace time (us)")
-    ax.set_xlabel(f"time ({unit})")
+    ax.set_xlabel("time (us)" if "time_axis" not in doc.get("otherData", {}) else "time (us = cycles)")
     proc = "; ".join(procs.values())
     ax.set_title(title or proc, fontsize=9)
     for side in ("top", "right"):
