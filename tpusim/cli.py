@@ -89,12 +89,22 @@ def _run_layout(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------- run / compile
+def shipped_presets(folder: str = "") -> list[str]:
+    """Names of the YAML files shipped in the package's configs folder (``""``: chip configs; ``"tiling"``:
+    tiling rule sets), as ``--config`` and ``--tiling`` accept them."""
+    from tpusim.config import CONFIG_DIR
+
+    return sorted(path.stem for path in (CONFIG_DIR / folder).glob("*.yaml"))
+
+
 def _add_chip_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("program", type=Path, help="an HLO text file (as JAX or XLA print it)")
-    p.add_argument("--config", default="tpu_v5e", help="chip config: a preset name or a YAML path (default tpu_v5e)")
+    p.add_argument("--config", default="tpu_v5e", help="chip config: a preset name or a YAML path (default tpu_v5e; "
+                   f"presets: {', '.join(shipped_presets())})")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set mxu.rows=256 (repeatable)")  # fmt: skip
-    p.add_argument("--tiling", default="tpu_default", help="tiling rule set (configs/tiling/NAME.yaml or a path)")
+    p.add_argument("--tiling", default="tpu_default", help="tiling rule set: a name or a YAML path (default "
+                   f"tpu_default; shipped: {', '.join(shipped_presets('tiling'))})")  # fmt: skip
     p.add_argument("--matmul-precision", default="default", choices=("default", "high", "highest"),
                    help="what DEFAULT precision means for f32 dots: 1, 3 or 6 bf16 passes")  # fmt: skip
     p.add_argument("--no-fuse", action="store_true", help="do not fuse elementwise operations")
@@ -324,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tpusim",
         description="A cycle-level simulator of a TPU-like accelerator that runs real XLA HLO programs.",
     )
+    from tpusim import __version__
+
+    parser.add_argument("--version", action="version", version=f"tpusim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for cmd in COMMANDS.values():
         cmd.configure(sub.add_parser(cmd.name, help=cmd.help, description=cmd.help))

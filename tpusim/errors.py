@@ -21,6 +21,14 @@ class TpusimError(Exception):
     """Base class of every error tpusim raises on purpose."""
 
 
+def __getattr__(name: str) -> type[TpusimError]:
+    if name == "RunLimitError":  # defined beside the run limits (tpusim.limits), importable here with the rest
+        from tpusim.limits import RunLimitError
+
+        return RunLimitError
+    raise AttributeError(f"module 'tpusim.errors' has no attribute {name!r}")
+
+
 # Control characters (but tab) shown as U+FFFD, one character for one, so the caret stays aligned.
 _CONTROLS = {c: "\ufffd" for c in (*range(0, 9), *range(10, 32), *range(127, 160))}
 

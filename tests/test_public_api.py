@@ -1,0 +1,81 @@
+"""The package's public surface: ``tpusim --version``, ``python -m tpusim``, presets in ``--help``, and the
+names ``import tpusim`` offers (``__all__``, ``dir``), each the object its defining module has."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import tpusim
+from tpusim.cli import build_parser, main, shipped_presets
+from tpusim.config import CONFIG_DIR, PRESETS
+
+
+def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"tpusim {tpusim.__version__}"
+
+
+def test_python_dash_m_runs_the_command_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "tpusim", "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"tpusim {tpusim.__version__}"
+    bad = subprocess.run([sys.executable, "-m", "tpusim", "layout", "bf16[2"], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert bad.returncode == 1 and bad.stderr.startswith("tpusim layout: ")
+
+
+@pytest.mark.parametrize("command", ["run", "compile"])
+def test_help_lists_the_shipped_presets(command: str) -> None:
+    chips, tilings = shipped_presets(), shipped_presets("tiling")
+    assert set(chips) == set(PRESETS) and "tpu_default" in tilings and "bf16_16x128" in tilings
+    assert tilings == sorted(p.stem for p in (CONFIG_DIR / "tiling").glob("*.yaml"))
+    sub = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
+    text = " ".join(sub.format_help().split())
+    assert f"presets: {', '.join(chips)}" in text
+    assert f"shipped: {', '.join(tilings)}" in text
+
+
+def test_the_public_names() -> None:
+    from tpusim.compiler.errors import CompileError
+    from tpusim.compiler.lowering.context import CompileOptions
+    from tpusim.compiler.pipeline import CompiledProgram
+    from tpusim.config import ChipConfig, load_config
+    from tpusim.limits import RunLimitError
+
+    assert tpusim.CompileOptions is CompileOptions and tpusim.load_config is load_config
+    assert tpusim.CompiledProgram is CompiledProgram and tpusim.ChipConfig is ChipConfig
+    assert tpusim.RunLimitError is RunLimitError and tpusim.CompileError is CompileError
+    names = set(dir(tpusim))
+    want = {"simulate", "simulate_jax", "compile_program", "CompileOptions", "load_config", "SimulationResult",
+            "CompiledProgram", "TpusimError", "RunLimitError", "__version__"}  # fmt: skip
+    assert want <= set(tpusim.__all__) <= names
+    for name in tpusim.__all__:
+        value = getattr(tpusim, name)
+        if name.endswith("Error"):
+            assert issubclass(value, tpusim.TpusimError), name
+    scope: dict[str, object] = {}
+    exec("from tpusim import *", scope)
+    assert scope["simulate"] is tpusim.simulate and scope["CompileOptions"] is CompileOptions
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        tpusim.nonesuch  # noqa: B018
+
+
+def test_run_limit_error_is_with_the_other_errors() -> None:
+    import tpusim.errors
+    from tpusim.errors import RunLimitError
+    from tpusim.limits import RunLimitError as Defined
+
+    assert RunLimitError is Defined and issubclass(RunLimitError, tpusim.errors.TpusimError)
+    with pytest.raises(AttributeError):
+        tpusim.errors.Nonesuch  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_compile_options_from_the_package_compile_a_program() -> None:
+    hlo = "HloModule m\nENTRY e {\n  x = f32[8,128] parameter(0)\n  ROOT y = f32[8,128] add(x, x)\n}\n"
+    compiled = tpusim.compile_program(hlo, config=tpusim.load_config("teaching"),
+                                      options=tpusim.CompileOptions(fuse=False))  # fmt: skip
+    assert isinstance(compiled, tpusim.CompiledProgram)
