@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.append((i, mutant.example, mutant.mutations, outcome))
                     if outcome.is_finding:
                         _save(args.out, mutant, outcome)
-                        print(f"FINDING {mutant.name} ({mutant.example}): {outcome.key}: {outcome.message}", flush=True)
+                        key = _group(outcome, mutant.mutations)
+                        print(f"FINDING {mutant.name} ({mutant.example}): {key}: {outcome.message}", flush=True)
                     if len(results) % 250 == 0:
                         print(f"... {len(results)} mutants, {time.perf_counter() - began:.0f} s", flush=True)
 
@@ -118,6 +119,18 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(o.is_finding for *_, o in results) else 0
 
 
+def _group(outcome: Outcome, mutations: tuple[str, ...]) -> str:
+    """The root-cause key of a finding. Wrong outputs are grouped by the mutations that made the program (an
+    opcode by its new opcode): an exchanged opcode such as power or remainder after a matmul turns the
+    matmul's rounding into large differences, which is ill-conditioning rather than a wrong answer."""
+    if outcome.status != "wrong":
+        return outcome.key
+    kinds = sorted(
+        {m.split(" ")[0] + (f"->{m.rsplit(' ', 1)[-1]}" if m.startswith("opcode at") else "") for m in mutations}
+    )
+    return f"{outcome.key} after {'+'.join(kinds)}"
+
+
 def _mutators_flag() -> str:
     """``--mutators ...`` when the run used a subset: a mutant depends on the mutators it may draw from."""
     return "" if _mutator_set == tuple(MUTATORS) else f" --mutators {','.join(_mutator_set)}"
@@ -127,7 +140,7 @@ _mutator_set: tuple[str, ...] = tuple(MUTATORS)
 
 
 def _save(out: Path, mutant, outcome: Outcome) -> None:  # type: ignore[no-untyped-def]
-    folder = out / _slug(outcome.key)
+    folder = out / _slug(_group(outcome, mutant.mutations))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{mutant.name}.hlo").write_bytes(mutant.data)
     (folder / f"{mutant.name}.txt").write_text(
@@ -181,7 +194,7 @@ def _summary(
     print(f"  slowest mutants: {', '.join(f'{o.seconds:.1f} s' for o in slow)}")
     groups: dict[str, list[tuple[int, str, tuple[str, ...], Outcome]]] = defaultdict(list)
     for r in findings:
-        groups[r[3].key].append(r)
+        groups[_group(r[3], r[2])].append(r)
     if groups:
         print(f"\nfindings by root cause ({len(groups)}), mutants saved under {args.out}/:")
     for key, rows in sorted(groups.items(), key=lambda kv: -len(kv[1])):
