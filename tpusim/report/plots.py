@@ -7,13 +7,18 @@ returns a :class:`~matplotlib.figure.Figure`, so a report re-renders from its JS
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from tpusim.report import fmt
 
@@ -26,6 +31,69 @@ _TOP_OPS = 12  # HLO instructions with their own colour in the timeline (by crit
 def _title(summary: dict[str, Any], what: str) -> str:
     t = summary["totals"]
     return f"{what}: {summary['program']['name']} on {summary['config']['name']} ({fmt.cycles(t['cycles'])})"
+
+
+def renderer(fig: Figure) -> RendererAgg:
+    """An Agg renderer of ``fig`` with its layout done, to measure text as it will be drawn."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    fig.draw_without_rendering()
+    return canvas.get_renderer()
+
+
+def fit_title(fig: Figure, title: Text, margin: float = 8.0) -> None:
+    """Wrap ``title`` at spaces until it lies inside ``fig`` (less ``margin`` pixels on each side) where it is
+    centred (an axes title is centred on its axes, not on the figure)."""
+    lines = title.get_text().splitlines()
+    r = renderer(fig)
+    box = title.get_window_extent(r)
+    centre = (box.x0 + box.x1) / 2
+    room = 2 * min(centre - margin, fig.bbox.width - margin - centre)
+    chars = max(map(len, lines), default=0)
+    while title.get_window_extent(r).width > room:
+        chars = min(chars - 1, int(chars * room / title.get_window_extent(r).width))
+        if chars < 10:
+            break  # (a figure too narrow for any title)
+        title.set_text("\n".join(part for line in lines for part in textwrap.wrap(line, chars) or [""]))
+        r = renderer(fig)
+
+
+_LABEL_OFFSETS = [(dx * k, dy * k) for k in (1, 2, 3, 5) for dx, dy in
+                  ((5, 5), (5, -5), (-5, 5), (-5, -5), (0, 8), (0, -8), (8, 0), (-8, 0))]  # fmt: skip
+"""Candidate offsets (points) of a point's label from the point, nearest first."""
+
+
+def place_labels(ax: Axes, labels: list[tuple[tuple[float, float], str]], avoid: list[Bbox]) -> list[str]:
+    """Label points of ``ax`` so that no label overlaps another, ``avoid`` (e.g. the legend's box) or leaves
+    the axes: each label takes the first free spot of :data:`_LABEL_OFFSETS` (with a leader line when it
+    sits away from its point). Returns the texts for which no spot was free (not drawn)."""
+    fig = ax.get_figure()
+    assert isinstance(fig, Figure)
+    r = renderer(fig)
+    inside = ax.get_window_extent(r).padded(-2)
+    taken = list(avoid)
+    left_out: list[str] = []
+    for xy, text in labels:
+        for dx, dy in _LABEL_OFFSETS:
+            ha = "left" if dx > 0 else "right" if dx < 0 else "center"
+            va = "bottom" if dy > 0 else "top" if dy < 0 else "center"
+            leader = {"arrowstyle": "-", "color": "grey", "linewidth": 0.5} if abs(dx) + abs(dy) > 16 else None
+            ann = ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", fontsize="x-small", ha=ha,
+                              va=va, arrowprops=leader)  # fmt: skip
+            ann.set_in_layout(False)
+            box = ann.get_window_extent(r)
+            if (
+                inside.x0 <= box.x0
+                and box.x1 <= inside.x1
+                and inside.y0 <= box.y0
+                and box.y1 <= inside.y1
+                and not any(box.overlaps(b) for b in taken)
+            ):
+                taken.append(box.padded(1))
+                break
+            ann.remove()
+        else:
+            left_out.append(text)
+    return left_out
 
 
 def timeline_figure(summary: dict[str, Any], trace: dict[str, Any]) -> Figure:
@@ -55,7 +123,7 @@ def timeline_figure(summary: dict[str, Any], trace: dict[str, Any]) -> Figure:
     ax.invert_yaxis()
     ax.set_xlim(0, max(summary["totals"]["cycles"], 1))
     ax.set_xlabel("time (cycles)")
-    ax.set_title(_title(summary, "Timeline by unit"))
+    fit_title(fig, ax.set_title(_title(summary, "Timeline by unit")))
     handles = [Patch(color=palette[n], label=n) for n in top] + [Patch(color="lightgrey", label="other")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", title="HLO instruction")
     return fig
@@ -77,7 +145,7 @@ def utilisation_figure(summary: dict[str, Any]) -> Figure:
         ax.set_yticks(range(len(rows)), [n for n, _ in rows])
         ax.invert_yaxis()
     ax.set_xlabel("time (cycles)")
-    ax.set_title(_title(summary, "Utilisation over time"))
+    fit_title(fig, ax.set_title(_title(summary, "Utilisation over time")))
     return fig
 
 
@@ -109,15 +177,14 @@ def roofline_figure(summary: dict[str, Any]) -> Figure:
     labels: dict[tuple[float, float], list[str]] = defaultdict(list)  # ops at one point share a label
     for o in sorted(pts, key=lambda o: -o["critical_path_cycles"])[:8]:
         labels[(o["arithmetic_intensity"], o["flops_per_s"] / 1e12)].append(o["name"])
-    for xy, group in labels.items():
-        ax.annotate(", ".join(group), xy, fontsize="x-small", xytext=(4, 4), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
     ax.set_ylabel("achieved compute (TFLOP/s)")
-    note = f"; {left_out} HLO instructions without FLOPs or HBM bytes not shown" if left_out else ""
-    ax.set_title(_title(summary, "Roofline") + note, fontsize="medium")
-    ax.legend(fontsize="small", loc="lower right")
+    note = f"\n{left_out} HLO instructions without FLOPs or HBM bytes are not shown" if left_out else ""
+    fit_title(fig, ax.set_title(_title(summary, "Roofline") + note, fontsize="medium"))
+    legend = ax.legend(fontsize="small", loc="lower right")
+    place_labels(ax, [(xy, ", ".join(g)) for xy, g in labels.items()], [legend.get_window_extent(renderer(fig))])
     return fig
 
 
@@ -142,5 +209,5 @@ def memory_figure(summary: dict[str, Any]) -> Figure:
         ax.legend(fontsize="small", loc="upper right")
     axes[-1].set_xlabel("time (cycles)")
     axes[-1].set_xlim(0, total)
-    axes[0].set_title(_title(summary, "Memory occupancy"))
+    fit_title(fig, axes[0].set_title(_title(summary, "Memory occupancy")))
     return fig

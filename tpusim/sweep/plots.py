@@ -8,7 +8,9 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-__all__ = ["LABELS", "label", "metric_figure", "pareto_figure", "pareto_front", "scaled"]
+from tpusim.report.plots import fit_title, place_labels, renderer
+
+__all__ = ["LABELS", "label", "metric_figure", "pareto_figure", "pareto_front", "scaled", "setting"]
 
 LABELS = {
     "cycles": "time (cycles)", "seconds": "time (us)", "instructions": "instructions executed",
@@ -43,6 +45,39 @@ def scaled(column: str, value: Any) -> Any:
     return value * _SCALE[column] if column in _SCALE and isinstance(value, (int, float)) else value
 
 
+def _number(x: float) -> str:
+    """A number as a person writes it: ``409.5``, ``128``, ``0.25``, ``1,229``."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def _bytes(n: float) -> str:
+    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(n) >= scale:
+            return f"{_number(n / scale)} {unit}"
+    return f"{_number(n)} B"
+
+
+_SUFFIXES = (("bytes_per_s", 1e-9, "GB/s"), ("_hz", 1e-9, "GHz"), ("_ns", 1.0, "ns"), ("_cycles", 1.0, "cycles"))
+"""Units of config keys without a label, read from the end of their name."""
+
+
+def setting(column: str, value: Any) -> str:
+    """A parameter's setting for a legend, in engineering units: ``HBM bandwidth = 409.5 GB/s`` for
+    ``hbm.bandwidth_bytes_per_s=409500000000.0``, ``hbm.latency_ns = 350 ns``, ``mxu.rows = 128``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{label(column)} = {value}"
+    if column in LABELS and LABELS[column].endswith(")"):
+        name, _, unit = LABELS[column][:-1].rpartition(" (")
+        number = _number(scaled(column, value))
+        return f"{name} = {number}%" if unit == "%" else f"{name} = {number} {unit}"
+    for suffix, scale, unit in _SUFFIXES:
+        if column.endswith(suffix):
+            return f"{column} = {_number(value * scale)} {unit}"
+    if column.endswith("bytes"):
+        return f"{column} = {_bytes(value)}"
+    return f"{column} = {_number(value)}"
+
+
 def _order(values: Sequence[Any]) -> tuple[tuple[int, Any], ...]:
     """A sort key that orders numbers by value and anything else by its text."""
     return tuple((0, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, str(v)) for v in values)
@@ -71,7 +106,7 @@ def metric_figure(rows: Sequence[dict[str, Any]], metric: str, axes_names: Seque
             members.sort(key=lambda r: xs_all.index(r[p]))
             xs = [scaled(p, r[p]) if numeric else xs_all.index(r[p]) for r in members]
             ys = [scaled(metric, r[metric]) for r in members]
-            name = ", ".join(f"{q}={v}" for q, v in zip(others, key)) or None
+            name = ", ".join(setting(q, v) for q, v in zip(others, key)) or None
             ax.plot(xs, ys, marker="o", label=name)
         if not numeric:
             ax.set_xticks(range(len(xs_all)), [str(v) for v in xs_all], rotation=20)
@@ -79,7 +114,7 @@ def metric_figure(rows: Sequence[dict[str, Any]], metric: str, axes_names: Seque
         ax.set_ylabel(label(metric))
         if others and len(series) > 1:
             ax.legend(fontsize="x-small")
-    fig.suptitle(f"{label(metric)} against each parameter ({len(ok)} points)")
+    fit_title(fig, fig.suptitle(f"{label(metric)} against each parameter ({len(ok)} points)"))
     return fig
 
 
@@ -102,6 +137,7 @@ def pareto_figure(rows: Sequence[dict[str, Any]], cost: str, objective: str, max
     fig = Figure(figsize=(7, 5), layout="constrained")
     ax = fig.add_subplot()
     programs = sorted({r["program"] for r in rows})
+    numbers: list[tuple[tuple[float, float], str]] = []  # the front's points, labelled with their number
     for k, program in enumerate(programs):
         mine = [r for r in rows if r["program"] == program]
         ok = [r for r in mine if r["status"] == "ok" and r.get(cost) is not None and r.get(objective) is not None]
@@ -113,14 +149,14 @@ def pareto_figure(rows: Sequence[dict[str, Any]], cost: str, objective: str, max
         if front:
             fx, fy = [scaled(cost, r[cost]) for r in front], [scaled(objective, r[objective]) for r in front]
             ax.step(fx, fy, where="post", color=colour, marker="o", label=f"{tag}Pareto front")
-            for r, x, y in zip(front, fx, fy):
-                ax.annotate(f"#{r['index']}", (x, y), fontsize="x-small", xytext=(4, 4), textcoords="offset points")
+            numbers += [((x, y), f"#{r['index']}") for r, x, y in zip(front, fx, fy)]
         b = best.get(program)
         if b is not None:
             ax.scatter([scaled(cost, b[cost])], [scaled(objective, b[objective])], marker="*", s=250, color=colour,
                        edgecolors="black", zorder=3, label=f"{tag}best: point {b['index']}")  # fmt: skip
     ax.set_xlabel(label(cost))
     ax.set_ylabel(label(objective))
-    ax.set_title(f"{label(objective)} against {label(cost)}")
-    ax.legend(fontsize="small")
+    fit_title(fig, ax.set_title(f"{label(objective)} against {label(cost)}"))
+    legend = ax.legend(fontsize="small")
+    place_labels(ax, numbers, [legend.get_window_extent(renderer(fig))])
     return fig
