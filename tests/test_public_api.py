@@ -79,3 +79,15 @@ def test_compile_options_from_the_package_compile_a_program() -> None:
     compiled = tpusim.compile_program(hlo, config=tpusim.load_config("teaching"),
                                       options=tpusim.CompileOptions(fuse=False))  # fmt: skip
     assert isinstance(compiled, tpusim.CompiledProgram)
+
+
+def test_format_summary_needs_no_made_up_host_time() -> None:
+    """From Python the summary's host line adds up the times the result measured (the tutorial's call)."""
+    from tpusim.report.summary import format_summary
+
+    hlo = "HloModule m\nENTRY e {\n  x = f32[8,128] parameter(0)\n  ROOT y = f32[8,128] add(x, x)\n}\n"
+    result = tpusim.simulate(hlo, config="teaching")
+    host = format_summary(result).splitlines()[1]
+    assert result.compile_seconds > 0 and result.run_seconds > 0
+    assert host.endswith(f"; {result.compile_seconds + result.run_seconds:.2f} s in all")
+    assert format_summary(result, 12.5).splitlines()[1].endswith("; 12.50 s in all")

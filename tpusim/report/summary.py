@@ -33,7 +33,14 @@ def program_precision(compiled: CompiledProgram) -> str:
     return "none"
 
 
-def format_summary(result: SimulationResult, wall_seconds: float, checks: Sequence[OutputCheck] | None = None) -> str:
+def format_summary(
+    result: SimulationResult, wall_seconds: float | None = None, checks: Sequence[OutputCheck] | None = None
+) -> str:
+    """The summary ``tpusim run`` prints. ``wall_seconds`` is the host's time for the whole job (the command
+    line's includes reading the program and writing outputs); by default the compile and run times the
+    result measured."""
+    if wall_seconds is None:
+        wall_seconds = result.compile_seconds + result.run_seconds
     compiled = result.compiled
     cfg = compiled.config
     cycles = max(result.cycles, 1)
