@@ -183,7 +183,7 @@ def _summary(
     internal: dict[str, list[int]] = defaultdict(list)
     for i, _, _, o in results:
         kind = o.error_type.rsplit(".", 1)[-1]
-        if o.status == "error" and o.stage in ("compile", "simulate") and kind in INTERNAL:
+        if o.status == "error" and o.stage in ("compile", "simulate", "check") and kind in INTERNAL:
             message = re.sub(r"[0-9]+", "N", re.sub(r"`[^`]*`", "`...`", o.message))
             internal[f"{o.stage} {kind}: {message[:120]}"].append(i)
     if internal:
