@@ -357,7 +357,7 @@ class Outcome:
             ``wrong`` (outputs unlike the reference interpreter's, or cycles unlike the timing-only run's).
         stage: the stage the mutant reached (one of :data:`STAGES`); for ``ok``, the last one run.
         error_type: the exception's module-qualified class name, if any.
-        message: the first line of its message (at most 300 characters).
+        message: the first line of its message (at most 300 characters: its start and end).
         message_length: the length of that first line before cutting it.
         traceback: for a crash, the formatted traceback.
         where: for a crash, the innermost tpusim frame ``file:line (function)``: the root-cause key.
@@ -386,6 +386,11 @@ class Outcome:
         if self.status == "wrong":
             return "wrong " + ("outputs" if self.message.startswith("outputs") else "cycles")
         return f"{self.status} in {self.stage}"
+
+
+def _clip(line: str, limit: int = 300) -> str:
+    """``line``, or its start and end (where a device error says what failed) when longer than ``limit``."""
+    return line if len(line) <= limit else f"{line[: limit // 2 - 3]} ... {line[-(limit // 2 - 2) :]}"
 
 
 def _innermost_tpusim_frame(tb: Any) -> str:
@@ -462,7 +467,7 @@ class _Pipeline:
                 return self._crash(stage, fmt, began)
             first = text.split("\n", 1)[0]
             kind = f"{type(err).__module__}.{type(err).__qualname__}"
-            return Outcome("error", stage, kind, first[:300], len(first), seconds=time.perf_counter() - began)
+            return Outcome("error", stage, kind, _clip(first), len(first), seconds=time.perf_counter() - began)
         except (Exception, RecursionError, MemoryError) as err:
             return self._crash(stage, err, began)
 
@@ -496,7 +501,7 @@ class _Pipeline:
             "crash",
             stage,
             f"{type(err).__module__}.{type(err).__qualname__}",
-            first[:300],
+            _clip(first),
             len(first),
             "".join(traceback.format_exception(type(err), err, err.__traceback__)),
             _innermost_tpusim_frame(err.__traceback__),
