@@ -14,6 +14,8 @@ import random
 import pytest
 from mutation_fuzz import MUTATORS, STAGES, MutantRunner, load_sources, make_mutant, mutants
 
+from tpusim.errors import TpusimError
+
 SEED = 13
 COUNT = 200  # 15 to 35 s on two shared cores
 LONGEST_FIRST_LINE = 1000  # an error's first line: a location, then a message clipped to 400 characters
@@ -136,3 +138,43 @@ def test_elementwise_operand_types_the_reference_evaluates_stay_accepted(opcode,
     want = evaluate(module, inputs)[0]
     got = simulate(module, inputs, config="tpu_v5e").outputs[0]
     assert np.array_equal(np.ascontiguousarray(got).view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+
+
+REDUCER_OF_ANOTHER_PRECISION = """HloModule m
+region {
+  a = f32[] parameter(0)
+  b = f64[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[8,128] parameter(0)
+  z = f32[] constant(0)
+  ROOT r = f32[8] reduce(x, z), dimensions={1}, to_apply=region
+}
+"""
+
+
+@pytest.mark.xfail(
+    raises=TpusimError,
+    reason="not fixed yet (mixed precision is another change's): the verifier accepts a reducer whose parameters "
+    "have another float type than the reduce's operands (XLA's CompatibleIgnoringFpPrecision); the reference "
+    "interpreter refuses to call it (EvaluationError: argument 1 of computation region: expected element type "
+    "f64), so --reference fails and the device's numeric run fails in the fallback kernel while timing-only runs",
+)
+def test_reducer_of_another_float_precision_is_refused_or_runs():
+    # Found by the fuzzer with --check (mutants 200-144, 467, 554, 2300, 4619: one parameter of a reduce or
+    # reduce-window region retyped). Either the verifier refuses the module, located, or both agree.
+    import numpy as np
+
+    from tpusim.api import simulate
+    from tpusim.compiler.hlo import HloVerifyError, parse_module
+    from tpusim.compiler.hlo.reference import evaluate
+    from tpusim.compiler.hlo.reference.io import random_inputs
+
+    try:
+        module = parse_module(REDUCER_OF_ANOTHER_PRECISION)
+    except HloVerifyError:
+        return
+    inputs = random_inputs(module, 0)[0]
+    want = evaluate(module, inputs)[0]
+    assert np.array_equal(simulate(module, inputs, config="tpu_v5e").outputs[0], want)
