@@ -396,3 +396,20 @@ def test_operand_types_are_checked_at_load():
     for ins, message in bad:
         with pytest.raises(ExecutionError, match=r"instruction 0 `vpu\..*: " + message):
             Chip(TEACH).run(Program.single([ins]), timing_only=True)
+
+
+def test_an_op_of_broadcast_constants_fills_its_whole_result() -> None:
+    """subtract(b, b) of one broadcast constant: both sources become immediates and the VPU computes one value,
+    which must fill the whole result (it raised 'cannot reshape array of size 1' inside the device)."""
+    import tpusim
+
+    text = """
+HloModule imm
+ENTRY main {
+  c = bf16[] constant(1.5)
+  b = bf16[3,5,7] broadcast(c), dimensions={}
+  ROOT m = bf16[3,5,7] subtract(b, b)
+}
+"""
+    (out,) = tpusim.simulate(text, []).outputs
+    assert out.shape == (3, 5, 7) and not np.asarray(out, np.float32).any()

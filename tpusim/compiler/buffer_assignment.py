@@ -232,10 +232,22 @@ class _Planner:
         for p in entry.parameters:
             for key in self.leaves(entry.name, p):
                 self.kinds[key] = "parameter"
+        # Forwarding first (one value under several names), then the choices to overwrite a value in place,
+        # each made knowing every name its buffer's current value goes by (a loop body's root may forward
+        # the old state a dynamic-update-slice would otherwise update in place).
         for name in self.order:
             comp = self.module[name]
             for instr in comp.instructions:
                 self._alias(comp, instr)
+        for name in self.order:
+            comp = self.module[name]
+            for instr in comp.instructions:
+                if instr.opcode == "dynamic-update-slice":
+                    target = (name, instr.operands[0], ())
+                    if self._overwritable(name, target, self.position[(name, instr.name)]):
+                        self.uf.union(target, (name, instr.name, ()))
+                elif instr.opcode == "while":
+                    self._alias_loop_operand(comp, instr)
         for name in self.order:
             for instr in self.module[name].instructions:
                 if instr.opcode == "while":
@@ -328,10 +340,6 @@ class _Planner:
             self._union_same((c, instr.operands[0], ()), (c, instr.name, (1,)), comp[instr.operands[0]].shape)
         elif op == "copy-done":
             self._union_same((c, instr.operands[0], (0,)), (c, instr.name, ()), instr.shape)
-        elif op == "dynamic-update-slice":
-            target = (c, instr.operands[0], ())
-            if self._overwritable(c, target, self.position[(c, instr.name)]):
-                self.uf.union(target, (c, instr.name, ()))
 
     def _union_same(self, a: Key, b: Key, shape: AnyShape) -> None:
         """Share one buffer between every leaf of ``a`` and ``b`` (both of ``shape``) that has one layout."""
@@ -343,12 +351,16 @@ class _Planner:
     def _alias_while(self, comp: Computation, instr: Instruction) -> None:
         c = comp.name
         cond, body = self.module[instr.attr("condition")], self.module[instr.attr("body")]
-        here = self.position[(c, instr.name)]
         for path, _ in leaf_paths(instr.shape):
             state = (c, instr.name, path)
             self.loop_state.add(state)
             for sub in (cond, body):
                 self.uf.union(state, (sub.name, sub.parameters[0].name, path))
+
+    def _alias_loop_operand(self, comp: Computation, instr: Instruction) -> None:
+        """The loop operand's leaves share the state's buffers when the loop is their last use."""
+        c = comp.name
+        here = self.position[(c, instr.name)]
         for path, _ in leaf_paths(instr.shape):
             state = (c, instr.name, path)
             operand = (c, instr.operands[0], path)
@@ -372,10 +384,13 @@ class _Planner:
                 self.copy_back.add((body.name, path))
                 continue
             at = self.position[(body.name, producer)]
-            # An elementwise producer may read the old state where it writes the new one (XLA's
-            # CanShareOperandBufferWithUser); anything else must find the old state dead before it runs.
-            reads = self._reads_state_elementwise(body, producer, state_key)
-            if self._overwritable(body.name, state_key, at if reads else at - 1):
+            # The new state's buffer is first written by the earliest member of the producer's class (the
+            # operand a dynamic-update-slice updates in place is written before the update is): the old
+            # state must be dead by then. An elementwise producer that is that first writer may read the
+            # old state where it writes the new one (XLA's CanShareOperandBufferWithUser).
+            first = min(self.position[(m[0], m[1])] for m in self._members((body.name, producer, ())))
+            reads = first == at and self._reads_state_elementwise(body, producer, state_key)
+            if self._overwritable(body.name, state_key, first if reads else first - 1):
                 self.uf.union(state, (body.name, producer, ()))
             else:
                 self.copy_back.add((body.name, path))

@@ -89,7 +89,10 @@ def _read(a: Access) -> np.ndarray:
 def _write(a: Access, value: np.ndarray) -> None:
     et = a.shape.element_type
     assert et.dtype is not None
-    write_value(a.store, a.address, a.shape, a.offsets, a.sizes, np.ascontiguousarray(value, et.dtype).reshape(a.dims))
+    value = np.asarray(value, et.dtype)
+    if value.ndim == 0:  # every source an immediate (broadcast scalars): one value for the whole window
+        value = np.broadcast_to(value, a.dims)
+    write_value(a.store, a.address, a.shape, a.offsets, a.sizes, np.ascontiguousarray(value).reshape(a.dims))
 
 
 def _dtype(ref: MemRef) -> np.dtype:
