@@ -178,3 +178,47 @@ def test_reducer_of_another_float_precision_is_refused_or_runs():
     inputs = random_inputs(module, 0)[0]
     want = evaluate(module, inputs)[0]
     assert np.array_equal(simulate(module, inputs, config="tpu_v5e").outputs[0], want)
+
+
+_SUM = "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n"
+SPLAT_CONSTANT_OPERANDS = {  # use: (the constant, the instructions using d = f32[1024,1536] broadcast(c))
+    "transpose": ("2.3", "ROOT t = f32[1536,1024] transpose(d), dimensions={1,0}"),
+    "reshape": ("2.3", "ROOT t = f32[1024,12,128] reshape(d)"),
+    "reduce-precision": ("2.3", "ROOT t = f32[1024,1536] reduce-precision(d), exponent_bits=5, mantissa_bits=2"),
+    "concatenate": (
+        "2.3",
+        "p = f32[1024,64] parameter(0)\n  ROOT t = f32[1024,1600] concatenate(d, p), dimensions={1}",
+    ),
+    "pad": ("2.3", "z = f32[] constant(0)\n  ROOT t = f32[1030,1540] pad(d, z), padding=3_3x2_2"),
+    # (sums of 2s are exact in any order)
+    "reduce-all": ("2", "z = f32[] constant(0)\n  ROOT r = f32[] reduce(d, z), dimensions={0,1}, to_apply=add"),
+    "reduce-rows": ("2", "z = f32[] constant(0)\n  ROOT r = f32[1024] reduce(d, z), dimensions={1}, to_apply=add"),
+}
+
+
+@pytest.mark.parametrize("use", list(SPLAT_CONSTANT_OPERANDS))
+def test_ops_of_a_broadcast_constant_work_block_by_block(use):
+    # Found by the fuzzer (mutant 100-4263: the train step's batch resized to 0 made a dot of an empty
+    # contraction, i.e. a broadcast zero, feeding a transpose): a fused op whose operand is a broadcast
+    # constant got a VMEM copy of the whole operand instead of the block being emitted. A transpose, reshape,
+    # reduce-precision or concatenate then stopped at an IsaError (transposing (256, 784) gives (784, 256),
+    # not (512, 256)), and a reduce of all elements summed the whole array once per block: 4,194,304 for
+    # 1024 x 1024 ones, a silently wrong answer.
+    import numpy as np
+
+    from tpusim.api import simulate
+    from tpusim.compiler.hlo import parse_module
+    from tpusim.compiler.hlo.reference import evaluate
+    from tpusim.compiler.hlo.reference.io import random_inputs
+
+    constant, root = SPLAT_CONSTANT_OPERANDS[use]
+    text = (
+        f"HloModule m\n{_SUM}ENTRY main {{\n  c = f32[] constant({constant})\n"
+        f"  d = f32[1024,1536] broadcast(c), dimensions={{}}\n  {root}\n}}\n"
+    )
+    module = parse_module(text)
+    inputs = random_inputs(module, 0)[0]
+    want = evaluate(module, inputs)[0]
+    numeric = simulate(module, inputs, config="tpu_v5e")
+    assert np.array_equal(numeric.outputs[0], want)
+    assert simulate(module, inputs, config="tpu_v5e", timing_only=True).cycles == numeric.cycles

@@ -98,6 +98,7 @@ class _Emitter:
     sems: tuple[int, int, int, int] | None = None  # (in, in, out, out); None: taken from the context
     index: int = 0  # the block being emitted
     last: bool = True  # it is the last block
+    at: tuple[int, int] = (0, 0)  # its (start, size)
 
     def __post_init__(self) -> None:
         self.inlined = self._chains()
@@ -246,6 +247,7 @@ class _Emitter:
 
     def _compute_block(self, buffers: dict[str, MemRef], start: int, size: int) -> dict[str, Operand]:
         values: dict[str, Operand] = {}
+        self.at = (start, size)
         for name in self.plan.order:
             instr = self.comp[name]
             const = self._constant_scalar(name)
@@ -295,11 +297,14 @@ class _Emitter:
         )
         self.ctx.emit(VpuFused, dst=dst, srcs=tuple(values[n] for n in leaves), ops=ops)
 
-    def operand_ref(self, value: Operand, like: Shape) -> MemRef:
-        """A VMEM block for an operand that is a splatted constant (ops other than VpuMap need memory)."""
+    def operand_ref(self, value: Operand, operand: str) -> MemRef:
+        """A VMEM block for ``operand`` when its value is a splatted constant (ops other than VpuMap need
+        memory): the operand's block in the block being emitted, not the whole array (a transpose of a
+        broadcast constant filled all 256x784 and met a 512x256 block of its result)."""
         if isinstance(value, MemRef):
             return value
-        ref = self.ctx.vmem(Shape(like.element_type, like.dimensions, layout=like.layout))
+        like, _ = block_shape(self.comp[operand].array_shape, self.plan.needs[operand], *self.at)
+        ref = self.ctx.vmem(like)
         self.ctx.emit(VpuBroadcast, dst=ref, src=value, dims=())
         return ref
 
@@ -334,12 +339,12 @@ def _emit_broadcast(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Op
 
 
 def _emit_transpose(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
-    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    src = em.operand_ref(srcs[0], instr.operands[0])
     em.ctx.emit(XluTranspose, dst=dst, src=src, permutation=tuple(instr.attr("dimensions")))
 
 
 def _emit_reshape(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
-    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    src = em.operand_ref(srcs[0], instr.operands[0])
     if src.dims == dst.dims:
         em.ctx.emit(VpuCopy, dst=dst, src=src)
     else:
@@ -360,7 +365,7 @@ def _sub(ref: MemRef, offsets: tuple[int | Reg, ...], sizes: tuple[int, ...], cl
 
 
 def _emit_slice(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
-    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    src = em.operand_ref(srcs[0], instr.operands[0])
     tiled = em.plan.needs[instr.name][0]
     offsets = tuple(0 if d == tiled else s.start for d, s in enumerate(instr.attr("slice")))
     if any(s.stride != 1 for d, s in enumerate(instr.attr("slice")) if d != tiled):
@@ -372,7 +377,7 @@ def _emit_concatenate(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[
     axis = instr.attr("dimensions")[0]
     at = 0
     for operand, value in zip(instr.operands, srcs):
-        src = em.operand_ref(value, em.comp[operand].array_shape)
+        src = em.operand_ref(value, operand)
         offsets = tuple(at if d == axis else 0 for d in range(len(dst.dims)))
         em.ctx.emit(VpuCopy, dst=_sub(dst, offsets, src.dims), src=src)
         at += src.dims[axis]
@@ -383,7 +388,7 @@ def _emit_pad(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand]
     if any(p.interior for p in pads):
         raise NotLowerable("interior padding")
     em.ctx.emit(VpuBroadcast, dst=dst, src=srcs[1], dims=())
-    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    src = em.operand_ref(srcs[0], instr.operands[0])
     src_off, dst_off, sizes = [], [], []
     for p, n in zip(pads, src.dims):
         lo = max(0, -p.low)
@@ -410,14 +415,14 @@ def _emit_reduce(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Opera
     fn = combiner(em.ctx, instr.attr("to_apply"))
     if fn is None:
         raise NotLowerable("a reduce whose combiner is not a single add/multiply/maximum/minimum/and/or/xor")
-    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    src = em.operand_ref(srcs[0], instr.operands[0])
     accumulate = em.plan.accumulate == instr.name and em.index > 0  # later blocks add to the first's result
     em.ctx.emit(VpuReduce, fn=fn, dst=dst, src=src, dims=tuple(instr.attr("dimensions")), accumulate=accumulate)
     init = srcs[1]
     if accumulate or (isinstance(init, Const) and _is_identity(fn, init)):
         return
     if isinstance(init, MemRef):
-        init = em.operand_ref(init, em.comp[instr.operands[1]].array_shape)
+        init = em.operand_ref(init, instr.operands[1])
         full = em.ctx.vmem(Shape(dst.element_type, dst.dims, layout=dst.shape.layout))
         em.ctx.emit(VpuBroadcast, dst=full, src=init, dims=())
         init = full
@@ -425,7 +430,7 @@ def _emit_reduce(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Opera
 
 
 def _emit_dynamic_slice(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
-    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    src = em.operand_ref(srcs[0], instr.operands[0])
     offsets: list[int | Reg] = []
     for operand, value in zip(instr.operands[1:], srcs[1:]):
         if isinstance(value, Const):

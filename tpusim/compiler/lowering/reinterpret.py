@@ -132,7 +132,7 @@ def emit_reduce_precision(em: Any, instr: Instruction, dst: MemRef, srcs: list[O
     if et.name not in _FORMATS:
         raise NotLowerable(f"reduce-precision of {et} on the VPU (f32, bf16 and f16 are rounded as integers)")
     e, m = int(instr.attr("exponent_bits")), int(instr.attr("mantissa_bits"))
-    src = em.operand_ref(srcs[0], em.comp[instr.operands[0]].array_shape)
+    src = em.operand_ref(srcs[0], instr.operands[0])
     src_exp, src_mant, ut_name = _FORMATS[et.name]
     ut = element_type(ut_name)
     if m >= src_mant and e >= src_exp:
