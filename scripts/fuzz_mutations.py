@@ -29,8 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from mutation_fuzz import MUTATORS, STAGES, MutantRunner, Outcome, load_sources, make_mutant
 
-INTERNAL = {"IsaError", "ExecutionError", "DeadlockError", "MemoryAccessError", "ProgramVerifyError", "PackError"}
-
 
 def _slug(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("_")[:120]
@@ -183,7 +181,7 @@ def _summary(
     internal: dict[str, list[int]] = defaultdict(list)
     for i, _, _, o in results:
         kind = o.error_type.rsplit(".", 1)[-1]
-        if o.status == "error" and o.stage in ("compile", "simulate", "check") and kind in INTERNAL:
+        if o.is_internal:
             message = re.sub(r"[0-9]+", "N", re.sub(r"`[^`]*`", "`...`", o.message))
             internal[f"{o.stage} {kind}: {message[:120]}"].append(i)
     if internal:

@@ -40,6 +40,9 @@ CONFIG = "tpu_v5e"
 OVERRIDES = ("hbm.bytes=33554432",)
 MEMORY_CAP = 3 << 30  # bytes of address space a worker may add to what it has when it starts
 STAGES = ("read", "parse", "verify", "print", "compile", "simulate", "check")
+INTERNAL_ERRORS = frozenset(
+    {"IsaError", "ExecutionError", "DeadlockError", "MemoryAccessError", "ProgramVerifyError", "PackError"}
+)
 # Run limits of each simulation: the examples execute at most 1,600 instructions, and a mutant cannot add
 # loops of its own (the examples have none), so this only bounds a mutant's cost.
 RUN_LIMITS = {"max_steps": 500_000}
@@ -373,6 +376,17 @@ class Outcome:
     where: str = ""
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_internal(self) -> bool:
+        """A TpusimError of the compiler's or the device model's own checks once the HLO verifier accepted the
+        module: located, but about tpusim's internals, not the user's program (an unlowerable fused op's
+        IsaError was a wrong answer elsewhere)."""
+        return (
+            self.status == "error"
+            and self.stage in ("compile", "simulate", "check")
+            and (self.error_type.rsplit(".", 1)[-1] in INTERNAL_ERRORS)
+        )
 
     @property
     def is_finding(self) -> bool:
