@@ -163,21 +163,26 @@ class _Emitter:
     def run(self) -> None:
         ctx = self.ctx
         nblocks = -(-self.plan.extent // self.block)
+        # Megacore: the output blocks are independent, each core computes a contiguous share of them (an
+        # accumulating reduction keeps all its blocks on one core).
+        mine = list(range(nblocks) if self.plan.accumulate is not None else ctx.split(nblocks))
+        if not mine:
+            return
         sets, single = self.allocate()
         sems = self.sems or (ctx.semaphore(), ctx.semaphore(), ctx.semaphore(), ctx.semaphore())
         sem_in, sem_out = list(sems[:2]), list(sems[2:])
         self._hoist(single)
         pending_out = [0, 0]
-        issued = [self._issue_inputs(0, sets[0], single, sem_in[0])]
-        for k in range(nblocks):
-            if k + 1 < nblocks:
-                issued.append(self._issue_inputs(k + 1, sets[(k + 1) % 2], single, sem_in[(k + 1) % 2]))
-            if issued[k]:
-                ctx.emit(SemWait, sem=sem_in[k % 2], count=issued[k])
-            if pending_out[k % 2]:
-                ctx.emit(SemWait, sem=sem_out[k % 2], count=pending_out[k % 2])
-                pending_out[k % 2] = 0
-            buffers = {**single, **sets[k % 2]}
+        issued = [self._issue_inputs(mine[0], sets[0], single, sem_in[0])]
+        for i, k in enumerate(mine):
+            if i + 1 < len(mine):
+                issued.append(self._issue_inputs(mine[i + 1], sets[(i + 1) % 2], single, sem_in[(i + 1) % 2]))
+            if issued[i]:
+                ctx.emit(SemWait, sem=sem_in[i % 2], count=issued[i])
+            if pending_out[i % 2]:
+                ctx.emit(SemWait, sem=sem_out[i % 2], count=pending_out[i % 2])
+                pending_out[i % 2] = 0
+            buffers = {**single, **sets[i % 2]}
             start, size = k * self.block, min(self.block, self.plan.extent - k * self.block)
             self.index, self.last = k, k == nblocks - 1
             values = self._compute_block(buffers, start, size)
@@ -188,8 +193,8 @@ class _Emitter:
                 if not isinstance(src, MemRef):
                     src = self._materialize(root, buffers, start, size, src)
                 dst = self._window(hbm, (self.plan.tiled, 0), start, size)
-                ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[k % 2])
-            pending_out[k % 2] += len(self.outputs)
+                ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[i % 2])
+            pending_out[i % 2] += len(self.outputs)
         for i in (0, 1):
             if pending_out[i]:
                 ctx.emit(SemWait, sem=sem_out[i], count=pending_out[i])
@@ -527,6 +532,9 @@ def _lower_plan(
         row_bytes = max(1, sum(comp[r].array_shape.byte_size for r, _ in outputs) // max(1, extent))
         target = _BLOCK_TARGET_BYTES
     block = min(extent, max(granule, min(extent, target // row_bytes) // granule * granule))
+    if ctx.share is not None and plan.accumulate is None:  # megacore: at least one block per core
+        per_core = -(-extent // ctx.share[1])
+        block = min(block, max(granule, -(-per_core // granule) * granule))
     scalars = _scalar_inputs(ctx, comp, plan, inputs)
     mark = ctx.checkpoint()
     while True:
