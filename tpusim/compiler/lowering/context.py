@@ -120,10 +120,14 @@ class Lowering:
         self.targets: tuple[int, ...] = (0,)
         self.share: tuple[int, int] | None = None
         self.claimed = False  # a rule took its share with split() during the current core's pass
+        self.split_items = 0  # what the last split() divided
+        self.spare_turn = 0  # rotates the cores' turns, so spare blocks go to each core in turn
+        self.lone_turn = 0  # the core that runs the next instruction that does not split
         # HBM byte ranges each core read and wrote since the last chip barrier (megacore only).
         self._reads: list[list[tuple[int, int]]] = [[] for _ in range(cores)]
         self._writes: list[list[tuple[int, int]]] = [[] for _ in range(cores)]
         self.barriers = 0
+        self._loops: list[tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]] = []
         # True while an instruction is lowered as one synchronised segment; False inside a control-flow
         # rule, whose own transfers (loop-state copies, predicate reads) synchronise one by one.
         self.in_segment = False
@@ -182,7 +186,11 @@ class Lowering:
             return range(items)
         self.claimed = True
         core, cores = self.share
-        return range(-(-core * items // cores), -(-(core + 1) * items // cores))  # a spare block to core 0
+        # Spare blocks (items not a multiple of the cores) go to the cores in turn from one split
+        # instruction to the next, so that one-block operations spread over the cores.
+        self.split_items = items
+        turn = (core + self.spare_turn) % cores  # the last turn takes the spare blocks
+        return range(turn * items // cores, (turn + 1) * items // cores)
 
     def checkpoint(self) -> Mark:
         """A mark :meth:`rollback` returns to when a lowering rule declines halfway: the streams, the
@@ -235,13 +243,11 @@ class Lowering:
             r, w = _hbm_accesses(b.instructions[at:])
             reads.append(r)
             writes.append(w)
-        conflict = any(
-            _overlaps(reads[c] + writes[c], self._writes[d]) or _overlaps(writes[c], self._reads[d])
-            for c in range(self.cores)
-            for d in range(self.cores)
-            if c != d
-        )
-        if conflict:
+        for loop_reads, loop_writes in self._loops:  # what every enclosing loop touches, for its back edge
+            for c in range(self.cores):
+                loop_reads[c].extend(reads[c])
+                loop_writes[c].extend(writes[c])
+        if _conflict(reads, writes, self._reads, self._writes):
             for b, at in zip(self.streams, start):
                 b.instructions.insert(at, Barrier(control=True, hlo=self.hlo))
                 b.labels[:] = [(name, i + 1 if i > at else i) for name, i in b.labels]
@@ -262,6 +268,31 @@ class Lowering:
         yield
         self.synchronise(start)
 
+    @contextmanager
+    def loop_body(self) -> Iterator[list[tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]]]:
+        """Collect the HBM accesses of every segment synchronised inside the block (a loop's condition and
+        body) into the one-element list it yields."""
+        acc: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]] = (
+            [[] for _ in range(self.cores)],
+            [[] for _ in range(self.cores)],
+        )
+        self._loops.append(acc)
+        try:
+            yield [acc]
+        finally:
+            self._loops.remove(acc)
+
+    def back_edge(self, loop: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]) -> bool:
+        """At a loop's back edge: a barrier (True) when what the cores touched since the last one conflicts
+        with anything the loop touches (the next iteration's segments were synchronised without it).
+        Without one, the loop's exit carries what is outstanding here too."""
+        if self.cores == 1:
+            return False
+        if _conflict(loop[0], loop[1], self._reads, self._writes):
+            self.flush()
+            return True
+        return False
+
     def flush(self) -> None:
         """A chip barrier in every core's stream if any core touched HBM since the last one (where control
         flow joins: a loop's back edge, the end of a branch)."""
@@ -280,8 +311,10 @@ class Lowering:
         """What :meth:`synchronise` knows now (to restore where control flow joins)."""
         return [list(r) for r in self._reads], [list(w) for w in self._writes]
 
-    def restore(self, state: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]) -> None:
-        self._reads, self._writes = [list(r) for r in state[0]], [list(w) for w in state[1]]
+    def restore(self, *states: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]) -> None:
+        """Make the outstanding accesses those of ``states`` (several: where control flow joins, any of them)."""
+        self._reads = [list(dict.fromkeys(r for s in states for r in s[0][c])) for c in range(self.cores)]
+        self._writes = [list(dict.fromkeys(w for s in states for w in s[1][c])) for c in range(self.cores)]
 
     def release_semaphore(self, sem: int) -> None:
         """Give back a semaphore before the instruction ends (its waits have all been emitted)."""
@@ -573,6 +606,23 @@ def _hbm_accesses(instructions: Sequence[Any]) -> tuple[list[tuple[int, int]], l
             reads.extend(_extent(r) for r in ins.inputs if r.space is Space.HBM)
             writes.extend(_extent(r) for r in ins.outputs if r.space is Space.HBM)
     return list(dict.fromkeys(reads)), list(dict.fromkeys(writes))
+
+
+def _conflict(
+    reads: list[list[tuple[int, int]]],
+    writes: list[list[tuple[int, int]]],
+    done_reads: list[list[tuple[int, int]]],
+    done_writes: list[list[tuple[int, int]]],
+) -> bool:
+    """Core c's new accesses meet what another core d did: c reads or writes what d wrote, or writes what d
+    read."""
+    cores = len(reads)
+    return any(
+        _overlaps(reads[c] + writes[c], done_writes[d]) or _overlaps(writes[c], done_reads[d])
+        for c in range(cores)
+        for d in range(cores)
+        if c != d
+    )
 
 
 def _overlaps(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:

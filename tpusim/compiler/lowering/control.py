@@ -137,15 +137,33 @@ def lower_while(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
         ],
     )
     top, done = ctx.label(f"{instr.name}.cond"), ctx.label(f"{instr.name}.exit")
+    # Megacore: a barrier before the loop when the cores have accesses outstanding, so none of the loop's
+    # own barriers is there for what came before it; the loop's segments are synchronised from that clean
+    # state, and the back edge adds a barrier only when what is outstanding at the end of the body
+    # conflicts with something the loop touches.
+    ctx.flush()
     ctx.place_label(top)
-    # Megacore: the cores' HBM accesses are synchronised as if the loop were entered from here; the back
-    # edge arrives with none outstanding (a barrier at the end of the body), so that holds every time.
-    lower_computation(ctx, cond)
-    flag = read_scalar(ctx, ctx.hbm(cond, ctx.module[cond].root))
-    ctx.emit(Branch, cond="eq", a=flag, b=0, target=done, control=True)
-    ctx.release_register(flag)
-    leaving = ctx.accesses()
+    with ctx.loop_body() as touched:
+        lower_computation(ctx, cond)
+        flag = read_scalar(ctx, ctx.hbm(cond, ctx.module[cond].root))
+        ctx.emit(Branch, cond="eq", a=flag, b=0, target=done, control=True)
+        ctx.release_register(flag)
+        leaving = ctx.accesses()
+        _lower_body(ctx, comp, instr, body)
+    ending = ctx.accesses()
+    barrier = ctx.back_edge(touched[0])
+    ctx.emit(Jump, target=top, control=True)
+    ctx.place_label(done)
+    if barrier:
+        ctx.restore(leaving)
+    else:  # the exit is reached after the first condition or after a later one, from the body's end
+        ctx.restore(leaving, ending)
+
+
+def _lower_body(ctx: Lowering, comp: Computation, instr: Instruction, body: str) -> None:
+    """The loop body, then the copies back of the loop state buffer assignment could not put in place."""
     lower_computation(ctx, body)
+    carries = ctx.control_slice.carries
     root = ctx.module[body].root
     copy_arrays(
         ctx,
@@ -155,10 +173,6 @@ def lower_while(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
             if (body, path) in ctx.buffers.copy_back
         ],
     )
-    ctx.flush()
-    ctx.emit(Jump, target=top, control=True)
-    ctx.place_label(done)
-    ctx.restore(leaving)
 
 
 @lowering("conditional")
@@ -189,14 +203,16 @@ def lower_conditional(ctx: Lowering, comp: Computation, instr: Instruction) -> N
         ctx.emit(Branch, cond="eq", a=selector, b=i, target=target, control=True)
     ctx.emit(Jump, target=targets[-1], control=True)
     entering = ctx.accesses()
+    ends = []
     for branch, target in zip(branches, targets):
         ctx.place_label(target)
         ctx.restore(entering)
         lower_computation(ctx, branch)
         copy_arrays(ctx, _result_copies(ctx, branch, comp, instr))
-        ctx.flush()  # megacore: the branches join with nothing outstanding
+        ends.append(ctx.accesses())
         ctx.emit(Jump, target=end, control=True)
     ctx.place_label(end)
+    ctx.restore(*ends)  # megacore: after the join, what any branch left outstanding
 
 
 @lowering("call")

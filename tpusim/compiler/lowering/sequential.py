@@ -26,6 +26,13 @@ __all__ = ["CONTROL_FLOW", "lower_computation", "lower_instruction"]
 CONTROL_FLOW = frozenset({"while", "conditional", "call"})
 """Opcodes whose rules run on every core and synchronise the cores themselves."""
 
+SERIAL = frozenset(
+    {"copy-start", "copy-done", "async-start", "async-update", "async-done", "infeed", "outfeed", "send",
+     "send-done", "recv", "recv-done", "rng-get-and-update-state", "custom-call", "rng", "rng-bit-generator"}
+)  # fmt: skip
+"""Opcodes that stay on core 0 when they do not split: their rules keep state from one instruction to the
+next (an async copy's semaphore) or their fallbacks talk to the host in program order."""
+
 
 def lower_computation(ctx: Lowering, name: str) -> None:
     """Append the code of computation ``name`` (entry, loop body, branch ...) to the stream."""
@@ -57,7 +64,7 @@ def lower_instruction(ctx: Lowering, comp: Computation, instr: Instruction) -> N
                 with ctx.on(ctx.all_cores):
                     _lower(ctx, comp, instr, rule)
             else:
-                _lower_split(ctx, comp, instr, rule)
+                _lower_split(ctx, comp, instr, rule, lone=not smem and instr.opcode not in SERIAL)
                 if smem:  # core 0 computed SMEM words the others need too: push them to their SMEM
                     words = [ctx.hbm(comp.name, instr.name, path) for path in smem]
                     _share_smem(ctx, _written(ctx.stream.instructions[start[0] :], words))
@@ -85,16 +92,28 @@ def _lower(ctx: Lowering, comp: Computation, instr: Instruction, rule: LowerFn |
     return True
 
 
-def _lower_split(ctx: Lowering, comp: Computation, instr: Instruction, rule: LowerFn | None) -> None:
+def _lower_split(ctx: Lowering, comp: Computation, instr: Instruction, rule: LowerFn | None, lone: bool) -> None:
     """Core 0 emits the instruction; when its rule took a share of the work (:meth:`Lowering.split`), every
-    other core emits its own share the same way, in its own VMEM, semaphores and registers."""
+    other core emits its own share the same way, in its own VMEM, semaphores and registers. An instruction
+    that does not split runs on one core: with ``lone``, the cores take such instructions in turn (so that
+    independent ones run side by side), else core 0."""
     mark = ctx.checkpoint()
     ctx.claimed = False
     try:
         with ctx.on((0,)):
             ctx.share = (0, ctx.cores)
-            if not _lower(ctx, comp, instr, rule) or not ctx.claimed or rule is None:
+            lowered = _lower(ctx, comp, instr, rule)
+            if not lowered or not ctx.claimed or rule is None:
+                core = ctx.lone_turn if lone else 0
+                if core:  # emit it again, whole, on that core
+                    ctx.rollback(mark)
+                    ctx.share = None
+                    with ctx.on((core,)):
+                        _lower(ctx, comp, instr, rule)
+                if lone:
+                    ctx.lone_turn = (ctx.lone_turn + 1) % ctx.cores
                 return
+            spare = ctx.split_items % ctx.cores
             for core in range(1, ctx.cores):
                 ctx.release_since(mark)
                 with ctx.on((core,)):
@@ -107,6 +126,8 @@ def _lower_split(ctx: Lowering, comp: Computation, instr: Instruction, rule: Low
                         with ctx.on((0,)):
                             lower_fallback(ctx, comp, instr, str(why))
                         return
+            if spare:  # the next split instruction's spare blocks go to the next core
+                ctx.spare_turn = (ctx.spare_turn + 1) % ctx.cores
     finally:
         ctx.share = None
         ctx.claimed = False
