@@ -33,6 +33,9 @@ MEGACORE_CASES = [
     "example_attention_f32",
     "example_train_step_f32",
     "example_convnet_f32",
+    "conv_strided_bf16",
+    "convnet_train_step_f32",
+    "pooling_windows",
     "matmul_f32_awkward_3x5x7",
     "matmul_int8_to_s32",
     "batched_einsum_bf16",
@@ -151,3 +154,90 @@ def test_scalar_results_reach_every_core() -> None:
     run.assert_ok("mixed SMEM/HBM results on tpu_v5p")
     streams = run.result.compiled.program.streams
     assert any(isinstance(i, DmaStart) and i.dst_core == 1 for i in streams[0].instructions)
+
+
+NESTED = """HloModule nested
+
+negate_it {
+  a = f32[256,128] parameter(0)
+  ROOT n = f32[256,128] negate(a)
+}
+
+keep_it {
+  a = f32[256,128] parameter(0)
+  h = f32[] constant(0.5)
+  hb = f32[256,128] broadcast(h), dimensions={}
+  ROOT m = f32[256,128] multiply(a, hb)
+}
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+inner_body {
+  p = (s32[], f32[256,128], f32[128,128]) parameter(0)
+  j = s32[] get-tuple-element(p), index=0
+  x = f32[256,128] get-tuple-element(p), index=1
+  w = f32[128,128] get-tuple-element(p), index=2
+  one = s32[] constant(1)
+  j1 = s32[] add(j, one)
+  d = f32[256,128] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  t = f32[256,128] tanh(d)
+  ROOT r = (s32[], f32[256,128], f32[128,128]) tuple(j1, t, w)
+}
+inner_cond {
+  p = (s32[], f32[256,128], f32[128,128]) parameter(0)
+  j = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(2)
+  ROOT lt = pred[] compare(j, n), direction=LT
+}
+outer_body {
+  p = (s32[], f32[256,128], f32[128,128]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[256,128] get-tuple-element(p), index=1
+  w = f32[128,128] get-tuple-element(p), index=2
+  zero = s32[] constant(0)
+  init = (s32[], f32[256,128], f32[128,128]) tuple(zero, x, w)
+  l = (s32[], f32[256,128], f32[128,128]) while(init), condition=inner_cond, body=inner_body
+  y = f32[256,128] get-tuple-element(l), index=1
+  yt = f32[128,256] transpose(y), dimensions={1,0}
+  zf = f32[] constant(0)
+  s = f32[128] reduce(yt, zf), dimensions={1}, to_apply=add_f32
+  sb = f32[128,128] broadcast(s), dimensions={0}
+  eps = f32[] constant(0.001)
+  eb = f32[128,128] broadcast(eps), dimensions={}
+  se = f32[128,128] multiply(sb, eb)
+  w1 = f32[128,128] add(w, se)
+  wt = f32[128,128] transpose(w1), dimensions={1,0}
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  c = pred[] compare(i, one), direction=EQ
+  y2 = f32[256,128] conditional(c, y, x), true_computation=negate_it, false_computation=keep_it
+  ROOT r = (s32[], f32[256,128], f32[128,128]) tuple(i1, y2, wt)
+}
+outer_cond {
+  p = (s32[], f32[256,128], f32[128,128]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(3)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+ENTRY main {
+  x = f32[256,128] parameter(0)
+  w = f32[128,128] parameter(1)
+  zero = s32[] constant(0)
+  init = (s32[], f32[256,128], f32[128,128]) tuple(zero, x, w)
+  l = (s32[], f32[256,128], f32[128,128]) while(init), condition=outer_cond, body=outer_body
+  ROOT out = f32[256,128] get-tuple-element(l), index=1
+}"""
+
+
+@pytest.mark.parametrize("config", ["tpu_v5p", "tpu_v4"])
+def test_nested_loops_and_branches(config: str) -> None:
+    """Split dots, elementwise ops and row reductions in a loop inside a loop, a conditional, transposes on
+    one core: right on both cores (f32 at HIGHEST precision, so the reference's bound is tight)."""
+    module = parse_module(NESTED)
+    inputs = random_inputs(module, 5)[0]
+    run = run_checked(module, inputs, config=config, options=CompileOptions(matmul_precision="highest"))
+    run.assert_ok(f"nested loops on {config}")
+    assert len(run.result.compiled.program.streams) == 2

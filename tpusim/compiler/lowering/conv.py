@@ -263,6 +263,11 @@ class _ConvEmitter:
             for f0 in range(0, chunk.co, fc)
             for b in range(len(blocks))
         ]
+        # Megacore: every job writes its own output window (a block of positions, a range of features), so
+        # each core takes a contiguous share of them.
+        jobs = [jobs[i] for i in ctx.split(len(jobs))]
+        if not jobs:
+            return
         cin_max = max(c.cin for c in conv.chunks)
         ci_max = max(c.ci for c in conv.chunks)
         f_max = min(fc, max(c.co for c in conv.chunks))
