@@ -181,8 +181,11 @@ class Lowering:
     def split(self, items: int) -> range:
         """The part of ``items`` independent pieces of work (blocks) the core being emitted takes: all of
         them without megacore, a contiguous share of them while :attr:`share` is set. A rule that calls it
-        splits its work; the other cores then emit their shares with the same rule."""
-        if self.share is None:
+        splits its work; the other cores then emit their shares with the same rule, so every decision a
+        rule makes before or after must be the same whatever the share (VMEM plans, blockings)."""
+        if self.share is None or items < self.share[1]:
+            # Fewer pieces than cores: no share would be empty, the whole on one core. (An empty share would
+            # let its core's pass fit VMEM trivially, and the cores could then plan different blockings.)
             return range(items)
         self.claimed = True
         core, cores = self.share
