@@ -313,3 +313,29 @@ def test_full_sum_splits_across_cores() -> None:
     streams = both.compiled.program.streams
     assert all(any(isinstance(i, Barrier) for i in s.instructions) for s in streams)
     assert both.cycles < 0.85 * one.cycles
+
+
+def test_cores_that_plan_differently_run_the_instruction_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the cores' passes split different numbers of pieces (a VMEM plan that fits one share and not
+    another), their shares would not tile the work: the instruction then runs whole on one core."""
+    from tpusim.compiler.lowering.context import Lowering
+
+    split = Lowering.split
+
+    def skewed(self: Lowering, items: int) -> range:
+        got = split(self, items)
+        if self.share is not None and self.share[0] == 1:
+            self.split_log.append(-1)  # core 1 planned something core 0 did not
+        return got
+
+    monkeypatch.setattr(Lowering, "split", skewed)
+    text = """HloModule one
+ENTRY main {
+  x = f32[256,128] parameter(0)
+  ROOT t = f32[256,128] tanh(x)
+}"""
+    module = parse_module(text)
+    run = run_checked(module, random_inputs(module, 1)[0], config="tpu_v5p")
+    run.assert_ok("a skewed split on tpu_v5p")
+    working = [s for s in run.result.compiled.program.streams if any(isinstance(i, DmaStart) for i in s.instructions)]
+    assert len(working) == 1

@@ -121,6 +121,7 @@ class Lowering:
         self.share: tuple[int, int] | None = None
         self.claimed = False  # a rule took its share with split() during the current core's pass
         self.split_items = 0  # what the last split() divided
+        self.split_log: list[int] = []  # what every split() of the current core's pass divided, in order
         self.spare_turn = 0  # rotates the cores' turns, so spare blocks go to each core in turn
         self.lone_turn = 0  # the core that runs the next instruction that does not split
         # HBM byte ranges each core read and wrote since the last chip barrier (megacore only).
@@ -192,6 +193,7 @@ class Lowering:
         # Spare blocks (items not a multiple of the cores) go to the cores in turn from one split
         # instruction to the next, so that one-block operations spread over the cores.
         self.split_items = items
+        self.split_log.append(items)
         turn = (core + self.spare_turn) % cores  # the last turn takes the spare blocks
         return range(turn * items // cores, (turn + 1) * items // cores)
 

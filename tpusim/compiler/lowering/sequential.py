@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.compiler.lowering.context import Lowering
+from tpusim.compiler.lowering.context import Lowering, Mark
 from tpusim.compiler.lowering.fallback import lower_fallback
 from tpusim.compiler.lowering.registry import NO_CODE, LowerFn, NotLowerable, rule_for
 from tpusim.compiler.verify import accesses
@@ -99,38 +99,50 @@ def _lower_split(ctx: Lowering, comp: Computation, instr: Instruction, rule: Low
     independent ones run side by side), else core 0."""
     mark = ctx.checkpoint()
     ctx.claimed = False
+    ctx.split_log = []
     try:
         with ctx.on((0,)):
             ctx.share = (0, ctx.cores)
             lowered = _lower(ctx, comp, instr, rule)
             if not lowered or not ctx.claimed or rule is None:
-                core = ctx.lone_turn if lone else 0
-                if core:  # emit it again, whole, on that core
-                    ctx.rollback(mark)
-                    ctx.share = None
-                    with ctx.on((core,)):
-                        _lower(ctx, comp, instr, rule)
-                if lone:
+                if lone and ctx.lone_turn:
+                    _lower_lone(ctx, comp, instr, rule, mark, lone)
+                elif lone:  # core 0's turn: what it emitted stands
                     ctx.lone_turn = (ctx.lone_turn + 1) % ctx.cores
                 return
-            spare = ctx.split_items % ctx.cores
+            spare, planned = ctx.split_items % ctx.cores, ctx.split_log
             for core in range(1, ctx.cores):
                 ctx.release_since(mark)
+                ctx.split_log = []
                 with ctx.on((core,)):
                     ctx.share = (core, ctx.cores)
                     try:
                         rule(ctx, comp, instr)
-                    except NotLowerable as why:  # core 0's share lowered, this one does not: all on core 0
-                        ctx.rollback(mark)
-                        ctx.share = None
-                        with ctx.on((0,)):
-                            lower_fallback(ctx, comp, instr, str(why))
-                        return
+                    except NotLowerable:
+                        ctx.split_log = []  # core 0's share lowered, this one does not: whole on one core
+                if ctx.split_log != planned:
+                    # The cores planned different blockings (a VMEM plan that fits one share and not
+                    # another): their shares would not tile the work. Whole, on one core.
+                    _lower_lone(ctx, comp, instr, rule, mark, lone)
+                    return
             if spare:  # the next split instruction's spare blocks go to the next core
                 ctx.spare_turn = (ctx.spare_turn + 1) % ctx.cores
     finally:
         ctx.share = None
         ctx.claimed = False
+
+
+def _lower_lone(
+    ctx: Lowering, comp: Computation, instr: Instruction, rule: LowerFn | None, mark: Mark, lone: bool
+) -> None:
+    """The whole instruction on one core (the next in turn with ``lone``, else core 0), unsplit."""
+    ctx.rollback(mark)
+    ctx.share = None
+    core = ctx.lone_turn if lone else 0
+    with ctx.on((core,)):
+        _lower(ctx, comp, instr, rule)
+    if lone:
+        ctx.lone_turn = (ctx.lone_turn + 1) % ctx.cores
 
 
 def _homes(ctx: Lowering, comp: Computation, instr: Instruction) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
