@@ -246,12 +246,12 @@ class Lowering:
         reads, writes = [], []
         for b, at in zip(self.streams, start):
             r, w = _hbm_accesses(b.instructions[at:])
-            reads.append(r)
-            writes.append(w)
+            reads.append(_merge(r))
+            writes.append(_merge(w))
         for loop_reads, loop_writes in self._loops:  # what every enclosing loop touches, for its back edge
             for c in range(self.cores):
-                loop_reads[c].extend(reads[c])
-                loop_writes[c].extend(writes[c])
+                loop_reads[c][:] = _merge(loop_reads[c] + reads[c])
+                loop_writes[c][:] = _merge(loop_writes[c] + writes[c])
         if _conflict(reads, writes, self._reads, self._writes):
             for b, at in zip(self.streams, start):
                 b.instructions.insert(at, Barrier(control=True, hlo=self.hlo))
@@ -260,8 +260,8 @@ class Lowering:
             self._reads, self._writes = reads, writes
         else:
             for c in range(self.cores):
-                self._reads[c] = list(dict.fromkeys(self._reads[c] + reads[c]))
-                self._writes[c] = list(dict.fromkeys(self._writes[c] + writes[c]))
+                self._reads[c] = _merge(self._reads[c] + reads[c])
+                self._writes[c] = _merge(self._writes[c] + writes[c])
 
     @contextmanager
     def segment(self) -> Iterator[None]:
@@ -299,8 +299,8 @@ class Lowering:
         return False
 
     def flush(self) -> None:
-        """A chip barrier in every core's stream if any core touched HBM since the last one (where control
-        flow joins: a loop's back edge, the end of a branch)."""
+        """A chip barrier in every core's stream if any core touched HBM since the last one (before a loop,
+        at a back edge that needs one)."""
         if self.cores == 1 or not any(self._reads + self._writes):
             return
         with self.on(self.all_cores):
@@ -318,8 +318,8 @@ class Lowering:
 
     def restore(self, *states: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]) -> None:
         """Make the outstanding accesses those of ``states`` (several: where control flow joins, any of them)."""
-        self._reads = [list(dict.fromkeys(r for s in states for r in s[0][c])) for c in range(self.cores)]
-        self._writes = [list(dict.fromkeys(w for s in states for w in s[1][c])) for c in range(self.cores)]
+        self._reads = [_merge([r for s in states for r in s[0][c]]) for c in range(self.cores)]
+        self._writes = [_merge([w for s in states for w in s[1][c]]) for c in range(self.cores)]
 
     def release_semaphore(self, sem: int) -> None:
         """Give back a semaphore before the instruction ends (its waits have all been emitted)."""
@@ -598,7 +598,7 @@ def _extent(ref: MemRef) -> tuple[int, int]:
 
 
 def _hbm_accesses(instructions: Sequence[Any]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """HBM byte ranges (whole arrays, also for windows) the instructions read and write."""
+    """HBM byte ranges (see :func:`_extent`) the instructions read and write."""
     reads: list[tuple[int, int]] = []
     writes: list[tuple[int, int]] = []
     for ins in instructions:
@@ -630,13 +630,31 @@ def _conflict(
     )
 
 
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The same bytes as sorted, disjoint, non-adjacent ranges."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
 def _overlaps(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    """Two lists of ranges share a byte (each sorted and disjoint, or merged here)."""
     if not a or not b:
         return False
-    for lo, hi in a:
-        for blo, bhi in b:
-            if lo < bhi and blo < hi:
-                return True
+    a, b = _merge(a), _merge(b)
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i][0] < b[j][1] and b[j][0] < a[i][1]:
+            return True
+        if a[i][1] <= b[j][1]:
+            i += 1
+        else:
+            j += 1
     return False
 
 
