@@ -3,10 +3,11 @@
 With megacore (:attr:`Lowering.cores` > 1) every instruction is emitted into the streams of the cores that
 run it: control flow (``while``, ``conditional``, ``call``) and instructions whose results live in SMEM (the
 scalar unit's loop counters and offsets) on every core, so that each core follows the same path through the
-program; a rule that splits its work (:meth:`Lowering.split`: dot and vector blocks) once per core, each
-core emitting its share with its own VMEM, semaphores and registers; everything else on core 0. After each
-instruction, :meth:`Lowering.synchronise` puts a chip barrier in front of it where it touches HBM bytes
-another core touched since the last barrier.
+program; a rule that splits its work (:meth:`Lowering.split`: dots, convolutions, vector blocks, full
+reductions) once per core, each core emitting its share with its own VMEM, semaphores and registers;
+everything else whole on one core, the cores taking turns (core 0 for what keeps state between instructions
+or talks to the host). After each instruction, :meth:`Lowering.synchronise` puts a chip barrier in front of
+it where it touches HBM bytes another core touched since the last barrier.
 """
 
 from __future__ import annotations
