@@ -112,6 +112,35 @@ ENTRY main {
   ROOT out = f32[8,128] get-tuple-element(w), index=1
 }""",
     ),
+    "v5p_megacore_loop": (
+        "tpu_v5p",
+        """HloModule megacore_loop
+body {
+  p = (s32[], bf16[256,128], bf16[128,128]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = bf16[256,128] get-tuple-element(p), index=1
+  w = bf16[128,128] get-tuple-element(p), index=2
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  d = bf16[256,128] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  t = bf16[256,128] tanh(d)
+  ROOT r = (s32[], bf16[256,128], bf16[128,128]) tuple(i1, t, w)
+}
+cond {
+  p = (s32[], bf16[256,128], bf16[128,128]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  n = s32[] constant(2)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+ENTRY main {
+  x = bf16[256,128] parameter(0)
+  w = bf16[128,128] parameter(1)
+  zero = s32[] constant(0)
+  init = (s32[], bf16[256,128], bf16[128,128]) tuple(zero, x, w)
+  l = (s32[], bf16[256,128], bf16[128,128]) while(init), condition=cond, body=body
+  ROOT out = bf16[256,128] get-tuple-element(l), index=1
+}""",
+    ),
     "teaching_sort_fallback": (
         "teaching",
         """HloModule sort_fallback

@@ -360,7 +360,7 @@ def test_cli_dry_run(spec_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     )
 
 
-@pytest.mark.parametrize("name", ["mxu_vs_hbm", "bf16_tiling", "vmem_vs_block"])
+@pytest.mark.parametrize("name", ["mxu_vs_hbm", "bf16_tiling", "vmem_vs_block", "megacore"])
 def test_shipped_specs_load(name: str) -> None:
     spec = load_spec(ROOT / "configs" / "sweeps" / f"{name}.yaml")
     assert len(spec.points) >= 6

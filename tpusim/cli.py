@@ -108,6 +108,8 @@ def _add_chip_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matmul-precision", default="default", choices=("default", "high", "highest"),
                    help="what DEFAULT precision means for f32 dots: 1, 3 or 6 bf16 passes")  # fmt: skip
     p.add_argument("--no-fuse", action="store_true", help="do not fuse elementwise operations")
+    p.add_argument("--no-megacore", action="store_true",
+                   help="run on one TensorCore of a two-core chip (v4, v5p), not split across both")  # fmt: skip
 
 
 def _configure_run(p: argparse.ArgumentParser) -> None:
@@ -143,7 +145,12 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
 def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from tpusim.compiler.lowering.context import CompileOptions
 
-    return CompileOptions(tiling=args.tiling, matmul_precision=args.matmul_precision, fuse=not args.no_fuse)
+    return CompileOptions(
+        tiling=args.tiling,
+        matmul_precision=args.matmul_precision,
+        fuse=not args.no_fuse,
+        megacore=not args.no_megacore,
+    )
 
 
 @command("run", "compile an HLO program, simulate it and summarise the timing", _configure_run)

@@ -109,13 +109,24 @@ def verify_program(program: Program, config: ChipConfig) -> None:
         for i in s.instructions
     )
     for stream in program.streams:
-        _verify_stream(stream, config, check_semaphores=not remote and len(program.streams) == 1)
+        # What other cores of the chip push into this core's memories (megacore's shared scalars) counts as
+        # written: the receiver waits on a semaphore for it.
+        pushed = [
+            i.dst
+            for s in program.streams
+            if s is not stream and s.chip == stream.chip
+            for i in s.instructions
+            if isinstance(i, DmaStart) and i.chip is None and i.dst_core == stream.core
+        ]
+        _verify_stream(stream, config, check_semaphores=not remote and len(program.streams) == 1, pushed=pushed)
 
 
-def _verify_stream(stream: Stream, config: ChipConfig, check_semaphores: bool) -> None:
+def _verify_stream(stream: Stream, config: ChipConfig, check_semaphores: bool, pushed: list[MemRef]) -> None:
     capacity = {Space.HBM: config.hbm.bytes, Space.VMEM: config.vmem.bytes, Space.SMEM: config.smem.bytes}
     vreg = config.vpu.sublanes * config.vpu.lanes * 4
     written = _Coverage()
+    for ref in pushed:
+        written.add(ref.space, *_extent(ref))
     set_regs: set[int] = set()
     outstanding: dict[int, list[int]] = {}  # semaphore -> instruction indices of unconsumed signals
     labels = {index for _, index in stream.labels}

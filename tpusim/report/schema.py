@@ -73,7 +73,7 @@ _TOP = _obj({
     "options": _obj({
         "tiling": _STR, "matmul_precision": {"enum": ["default", "high", "highest"]}, "fuse": {"type": "boolean"},
         "vmem_fraction": _NUM, "timing_only": {"type": "boolean"},
-    }),
+    }, {"megacore": {"type": "boolean"}}),
     "totals": _obj({
         "cycles": _INT, "seconds": _NUM, "instructions": _INT, "flops": _INT, "mxu_flops": _INT,
         "vpu_flops": _INT, "fallback_flops": _INT, "flops_per_s": _NUM_OR_NULL, "peak_flops_per_s": _NUM,

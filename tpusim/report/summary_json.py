@@ -152,6 +152,7 @@ def summary_from_analysis(
             "matmul_precision": compiled.options.matmul_precision,
             "fuse": compiled.options.fuse,
             "vmem_fraction": compiled.options.vmem_fraction,
+            "megacore": compiled.options.megacore,
             "timing_only": timing_only,
         },
         "totals": {

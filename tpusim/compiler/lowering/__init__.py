@@ -21,7 +21,7 @@ from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.isa import Halt, MemRef, Program
 
-__all__ = ["LOWERINGS", "Lowered", "NotLowerable", "lower_module", "lowering"]
+__all__ = ["LOWERINGS", "Lowered", "NotLowerable", "lower_module", "lowering", "megacore_cores"]
 
 # Every module of this package registers its rules when imported: import them all, so a new lowering is
 # one new module.
@@ -37,13 +37,34 @@ class Lowered:
     constants: tuple[tuple[MemRef, np.ndarray], ...]
 
 
+def megacore_cores(module: Module, config: ChipConfig, options: CompileOptions) -> int:
+    """How many TensorCores of the chip the program's streams use: ``core.count`` with megacore, except for
+    programs of several devices (collectives, sends and receives, device ids), which run on core 0."""
+    if not options.megacore or config.core.count == 1:
+        return 1
+    for comp in module.computations:
+        for instr in comp.instructions:
+            base = instr.opcode.removesuffix("-start").removesuffix("-done")
+            if instr.opcode in _MULTI_DEVICE or base in _MULTI_DEVICE:
+                return 1
+    return config.core.count
+
+
+_MULTI_DEVICE = frozenset(
+    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
+     "ragged-all-to-all", "send", "recv", "replica-id", "partition-id"}
+)  # fmt: skip
+
+
 def lower_module(
     module: Module, buffers: BufferAssignment, config: ChipConfig, options: CompileOptions, rules: TilingRules
 ) -> Lowered:
-    """Lower the entry computation (and, through control flow, everything it calls) for core 0."""
-    ctx = Lowering(module, buffers, config, options, rules)
+    """Lower the entry computation (and, through control flow, everything it calls): for core 0, or with
+    megacore for every core of the chip (one stream each, see :mod:`.sequential`)."""
+    ctx = Lowering(module, buffers, config, options, rules, cores=megacore_cores(module, config, options))
     ctx.init_pools()
     lower_computation(ctx, module.entry)
-    ctx.stream.emit(Halt())
-    program = Program((ctx.stream.build(),), (), tuple(ctx.kernels), name=module.name)
+    for b in ctx.streams:
+        b.emit(Halt())
+    program = Program(tuple(b.build() for b in ctx.streams), (), tuple(ctx.kernels), name=module.name)
     return Lowered(program, tuple(ctx.fallen_back), ctx.hbm_peak, tuple(ctx.constants))

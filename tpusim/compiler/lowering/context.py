@@ -20,7 +20,7 @@ from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
-from tpusim.isa import FallbackKernel, MemRef, Reg, Space, StreamBuilder
+from tpusim.isa import Barrier, DmaStart, Fallback, FallbackKernel, MemRef, Reg, Space, StreamBuilder
 from tpusim.memory import Layout, Shape
 
 __all__ = ["CompileOptions", "ControlSlice", "Lowering", "Mark", "OpScope", "control_slice"]
@@ -36,12 +36,16 @@ class CompileOptions:
             ``default`` one bf16 pass, ``high`` three, ``highest`` six (JAX's ``jax_default_matmul_precision``).
         fuse: group chains of elementwise operations into fusions before lowering (as XLA does).
         vmem_fraction: the share of VMEM one HLO instruction may use (the rest lets the next one start).
+        megacore: on a chip of several TensorCores (``core.count``, v4 and v5p), split the blocks of dots
+            and vector operations between its cores, one instruction stream per core, as XLA does for
+            megacore; False runs everything on core 0 (single-core chips are unaffected either way).
     """
 
     tiling: str = "tpu_default"
     matmul_precision: str = "default"
     fuse: bool = True
     vmem_fraction: float = 0.5
+    megacore: bool = True
 
     def __post_init__(self) -> None:
         if self.matmul_precision not in ("default", "high", "highest"):
@@ -61,6 +65,8 @@ class Mark:
     smem_next: int
     semaphores: int
     registers: int
+    streams: tuple[tuple[int, int], ...] = ()  # (instructions, labels) of every core's stream
+    claimed: bool = False
 
 
 @dataclass
@@ -85,21 +91,47 @@ class Lowering:
         config: the chip.
         options: compile options.
         rules: the tiling rules (for VMEM blocks a lowering creates).
-        stream: the instruction stream of core 0.
+        cores: how many TensorCores of the chip the program uses (one stream each; 1 without megacore).
+        streams: the instruction stream of each core; ``stream`` is core 0's.
+        targets: the cores that receive what :meth:`emit` emits now.
+        share: ``(core, cores)`` while a rule that can split its work emits one core's share
+            (:meth:`split`), else None.
         kernels: fallback kernels, in creation order.
         fallen_back: ``(computation, instruction, opcode, reason)`` of every HLO instruction lowered as a
             fallback.
     """
 
     def __init__(
-        self, module: Module, buffers: BufferAssignment, config: ChipConfig, options: CompileOptions, rules: TilingRules
+        self,
+        module: Module,
+        buffers: BufferAssignment,
+        config: ChipConfig,
+        options: CompileOptions,
+        rules: TilingRules,
+        cores: int = 1,
     ) -> None:
         self.module = module
         self.rules = rules
         self.buffers = buffers
         self.config = config
         self.options = options
-        self.stream = StreamBuilder(core=0)
+        self.cores = cores
+        self.streams = [StreamBuilder(core=c) for c in range(cores)]
+        self.targets: tuple[int, ...] = (0,)
+        self.share: tuple[int, int] | None = None
+        self.claimed = False  # a rule took its share with split() during the current core's pass
+        self.split_items = 0  # what the last split() divided
+        self.split_log: list[int] = []  # what every split() of the current core's pass divided, in order
+        self.spare_turn = 0  # rotates the cores' turns, so spare blocks go to each core in turn
+        self.lone_turn = 0  # the core that runs the next instruction that does not split
+        # HBM byte ranges each core read and wrote since the last chip barrier (megacore only).
+        self._reads: list[list[tuple[int, int]]] = [[] for _ in range(cores)]
+        self._writes: list[list[tuple[int, int]]] = [[] for _ in range(cores)]
+        self.barriers = 0
+        self._loops: list[tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]] = []
+        # True while an instruction is lowered as one synchronised segment; False inside a control-flow
+        # rule, whose own transfers (loop-state copies, predicate reads) synchronise one by one.
+        self.in_segment = False
         self.kernels: list[FallbackKernel] = []
         self.fallen_back: list[tuple[str, str, str, str]] = []
         self.constants: list[tuple[MemRef, np.ndarray]] = []  # arrays of fused constants, above the buffers
@@ -120,15 +152,53 @@ class Lowering:
         self.rule_state: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ emission
+    @property
+    def stream(self) -> StreamBuilder:
+        """Core 0's stream (the only one without megacore)."""
+        return self.streams[0]
+
     def emit(self, cls: type, **fields: Any) -> Any:
-        """Construct an instruction of ``cls`` stamped with the current HLO name, append it, return it."""
+        """Construct an instruction of ``cls`` stamped with the current HLO name, append it to the stream of
+        every core in :attr:`targets`, return it."""
         control = self.control or fields.pop("control", False)
         instr = cls(**fields, control=control, hlo=self.hlo)
-        self.stream.emit(instr)
+        for c in self.targets:
+            self.streams[c].emit(instr)
         return instr
 
+    @contextmanager
+    def on(self, cores: Sequence[int]) -> Iterator[None]:
+        """Emit to the streams of ``cores`` (labels too) inside the block."""
+        outer, self.targets = self.targets, tuple(cores)
+        try:
+            yield
+        finally:
+            self.targets = outer
+
+    @property
+    def all_cores(self) -> tuple[int, ...]:
+        return tuple(range(self.cores))
+
+    def split(self, items: int) -> range:
+        """The part of ``items`` independent pieces of work (blocks) the core being emitted takes: all of
+        them without megacore, a contiguous share of them while :attr:`share` is set. A rule that calls it
+        splits its work; the other cores then emit their shares with the same rule, so every decision a
+        rule makes before or after must be the same whatever the share (VMEM plans, blockings)."""
+        if self.share is None or items < self.share[1]:
+            # Fewer pieces than cores: no share would be empty, the whole on one core. (An empty share would
+            # let its core's pass fit VMEM trivially, and the cores could then plan different blockings.)
+            return range(items)
+        self.claimed = True
+        core, cores = self.share
+        # Spare blocks (items not a multiple of the cores) go to the cores in turn from one split
+        # instruction to the next, so that one-block operations spread over the cores.
+        self.split_items = items
+        self.split_log.append(items)
+        turn = (core + self.spare_turn) % cores  # the last turn takes the spare blocks
+        return range(turn * items // cores, (turn + 1) * items // cores)
+
     def checkpoint(self) -> Mark:
-        """A mark :meth:`rollback` returns to when a lowering rule declines halfway: the stream, the
+        """A mark :meth:`rollback` returns to when a lowering rule declines halfway: the streams, the
         kernels, and the current instruction's VMEM, SMEM, semaphores and registers."""
         scope = self.scope
         return Mark(
@@ -139,19 +209,117 @@ class Lowering:
             scope.smem_next,
             len(scope.semaphores),
             len(scope.registers),
+            tuple((len(b.instructions), len(b.labels)) for b in self.streams),
+            self.claimed,
         )
 
     def rollback(self, mark: Mark) -> None:
         """Take back everything emitted and allocated since ``mark``."""
-        scope = self.scope
-        del self.stream.instructions[mark.instructions :]
-        del self.stream.labels[mark.labels :]
+        for b, (n, labels) in zip(self.streams, mark.streams):
+            del b.instructions[n:]
+            del b.labels[labels:]
         del self.kernels[mark.kernels :]
+        self.claimed = mark.claimed
+        self.release_since(mark)
+
+    def release_since(self, mark: Mark) -> None:
+        """Give back the VMEM, SMEM, semaphores and registers taken since ``mark`` (not the instructions):
+        the next core's share of a split rule allocates the same ones in its own memories."""
+        scope = self.scope
         scope.vmem_next, scope.smem_next = mark.vmem_next, mark.smem_next
-        self._free_sems.extend(scope.semaphores[mark.semaphores :])
+        self._free_sems.extend(reversed(scope.semaphores[mark.semaphores :]))
         del scope.semaphores[mark.semaphores :]
-        self._free_regs.extend(scope.registers[mark.registers :])
+        self._free_regs.extend(reversed(scope.registers[mark.registers :]))
         del scope.registers[mark.registers :]
+
+    # ------------------------------------------------------------------ megacore synchronisation
+    def positions(self) -> tuple[int, ...]:
+        """Where each core's stream ends now (the start of a segment for :meth:`synchronise`)."""
+        return tuple(len(b.instructions) for b in self.streams)
+
+    def synchronise(self, start: Sequence[int]) -> None:
+        """Make the instructions every core emitted since ``start`` safe against the other cores: when they
+        read HBM bytes another core wrote since the last barrier, or write bytes another core read or wrote,
+        a chip barrier goes in front of them in every core's stream. Without megacore, nothing."""
+        if self.cores == 1:
+            return
+        reads, writes = [], []
+        for b, at in zip(self.streams, start):
+            r, w = _hbm_accesses(b.instructions[at:])
+            reads.append(_merge(r))
+            writes.append(_merge(w))
+        for loop_reads, loop_writes in self._loops:  # what every enclosing loop touches, for its back edge
+            for c in range(self.cores):
+                loop_reads[c][:] = _merge(loop_reads[c] + reads[c])
+                loop_writes[c][:] = _merge(loop_writes[c] + writes[c])
+        if _conflict(reads, writes, self._reads, self._writes):
+            for b, at in zip(self.streams, start):
+                b.instructions.insert(at, Barrier(control=True, hlo=self.hlo))
+                b.labels[:] = [(name, i + 1 if i > at else i) for name, i in b.labels]
+            self.barriers += 1
+            self._reads, self._writes = reads, writes
+        else:
+            for c in range(self.cores):
+                self._reads[c] = _merge(self._reads[c] + reads[c])
+                self._writes[c] = _merge(self._writes[c] + writes[c])
+
+    @contextmanager
+    def segment(self) -> Iterator[None]:
+        """Synchronise what the block emits as one segment, unless it is part of an enclosing one."""
+        if self.in_segment or self.cores == 1:
+            yield
+            return
+        start = self.positions()
+        yield
+        self.synchronise(start)
+
+    @contextmanager
+    def loop_body(self) -> Iterator[list[tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]]]:
+        """Collect the HBM accesses of every segment synchronised inside the block (a loop's condition and
+        body) into the one-element list it yields."""
+        acc: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]] = (
+            [[] for _ in range(self.cores)],
+            [[] for _ in range(self.cores)],
+        )
+        self._loops.append(acc)
+        try:
+            yield [acc]
+        finally:
+            self._loops.remove(acc)
+
+    def back_edge(self, loop: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]) -> bool:
+        """At a loop's back edge: a barrier (True) when what the cores touched since the last one conflicts
+        with anything the loop touches (the next iteration's segments were synchronised without it).
+        Without one, the loop's exit carries what is outstanding here too."""
+        if self.cores == 1:
+            return False
+        if _conflict(loop[0], loop[1], self._reads, self._writes):
+            self.flush()
+            return True
+        return False
+
+    def flush(self) -> None:
+        """A chip barrier in every core's stream if any core touched HBM since the last one (before a loop,
+        at a back edge that needs one)."""
+        if self.cores == 1 or not any(self._reads + self._writes):
+            return
+        with self.on(self.all_cores):
+            self.emit(Barrier, control=True)
+        self.barriers += 1
+        self.clean()
+
+    def clean(self) -> None:
+        self._reads = [[] for _ in range(self.cores)]
+        self._writes = [[] for _ in range(self.cores)]
+
+    def accesses(self) -> tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]:
+        """What :meth:`synchronise` knows now (to restore where control flow joins)."""
+        return [list(r) for r in self._reads], [list(w) for w in self._writes]
+
+    def restore(self, *states: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]) -> None:
+        """Make the outstanding accesses those of ``states`` (several: where control flow joins, any of them)."""
+        self._reads = [_merge([r for s in states for r in s[0][c]]) for c in range(self.cores)]
+        self._writes = [_merge([w for s in states for w in s[1][c]]) for c in range(self.cores)]
 
     def release_semaphore(self, sem: int) -> None:
         """Give back a semaphore before the instruction ends (its waits have all been emitted)."""
@@ -163,7 +331,8 @@ class Lowering:
         return f"L{self._labels}_{hint}".replace("/", "_")
 
     def place_label(self, name: str) -> None:
-        self.stream.label(name)
+        for c in self.targets:
+            self.streams[c].label(name)
 
     # ------------------------------------------------------------------ HBM buffers
     def hbm(self, comp: str, value: str, index: tuple[int, ...] = ()) -> MemRef:
@@ -409,6 +578,84 @@ def control_slice(module: Module) -> ControlSlice:
             work += [(comp_name, o, None) for o in instr.operands]
             work += [(callee, module[callee].root, None) for callee in instr.called_computations()]
     return ControlSlice(frozenset(wanted), frozenset(leaves))
+
+
+_ANYWHERE = (0, 1 << 62)
+
+
+def _extent(ref: MemRef) -> tuple[int, int]:
+    """The HBM bytes an operand touches: its window's byte extent (the scoreboard's rule, so two cores
+    writing row bands of one array do not conflict), the whole array for windows at register offsets."""
+    if ref.base is not None:
+        return _ANYWHERE
+    window = ref.window
+    if window is None or window.clamp or not all(isinstance(o, int) for o in window.offsets):
+        return ref.address, ref.address + max(1, ref.shape.byte_size)
+    from tpusim.devices.memory import window_extent  # the devices' own rule (lazy: no simulator import)
+
+    lo, hi = window_extent(ref.shape, tuple(window.offsets), tuple(window.sizes))
+    return ref.address + lo, ref.address + max(lo + 1, hi)
+
+
+def _hbm_accesses(instructions: Sequence[Any]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """HBM byte ranges (see :func:`_extent`) the instructions read and write."""
+    reads: list[tuple[int, int]] = []
+    writes: list[tuple[int, int]] = []
+    for ins in instructions:
+        if isinstance(ins, DmaStart):
+            if ins.src.space is Space.HBM:
+                reads.append(_extent(ins.src))
+            if ins.dst.space is Space.HBM:
+                writes.append(_ANYWHERE if ins.chip is not None else _extent(ins.dst))
+        elif isinstance(ins, Fallback):
+            reads.extend(_extent(r) for r in ins.inputs if r.space is Space.HBM)
+            writes.extend(_extent(r) for r in ins.outputs if r.space is Space.HBM)
+    return list(dict.fromkeys(reads)), list(dict.fromkeys(writes))
+
+
+def _conflict(
+    reads: list[list[tuple[int, int]]],
+    writes: list[list[tuple[int, int]]],
+    done_reads: list[list[tuple[int, int]]],
+    done_writes: list[list[tuple[int, int]]],
+) -> bool:
+    """Core c's new accesses meet what another core d did: c reads or writes what d wrote, or writes what d
+    read."""
+    cores = len(reads)
+    return any(
+        _overlaps(reads[c] + writes[c], done_writes[d]) or _overlaps(writes[c], done_reads[d])
+        for c in range(cores)
+        for d in range(cores)
+        if c != d
+    )
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The same bytes as sorted, disjoint, non-adjacent ranges."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _overlaps(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    """Two lists of ranges share a byte (each sorted and disjoint, or merged here)."""
+    if not a or not b:
+        return False
+    a, b = _merge(a), _merge(b)
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i][0] < b[j][1] and b[j][0] < a[i][1]:
+            return True
+        if a[i][1] <= b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return False
 
 
 class VmemExhausted(CompileError):

@@ -64,10 +64,22 @@ def copy_arrays(ctx: Lowering, copies: Sequence[Copy | tuple[MemRef, MemRef]]) -
 
 
 def _copy_round(ctx: Lowering, copies: list[Copy]) -> None:
+    """One round of copies. With megacore, a copy into SMEM runs on every core emitted to (each keeps its
+    own SMEM), a copy into HBM on the first of them only."""
     sem = ctx.semaphore()
-    for c in copies:
-        ctx.emit(DmaStart, src=c.src, dst=c.dst, sem=sem, control=c.control)
-    ctx.emit(SemWait, sem=sem, count=len(copies), control=any(c.control for c in copies))
+    cores = ctx.targets
+    counts = dict.fromkeys(cores, 0)
+    with ctx.segment():
+        for c in copies:
+            to = cores if c.dst.space is Space.SMEM else cores[:1]
+            with ctx.on(to):
+                ctx.emit(DmaStart, src=c.src, dst=c.dst, sem=sem, control=c.control)
+            for core in to:
+                counts[core] += 1
+        for core in cores:
+            if counts[core]:
+                with ctx.on((core,)):
+                    ctx.emit(SemWait, sem=sem, count=counts[core], control=any(c.control for c in copies))
 
 
 def _same(a: MemRef, b: MemRef) -> bool:
@@ -92,8 +104,9 @@ def read_scalar(ctx: Lowering, src: MemRef) -> Reg:
     shape = Shape(src.element_type, ())
     slot = ctx.smem(shape)
     sem = ctx.semaphore()
-    ctx.emit(DmaStart, src=src, dst=slot, sem=sem, control=True)
-    ctx.emit(SemWait, sem=sem, count=1, control=True)
+    with ctx.segment():
+        ctx.emit(DmaStart, src=src, dst=slot, sem=sem, control=True)
+        ctx.emit(SemWait, sem=sem, count=1, control=True)
     reg = ctx.register()
     ctx.emit(ScalarLoad, dst=reg, src=slot, control=True)
     return reg
@@ -124,12 +137,33 @@ def lower_while(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
         ],
     )
     top, done = ctx.label(f"{instr.name}.cond"), ctx.label(f"{instr.name}.exit")
+    # Megacore: a barrier before the loop when the cores have accesses outstanding, so none of the loop's
+    # own barriers is there for what came before it; the loop's segments are synchronised from that clean
+    # state, and the back edge adds a barrier only when what is outstanding at the end of the body
+    # conflicts with something the loop touches.
+    ctx.flush()
     ctx.place_label(top)
-    lower_computation(ctx, cond)
-    flag = read_scalar(ctx, ctx.hbm(cond, ctx.module[cond].root))
-    ctx.emit(Branch, cond="eq", a=flag, b=0, target=done, control=True)
-    ctx.release_register(flag)
+    with ctx.loop_body() as touched:
+        lower_computation(ctx, cond)
+        flag = read_scalar(ctx, ctx.hbm(cond, ctx.module[cond].root))
+        ctx.emit(Branch, cond="eq", a=flag, b=0, target=done, control=True)
+        ctx.release_register(flag)
+        leaving = ctx.accesses()
+        _lower_body(ctx, comp, instr, body)
+    ending = ctx.accesses()
+    barrier = ctx.back_edge(touched[0])
+    ctx.emit(Jump, target=top, control=True)
+    ctx.place_label(done)
+    if barrier:
+        ctx.restore(leaving)
+    else:  # the exit is reached after the first condition or after a later one, from the body's end
+        ctx.restore(leaving, ending)
+
+
+def _lower_body(ctx: Lowering, comp: Computation, instr: Instruction, body: str) -> None:
+    """The loop body, then the copies back of the loop state buffer assignment could not put in place."""
     lower_computation(ctx, body)
+    carries = ctx.control_slice.carries
     root = ctx.module[body].root
     copy_arrays(
         ctx,
@@ -139,8 +173,6 @@ def lower_while(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
             if (body, path) in ctx.buffers.copy_back
         ],
     )
-    ctx.emit(Jump, target=top, control=True)
-    ctx.place_label(done)
 
 
 @lowering("conditional")
@@ -170,12 +202,17 @@ def lower_conditional(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     for i, target in enumerate(targets[:-1]):
         ctx.emit(Branch, cond="eq", a=selector, b=i, target=target, control=True)
     ctx.emit(Jump, target=targets[-1], control=True)
+    entering = ctx.accesses()
+    ends = []
     for branch, target in zip(branches, targets):
         ctx.place_label(target)
+        ctx.restore(entering)
         lower_computation(ctx, branch)
         copy_arrays(ctx, _result_copies(ctx, branch, comp, instr))
+        ends.append(ctx.accesses())
         ctx.emit(Jump, target=end, control=True)
     ctx.place_label(end)
+    ctx.restore(*ends)  # megacore: after the join, what any branch left outstanding
 
 
 @lowering("call")

@@ -263,6 +263,11 @@ class _ConvEmitter:
             for f0 in range(0, chunk.co, fc)
             for b in range(len(blocks))
         ]
+        # Kernel slabs to rotate: from all the jobs, so every core's share plans the same VMEM.
+        kernel_slices = len({(c, f0) for c, f0, _, _ in jobs})
+        # Megacore: every job writes its own output window (a block of positions, a range of features), so
+        # each core takes a contiguous share of them.
+        jobs = [jobs[i] for i in ctx.split(len(jobs))]
         cin_max = max(c.cin for c in conv.chunks)
         ci_max = max(c.ci for c in conv.chunks)
         f_max = min(fc, max(c.co for c in conv.chunks))
@@ -282,7 +287,6 @@ class _ConvEmitter:
             ctx.vmem(self._matrix(self.rows_in.etype, self.lhs_tiles, (m_max, kc))) for _ in range(_LHS_BUFFERS)
         ]
         # Two kernel slabs: the next chunk's kernel loads while this chunk's blocks run.
-        kernel_slices = len({(c, f0) for c, f0, _, _ in jobs})
         nk = min(2, kernel_slices)
         self.kernels = [ctx.vmem(self.rows_in.shape((prod(taps) * cin_max, f_max))) for _ in range(nk)]
         # One DMA per piece when the kernel's layout lets it write the slab directly; a block-diagonal kernel

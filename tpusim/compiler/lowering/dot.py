@@ -29,7 +29,7 @@ multiply exactly into s32.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
@@ -79,10 +79,21 @@ class _Views:
     rhs: MemRef
     out: MemRef
     products: tuple[tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]], ...]
+    rows: tuple[int, int] | None = None  # the band of M this lowering computes (megacore), None: all
+    cols: tuple[int, int] | None = None  # the band of N
+
+    @property
+    def m_range(self) -> tuple[int, int]:
+        return self.rows or (0, self.lhs.shape.dimensions[-2])
+
+    @property
+    def n_range(self) -> tuple[int, int]:
+        return self.cols or (0, self.rhs.shape.dimensions[-1])
 
     @property
     def m(self) -> int:
-        return self.lhs.shape.dimensions[-2]
+        lo, hi = self.m_range
+        return hi - lo
 
     @property
     def k(self) -> int:
@@ -90,7 +101,8 @@ class _Views:
 
     @property
     def n(self) -> int:
-        return self.rhs.shape.dimensions[-1]
+        lo, hi = self.n_range
+        return hi - lo
 
 
 def _views(instr: Instruction, lhs: MemRef, rhs: MemRef, out: MemRef) -> _Views:
@@ -210,9 +222,35 @@ def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
         raise NotLowerable(f"a float dot with a {ot} result")
     if 0 in lhs_ref.shape.dimensions or 0 in rhs_ref.shape.dimensions:
         raise NotLowerable("an empty dot (a zero-sized dimension)")
-    views = _views(instr, lhs_ref, rhs_ref, out_ref)
     precision = matmul_precision(instr, ctx.options.matmul_precision, lt.name)
-    _DotEmitter(ctx, views, precision).run()
+    views = _core_share(ctx, _views(instr, lhs_ref, rhs_ref, out_ref))
+    if views is not None:
+        _DotEmitter(ctx, views, precision).run()
+
+
+def _core_share(ctx: Lowering, v: _Views) -> _Views | None:
+    """With megacore, the part of the dot the core being emitted computes (None: nothing): whole products
+    when there are enough of them (batch and further free dimensions), else a band of M rows (whole
+    128-row MXU passes when each core gets some), else of N columns; a dot too small to split runs on
+    core 0."""
+    if ctx.share is None:
+        return v
+    cores = ctx.share[1]
+    products = len(v.products)
+    m_unit = 128 if v.m >= 128 * cores else 32
+    if products >= cores and (products % cores == 0 or products >= 4 * cores or v.m < m_unit * cores):
+        part = ctx.split(products)
+        return replace(v, products=v.products[part.start : part.stop]) if part else None
+    if v.m >= m_unit * cores:
+        part = ctx.split(-(-v.m // m_unit))
+        rows = (part.start * m_unit, min(v.m, part.stop * m_unit))
+        return replace(v, rows=rows) if part else None
+    n_unit = ctx.config.vpu.lanes
+    if v.n >= n_unit * cores:
+        part = ctx.split(-(-v.n // n_unit))
+        cols = (part.start * n_unit, min(v.n, part.stop * n_unit))
+        return replace(v, cols=cols) if part else None
+    return v
 
 
 class _DotEmitter:
@@ -381,14 +419,15 @@ class _DotEmitter:
         v = self.v
         blocks: list[_Block] = []
         steps: list[_Step] = []
+        (m_lo, m_hi), (n_lo, n_hi) = v.m_range, v.n_range
         for out_lead, pairs in v.products:
-            ms_ = range(0, v.m, plan.tm)
-            ns_ = range(0, v.n, plan.tn)
+            ms_ = range(m_lo, m_hi, plan.tm)
+            ns_ = range(n_lo, n_hi, plan.tn)
             corners = (
                 [(m0, n0) for m0 in ms_ for n0 in ns_] if plan.order == "mn" else [(m0, n0) for n0 in ns_ for m0 in ms_]
             )
             for m0, n0 in corners:
-                ms, ns = min(plan.tm, v.m - m0), min(plan.tn, v.n - n0)
+                ms, ns = min(plan.tm, m_hi - m0), min(plan.tn, n_hi - n0)
                 blocks.append(_Block(out_lead, m0, n0, ms, ns))
                 contraction = [(ll, rl, k0) for ll, rl in pairs for k0 in range(0, v.k, plan.tk)]
                 for j, (ll, rl, k0) in enumerate(contraction):

@@ -23,6 +23,7 @@ from tpusim.compiler.lowering.reinterpret import emit_reduce_precision
 from tpusim.isa import (
     REDUCE_FUNCTIONS,
     VPU_FUNCTIONS,
+    Barrier,
     Const,
     DmaStart,
     FusedOp,
@@ -99,6 +100,10 @@ class _Emitter:
     index: int = 0  # the block being emitted
     last: bool = True  # it is the last block
     at: tuple[int, int] = (0, 0)  # its (start, size)
+    first: int = 0  # the first block this core emits
+    # Megacore, an accumulating reduction split across the cores: (this core, HBM homes of the partial
+    # results of cores 1.., filled by them) while a core emits its share; None otherwise.
+    partials: tuple[int, list[MemRef]] | None = None
 
     def __post_init__(self) -> None:
         self.inlined = self._chains()
@@ -164,36 +169,86 @@ class _Emitter:
     def run(self) -> None:
         ctx = self.ctx
         nblocks = -(-self.plan.extent // self.block)
+        # Megacore: the output blocks are independent, each core computes a contiguous share of them. An
+        # accumulating reduction (one output, its operand cut into blocks) gives each core a share of the
+        # operand's blocks: the others leave their partial results in HBM, core 0 combines them.
+        mine = list(ctx.split(nblocks))
+        if self.plan.accumulate is not None and len(mine) < nblocks:
+            assert ctx.share is not None
+            self.partials = (ctx.share[0], self._partial_homes())
+        self.first = mine[0]
         sets, single = self.allocate()
         sems = self.sems or (ctx.semaphore(), ctx.semaphore(), ctx.semaphore(), ctx.semaphore())
         sem_in, sem_out = list(sems[:2]), list(sems[2:])
         self._hoist(single)
         pending_out = [0, 0]
-        issued = [self._issue_inputs(0, sets[0], single, sem_in[0])]
-        for k in range(nblocks):
-            if k + 1 < nblocks:
-                issued.append(self._issue_inputs(k + 1, sets[(k + 1) % 2], single, sem_in[(k + 1) % 2]))
-            if issued[k]:
-                ctx.emit(SemWait, sem=sem_in[k % 2], count=issued[k])
-            if pending_out[k % 2]:
-                ctx.emit(SemWait, sem=sem_out[k % 2], count=pending_out[k % 2])
-                pending_out[k % 2] = 0
-            buffers = {**single, **sets[k % 2]}
+        issued = [self._issue_inputs(mine[0], sets[0], single, sem_in[0])]
+        for i, k in enumerate(mine):
+            if i + 1 < len(mine):
+                issued.append(self._issue_inputs(mine[i + 1], sets[(i + 1) % 2], single, sem_in[(i + 1) % 2]))
+            if issued[i]:
+                ctx.emit(SemWait, sem=sem_in[i % 2], count=issued[i])
+            if pending_out[i % 2]:
+                ctx.emit(SemWait, sem=sem_out[i % 2], count=pending_out[i % 2])
+                pending_out[i % 2] = 0
+            buffers = {**single, **sets[i % 2]}
             start, size = k * self.block, min(self.block, self.plan.extent - k * self.block)
             self.index, self.last = k, k == nblocks - 1
+            if self.partials is not None:  # core 0 finishes the reduction after its own last block
+                self.last = self.partials[0] == 0 and k == mine[-1]
             values = self._compute_block(buffers, start, size)
             if self.plan.accumulate is not None and not self.last:
+                if self.partials is not None and self.partials[0] > 0 and k == mine[-1]:
+                    self._leave_partial(values[self.plan.accumulate])
                 continue  # the outputs are whole, and complete after the last block
             for root, hbm in self.outputs:
                 src = values[root]
                 if not isinstance(src, MemRef):
                     src = self._materialize(root, buffers, start, size, src)
                 dst = self._window(hbm, (self.plan.tiled, 0), start, size)
-                ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[k % 2])
-            pending_out[k % 2] += len(self.outputs)
+                ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[i % 2])
+            pending_out[i % 2] += len(self.outputs)
         for i in (0, 1):
             if pending_out[i]:
                 ctx.emit(SemWait, sem=sem_out[i], count=pending_out[i])
+
+    def _partial_homes(self) -> list[MemRef]:
+        """HBM homes for the partial results of cores 1.. of a split accumulating reduction: allocated while
+        core 0's share is emitted (the first), found again by the others."""
+        ctx = self.ctx
+        assert ctx.share is not None and self.plan.accumulate is not None
+        key = f"megacore-partials:{ctx.hlo}"
+        if ctx.share[0] == 0:
+            name = self.plan.accumulate
+            shape, _ = block_shape(self.comp[name].array_shape, self.plan.needs[name], 0, self.block)
+            ctx.rule_state[key] = [ctx.scratch(shape) for _ in range(1, ctx.share[1])]
+        homes: list[MemRef] = ctx.rule_state[key]
+        return homes
+
+    def _leave_partial(self, value: Operand) -> None:
+        """A core other than 0: its partial result to HBM, then the barrier core 0 waits at to combine."""
+        assert self.partials is not None and isinstance(value, MemRef)
+        core, homes = self.partials
+        home = homes[core - 1]
+        sem = self.ctx.semaphore()
+        self.ctx.emit(DmaStart, src=value, dst=MemRef(home.space, home.address, value.shape), sem=sem)
+        self.ctx.emit(SemWait, sem=sem, count=1)
+        self.ctx.emit(Barrier)
+
+    def combine_partials(self, fn: str, dst: MemRef) -> None:
+        """Core 0, after its last block: wait for the other cores' partial results and combine them."""
+        assert self.partials is not None
+        ctx = self.ctx
+        ctx.emit(Barrier)
+        sem = ctx.semaphore()
+        loaded = []
+        for home in self.partials[1]:
+            temp = ctx.vmem(dst.shape)
+            ctx.emit(DmaStart, src=MemRef(home.space, home.address, dst.shape), dst=temp, sem=sem)
+            loaded.append(temp)
+        ctx.emit(SemWait, sem=sem, count=len(loaded))
+        for temp in loaded:
+            ctx.emit(VpuMap, fn=fn, dst=dst, srcs=(dst, temp))
 
     def _window(self, hbm: MemRef, need: tuple[int | None, int], start: int, size: int) -> MemRef:
         block, offsets = block_shape(hbm.shape, need, start, size)
@@ -416,11 +471,16 @@ def _emit_reduce(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Opera
     if fn is None:
         raise NotLowerable("a reduce whose combiner is not a single add/multiply/maximum/minimum/and/or/xor")
     src = em.operand_ref(srcs[0], instr.operands[0])
-    accumulate = em.plan.accumulate == instr.name and em.index > 0  # later blocks add to the first's result
+    accumulating = em.plan.accumulate == instr.name
+    accumulate = accumulating and em.index > em.first  # later blocks add to the first's result
     em.ctx.emit(VpuReduce, fn=fn, dst=dst, src=src, dims=tuple(instr.attr("dimensions")), accumulate=accumulate)
+    if accumulating and em.partials is not None and em.partials[0] == 0 and em.last:
+        em.combine_partials(fn, dst)  # megacore: the other cores' shares
     init = srcs[1]
     if accumulate or (isinstance(init, Const) and _is_identity(fn, init)):
         return
+    if accumulating and em.partials is not None and em.partials[0] > 0:
+        return  # core 0 combines the init value, once
     if isinstance(init, MemRef):
         init = em.operand_ref(init, instr.operands[1])
         full = em.ctx.vmem(Shape(dst.element_type, dst.dims, layout=dst.shape.layout))
@@ -532,6 +592,9 @@ def _lower_plan(
         row_bytes = max(1, sum(comp[r].array_shape.byte_size for r, _ in outputs) // max(1, extent))
         target = _BLOCK_TARGET_BYTES
     block = min(extent, max(granule, min(extent, target // row_bytes) // granule * granule))
+    if ctx.share is not None and plan.accumulate is None:  # megacore: at least one block per core
+        per_core = -(-extent // ctx.share[1])
+        block = min(block, max(granule, -(-per_core // granule) * granule))
     scalars = _scalar_inputs(ctx, comp, plan, inputs)
     mark = ctx.checkpoint()
     while True:
