@@ -224,3 +224,32 @@ def test_ops_of_a_broadcast_constant_work_block_by_block(use):
     numeric = simulate(module, inputs, config="tpu_v5e")
     assert np.array_equal(numeric.outputs[0], want)
     assert simulate(module, inputs, config="tpu_v5e", timing_only=True).cycles == numeric.cycles
+
+
+@pytest.mark.parametrize(
+    "window", ["size=2x2 stride=2x0", "size=0x2", "size=2x2 lhs_dilate=1x0", "size=2x2 rhs_dilate=0x1"]
+)
+def test_window_sizes_strides_and_dilations_must_be_positive(window):
+    # Found by the fuzzer (mutant 500-552: a reduce-window's stride 1x2x2x1 made 1x2x2x0): the verifier's
+    # window rule divided by the stride, a ZeroDivisionError traceback. XLA refuses non-positive sizes,
+    # strides and dilations (InferWindowOutputShape); so does the verifier, located.
+    from tpusim.compiler.hlo import HloVerifyError, parse_module
+
+    text = (
+        f"HloModule m\n{_SUM}ENTRY main {{\n  x = f32[8,128] parameter(0)\n  z = f32[] constant(0)\n"
+        f"  ROOT r = f32[4,64] reduce-window(x, z), window={{{window}}}, to_apply=add\n}}\n"
+    )
+    with pytest.raises(HloVerifyError, match=r"\(w.hlo:10\): a window [a-z ]+ must be positive, not 0"):
+        parse_module(text, "w.hlo")
+
+
+def test_complex_values_compare_only_for_equality():
+    # Found by the fuzzer (mutant 500-400: every s32 of the attention example made c64, so a causal mask's
+    # compare GE took complex operands): the verifier accepted it, the program compiled and ran timing-only,
+    # and the numeric run failed in a fallback kernel. Complex values have no order; the verifier says so.
+    from tpusim.compiler.hlo import HloVerifyError, parse_module
+
+    text = "HloModule m\nENTRY main {\n  x = c64[4] parameter(0)\n  ROOT c = pred[4] compare(x, x), direction=%s\n}\n"
+    with pytest.raises(HloVerifyError, match=r"\(c.hlo:4\): complex operands only compare EQ or NE, not GE"):
+        parse_module(text % "GE", "c.hlo")
+    parse_module(text % "NE", "c.hlo")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from math import prod
 
-from tpusim.compiler.hlo.ir import Instruction, Module, ReplicaGroups
+from tpusim.compiler.hlo.ir import Instruction, Module, ReplicaGroups, WindowDim
 from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type
 
@@ -177,12 +177,21 @@ def _scalar_of(shape: Shape) -> Shape:
     return make_shape(shape.element_type, ())
 
 
-def _window_out(size: int, dim: object) -> int:
-    # XLA's InferWindowOutputShape: an empty dimension dilates to 0, and its padding still counts
-    dilated = (size - 1) * dim.lhs_dilate + 1 if size else 0  # type: ignore[attr-defined]
-    padded = dilated + dim.pad_low + dim.pad_high  # type: ignore[attr-defined]
-    window = (dim.size - 1) * dim.rhs_dilate + 1  # type: ignore[attr-defined]
-    return 0 if padded < window else (padded - window) // dim.stride + 1  # type: ignore[attr-defined]
+def _window_out(size: int, dim: WindowDim) -> int:
+    # XLA's InferWindowOutputShape: sizes, strides and dilations are positive (a stride of 0 divided by zero
+    # here); an empty dimension dilates to 0, and its padding still counts
+    for what, value in (
+        ("size", dim.size),
+        ("stride", dim.stride),
+        ("base dilation", dim.lhs_dilate),
+        ("window dilation", dim.rhs_dilate),
+    ):
+        if value <= 0:
+            raise RuleError(f"a window {what} must be positive, not {value}")
+    dilated = (size - 1) * dim.lhs_dilate + 1 if size else 0
+    padded = dilated + dim.pad_low + dim.pad_high
+    window = (dim.size - 1) * dim.rhs_dilate + 1
+    return 0 if padded < window else (padded - window) // dim.stride + 1
 
 
 def _group_size(ins: Instruction) -> int | None:
@@ -291,6 +300,9 @@ def _compare(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     direction = ins.attr("direction")
     if direction not in _DIRECTIONS:
         raise RuleError(f"direction={direction} is not a comparison direction ({', '.join(_DIRECTIONS)})")
+    # complex values have no order: XLA's emitters and evaluator, and the reference, compare them for equality
+    if a.element_type.is_complex and direction not in ("EQ", "NE"):
+        raise RuleError(f"complex operands only compare EQ or NE, not {direction}")
     ctype = ins.attr("type")
     allowed = _COMPARE_TYPES.get(a.element_type.kind, ())
     if ctype is not None and ctype not in allowed:
