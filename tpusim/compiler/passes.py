@@ -31,6 +31,7 @@ from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal
 from tpusim.compiler.lowering.blocks import NEED_RULES, plan_needs
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.lowering.registry import NotLowerable
+from tpusim.compiler.rewrite import rewrite_instructions, unique_name
 from tpusim.memory import Shape
 
 __all__ = ["drop_annotations", "explicit_broadcasts", "fuse", "inline_calls", "prepare_module", "unfuse", "zero_sized"]
@@ -106,7 +107,7 @@ def explicit_broadcasts(module: Module) -> Module:
             for k in positions:
                 scalar = comp[operands[k]].shape
                 if isinstance(scalar, Shape) and scalar.rank == 0:
-                    name = _unique(f"{operands[k]}.bcast", taken)
+                    name = unique_name(f"{operands[k]}.bcast", taken)
                     wide = Shape(scalar.element_type, shape.dimensions)
                     attrs = Attributes({"dimensions": ()})
                     body.append(Instruction(name, "broadcast", wide, (operands[k],), attrs, instr.loc))
@@ -131,20 +132,7 @@ def _is_empty(shape: object) -> bool:
 
 def zero_sized(module: Module) -> Module:
     """Take empty arrays out of the program (see the module docstring, step 0)."""
-    comps = []
-    for comp in module.computations:
-        taken = {i.name for i in comp.instructions}
-        body: list[Instruction] = []
-        changed = False
-        for instr in comp.instructions:
-            new = _without_empty(comp, instr, taken)
-            if new is None:
-                body.append(instr)
-                continue
-            body += new
-            changed = True
-        comps.append(replace(comp, instructions=tuple(body)) if changed else comp)
-    return replace(module, computations=tuple(comps))
+    return rewrite_instructions(module, _without_empty)
 
 
 def _empty_constant(instr: Instruction) -> Instruction:
@@ -169,7 +157,7 @@ def _without_empty(comp: Computation, instr: Instruction, taken: set[str]) -> li
         """Append ``broadcast(value)`` (converted to ``shape``'s type) named ``name``; return ``name``."""
         scalar = comp[value].array_shape if value in comp else next(i.array_shape for i in out if i.name == value)
         if scalar.element_type != shape.element_type:
-            converted = _unique(f"{name}.convert", taken)
+            converted = unique_name(f"{name}.convert", taken)
             attrs = Attributes()
             out.append(Instruction(converted, "convert", Shape(shape.element_type, ()), (value,), attrs, instr.loc))
             value = converted
@@ -182,13 +170,13 @@ def _without_empty(comp: Computation, instr: Instruction, taken: set[str]) -> li
             fill(values[0], instr.shape, instr.name)
             return out
         shapes = [s for s in instr.shape.elements if isinstance(s, Shape)]
-        parts = [fill(v, s, _unique(f"{instr.name}.{k}", taken)) for k, (v, s) in enumerate(zip(values, shapes))]
+        parts = [fill(v, s, unique_name(f"{instr.name}.{k}", taken)) for k, (v, s) in enumerate(zip(values, shapes))]
         out.append(Instruction(instr.name, "tuple", instr.shape, tuple(parts), Attributes(), instr.loc))
         return out
 
     def zero() -> str:
         element = instr.array_shape.element_type
-        name = _unique(f"{instr.name}.zero", taken)
+        name = unique_name(f"{instr.name}.zero", taken)
         literal = Literal(Shape(element, ()), np.zeros((), element.dtype))
         out.append(Instruction(name, "constant", Shape(element, ()), (), Attributes({"literal": literal}), instr.loc))
         return name
@@ -359,7 +347,7 @@ def _fuse_computation(comp: Computation, taken: set[str]) -> tuple[Computation, 
     for leader, names in members.items():
         if len(names) < 2:
             continue
-        fusion, fused = _make_fusion(comp, leader, names, _unique(f"fused.{leader}", taken))
+        fusion, fused = _make_fusion(comp, leader, names, unique_name(f"fused.{leader}", taken))
         made.append(fused)
         replaced[leader] = fusion
         drop.update(n for n in names if n != leader)
@@ -377,16 +365,6 @@ def _fusible(instr: Instruction) -> bool:
         instr.shape.element_type.is_integer or instr.shape.element_type.name == "pred"
     )
     return instr.opcode in FUSIBLE and not integer_scalar
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    """``name``, or ``name.2``, ``name.3``... whichever is not taken yet (then taken)."""
-    k, unique = 1, name
-    while unique in taken:
-        k += 1
-        unique = f"{name}.{k}"
-    taken.add(unique)
-    return unique
 
 
 def _make_fusion(

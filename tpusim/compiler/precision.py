@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from tpusim.compiler.rewrite import rewrite_instructions, unique_name
 from tpusim.memory import Shape, element_type
 
 __all__ = ["normalize_precision"]
@@ -66,26 +67,7 @@ def _float(shape: object) -> str | None:
 
 def normalize_precision(module: Module) -> Module:
     """Give every mixed-precision instruction explicit converts (see the module docstring)."""
-    comps = []
-    for comp in module.computations:
-        taken = {i.name for i in comp.instructions}
-        body: list[Instruction] = []
-        changed = False
-        for instr in comp.instructions:
-            new = _normalized(comp, instr, taken)
-            body += new if new is not None else [instr]
-            changed = changed or new is not None
-        comps.append(replace(comp, instructions=tuple(body)) if changed else comp)
-    return replace(module, computations=tuple(comps))
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    k, unique = 1, name
-    while unique in taken:
-        k += 1
-        unique = f"{name}.{k}"
-    taken.add(unique)
-    return unique
+    return rewrite_instructions(module, _normalized)
 
 
 def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction] | None:
@@ -123,7 +105,7 @@ def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[
         assert isinstance(shape, Shape)
         if shape.element_type.name == compute:
             continue
-        name = _unique(f"{names[k]}.{compute}", taken)
+        name = unique_name(f"{names[k]}.{compute}", taken)
         wide = Shape(element_type(compute), shape.dimensions, shape.dynamic)
         out.append(Instruction(name, "convert", wide, (names[k],), Attributes(), instr.loc))
         names[k] = name
@@ -131,7 +113,7 @@ def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[
     if op == "compare" or declared == compute:
         out.append(replace(instr, operands=tuple(names)))
         return out
-    inner = _unique(f"{instr.name}.{compute}", taken)
+    inner = unique_name(f"{instr.name}.{compute}", taken)
     wide = Shape(element_type(compute), result.dimensions, result.dynamic)
     out.append(replace(instr, name=inner, shape=wide, operands=tuple(names)))
     out.append(Instruction(instr.name, "convert", result, (inner,), Attributes(), instr.loc))
@@ -150,14 +132,14 @@ def _reduction(comp: Computation, instr: Instruction, taken: set[str]) -> list[I
     source = instr.operands[0]
     if _float(x) not in (kind, None):
         assert isinstance(x, Shape)
-        source = _unique(f"{source}.{kind}", taken)
+        source = unique_name(f"{source}.{kind}", taken)
         converted = Shape(element_type(kind), x.dimensions, x.dynamic)
         out.append(Instruction(source, "convert", converted, (instr.operands[0],), Attributes(), instr.loc))
     operands = (source, instr.operands[1])
     if _float(result) in (kind, None):
         out.append(replace(instr, operands=operands))
         return out
-    inner = _unique(f"{instr.name}.{kind}", taken)
+    inner = unique_name(f"{instr.name}.{kind}", taken)
     wide = Shape(element_type(kind), result.dimensions, result.dynamic)
     out.append(replace(instr, name=inner, shape=wide, operands=operands))
     out.append(Instruction(instr.name, "convert", result, (inner,), Attributes(), instr.loc))
