@@ -25,6 +25,11 @@ from tpusim.memory import Layout, Shape
 
 __all__ = ["CompileOptions", "ControlSlice", "Lowering", "Mark", "OpScope", "control_slice"]
 
+Ranges = list[list[tuple[int, int]]]
+"""Per core, HBM byte ranges ``(start, end)`` (megacore synchronisation)."""
+Accesses = tuple[Ranges, Ranges]
+"""Per core, the HBM ranges read and the ranges written."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class CompileOptions:
@@ -125,10 +130,10 @@ class Lowering:
         self.spare_turn = 0  # rotates the cores' turns, so spare blocks go to each core in turn
         self.lone_turn = 0  # the core that runs the next instruction that does not split
         # HBM byte ranges each core read and wrote since the last chip barrier (megacore only).
-        self._reads: list[list[tuple[int, int]]] = [[] for _ in range(cores)]
-        self._writes: list[list[tuple[int, int]]] = [[] for _ in range(cores)]
+        self._reads: Ranges = [[] for _ in range(cores)]
+        self._writes: Ranges = [[] for _ in range(cores)]
         self.barriers = 0
-        self._loops: list[tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]] = []
+        self._loops: list[Accesses] = []
         # True while an instruction is lowered as one synchronised segment; False inside a control-flow
         # rule, whose own transfers (loop-state copies, predicate reads) synchronise one by one.
         self.in_segment = False
@@ -274,10 +279,10 @@ class Lowering:
         self.synchronise(start)
 
     @contextmanager
-    def loop_body(self) -> Iterator[list[tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]]]:
+    def loop_body(self) -> Iterator[list[Accesses]]:
         """Collect the HBM accesses of every segment synchronised inside the block (a loop's condition and
         body) into the one-element list it yields."""
-        acc: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]] = (
+        acc: Accesses = (
             [[] for _ in range(self.cores)],
             [[] for _ in range(self.cores)],
         )
@@ -287,7 +292,7 @@ class Lowering:
         finally:
             self._loops.remove(acc)
 
-    def back_edge(self, loop: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]) -> bool:
+    def back_edge(self, loop: Accesses) -> bool:
         """At a loop's back edge: a barrier (True) when what the cores touched since the last one conflicts
         with anything the loop touches (the next iteration's segments were synchronised without it).
         Without one, the loop's exit carries what is outstanding here too."""
@@ -312,11 +317,11 @@ class Lowering:
         self._reads = [[] for _ in range(self.cores)]
         self._writes = [[] for _ in range(self.cores)]
 
-    def accesses(self) -> tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]:
+    def accesses(self) -> Accesses:
         """What :meth:`synchronise` knows now (to restore where control flow joins)."""
         return [list(r) for r in self._reads], [list(w) for w in self._writes]
 
-    def restore(self, *states: tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]) -> None:
+    def restore(self, *states: Accesses) -> None:
         """Make the outstanding accesses those of ``states`` (several: where control flow joins, any of them)."""
         self._reads = [_merge([r for s in states for r in s[0][c]]) for c in range(self.cores)]
         self._writes = [_merge([w for s in states for w in s[1][c]]) for c in range(self.cores)]
@@ -614,10 +619,10 @@ def _hbm_accesses(instructions: Sequence[Any]) -> tuple[list[tuple[int, int]], l
 
 
 def _conflict(
-    reads: list[list[tuple[int, int]]],
-    writes: list[list[tuple[int, int]]],
-    done_reads: list[list[tuple[int, int]]],
-    done_writes: list[list[tuple[int, int]]],
+    reads: Ranges,
+    writes: Ranges,
+    done_reads: Ranges,
+    done_writes: Ranges,
 ) -> bool:
     """Core c's new accesses meet what another core d did: c reads or writes what d wrote, or writes what d
     read."""
