@@ -563,11 +563,9 @@ class _Planner:
             for s, e, o, z in sorted(placed, key=lambda t: t[2]):
                 if s <= end and start <= e and at < o + z and o < at + size:
                     at = _align(o + z)
-            if not place:
-                pass
-            elif cls is not None:
+            if place and cls is not None:
                 self._place(cls, at)
-            else:
+            elif place:
                 for callee in callees:  # branches of a conditional share the region
                     peak = max(peak, self._allocate_scope(callee, at))
             placed.append((start, end, at, size))
