@@ -11,6 +11,7 @@ from heavy_checks import check_hlo
 from jax_oracle import Tolerance, check_against_jax
 
 from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.ir import WindowDim
 from tpusim.compiler.hlo.reference import evaluate
 
 RNG = np.random.default_rng(0)  # reseeded for every test (conftest.py)
@@ -426,3 +427,26 @@ def test_reduce_window_sum_of_negative_zeros_keeps_the_sign_of_init(init: str) -
     or not; numpy's sums start at +0.0)."""
     text = _window_module("f32", (4, 4), init, "add", "size=2x2 pad=1_1x1_1")
     check_hlo(text, np.full((4, 4), -0.0, np.float32), tol=EXACT)
+
+
+@pytest.mark.parametrize(
+    ("window", "strides", "padding", "op", "init"),
+    [
+        ((1, 511), (1, 1), ((0, 0), (255, 255)), jax.lax.max, -np.inf),  # XLA:TPU's softmax row maximum
+        ((1, 511), (1, 1), ((0, 0), (255, 255)), jax.lax.add, 0.0),
+        ((3, 256), (1, 1), ((1, 1), (0, 0)), jax.lax.add, 0.0),  # a window over the whole row, 3 rows
+        ((1, 260), (1, 2), ((0, 0), (4, 4)), jax.lax.max, -np.inf),  # strided: three windows, each whole
+        ((1, 256), (1, 1), ((0, 0), (0, 0)), jax.lax.min, np.inf),  # one position per row
+    ],
+)
+def test_windows_covering_whole_rows_reduce_and_broadcast_as_on_xla(
+    window: tuple[int, int], strides: tuple[int, int], padding: object, op: object, init: float
+) -> None:
+    """A window that holds the whole of a dimension at every position is a reduction of that dimension
+    broadcast back; the reference takes that shortcut (softmax compiled by XLA:TPU has 511-tap windows,
+    which took 23 s window by window) and must give XLA's values."""
+    x = _rand((8, 256))
+    (lo, hi) = padding[1]  # type: ignore[index]
+    assert WindowDim(window[1], strides[1], lo, hi).covers(256)
+    order = Tolerance(ulps=64, atol=1e-4, rtol=1e-5, why="a 256-term f32 sum in another order")
+    check_against_jax(lambda a: jax.lax.reduce_window(a, np.float32(init), op, window, strides, padding), x, tol=order)

@@ -80,6 +80,23 @@ class WindowDim:
     rhs_dilate: int = 1  # XLA's window_dilation
     reversal: bool = False
 
+    @property
+    def trivial(self) -> bool:
+        """Every output position reads its own operand position alone (size 1, no stride, pad or dilation)."""
+        return (self.size, self.stride, self.pad_low, self.pad_high, self.lhs_dilate, self.rhs_dilate) == (
+            1, 1, 0, 0, 1, 1
+        )  # fmt: skip
+
+    def covers(self, extent: int) -> bool:
+        """True when every window over an operand dimension of ``extent`` holds the whole dimension: the
+        reduce-window is then a reduction of that dimension broadcast back along it (XLA:TPU writes a row
+        maximum kept at full size, softmax's, as a window of ``2 * extent - 1`` padded ``extent - 1`` each side).
+        """
+        if self.lhs_dilate != 1 or self.rhs_dilate != 1 or extent < 1:
+            return False
+        outputs = (extent + self.pad_low + self.pad_high - self.size) // self.stride + 1
+        return outputs >= 1 and (outputs - 1) * self.stride <= self.pad_low and self.size - self.pad_low >= extent
+
 
 @dataclass(frozen=True, slots=True)
 class Window:

@@ -108,9 +108,17 @@ def parse_module(text: str, source: str | None = None, *, verify: bool = True) -
 
 
 def load_module(path: str | Path, *, verify: bool = True) -> Module:
-    """Read and parse the HLO text file at ``path`` (verified by default)."""
+    """Read and parse the HLO text file at ``path`` (verified by default); a ``.gz`` file is read through gzip."""
     path = Path(path)
-    return parse_module(decode_text(path.read_bytes(), str(path)), str(path), verify=verify)
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        import gzip
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as err:
+            raise HloParseError(f"{path} is not a readable gzip file ({err})", "", 0, str(path)) from None
+    return parse_module(decode_text(data, str(path)), str(path), verify=verify)
 
 
 def decode_text(data: bytes, source: str) -> str:

@@ -14,6 +14,11 @@ Found by lowering JAX 0.10 programs for CPU and TPU (``jax.jit(f).trace(...).low
   QR), ``lapack_?syevd_ffi``/``?heevd_ffi`` (symmetric eigen) and ``lapack_?gesdd_ffi`` (SVD).
   ``backend_config`` carries LAPACK's character flags as bytes (``uplo = 76 : ui8`` is 'L').
 * TPU linear algebra: ``Qr``, ``ProductOfElementaryHouseholderReflectors``, ``Eigh``, ``LuDecomposition``.
+* Targets of XLA:TPU's compiled modules (``jax.jit(f).lower(...).compile().as_text()`` with libtpu):
+  ``ConcatBitcast`` (operands placed one after another along the result's only grown dimension: a
+  concatenate XLA makes free by placing them adjacently), ``AllocateBuffer`` (an uninitialised buffer a later
+  instruction fills: zeros here), and the index annotations ``AssumeGatherIndicesInBound`` and
+  ``GatherScatterIndicesBitpacked`` (values pass through: the gather that reads them sees the same indices).
 
 Eigenvectors and singular vectors are unique only up to a sign (a phase for complex) per vector, so they
 match XLA up to that choice; everything else follows LAPACK's conventions. Unknown targets raise
@@ -27,8 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tpusim.compiler.hlo.ir import Instruction
-from tpusim.compiler.hlo.reference.control import register_custom_call
+from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.hlo.reference.control import register_custom_call, zeros_of
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value
 from tpusim.compiler.hlo.reference.linalg import (
     cholesky_lower,
@@ -39,9 +44,9 @@ from tpusim.compiler.hlo.reference.linalg import (
     triangular_solve,
     wide,
 )
-from tpusim.memory import TupleShape
+from tpusim.memory import Shape, TupleShape
 
-__all__ = ["backend_flags"]
+__all__ = ["backend_flags", "concat_bitcast_order"]
 
 
 def backend_flags(instr: Instruction) -> dict[str, int]:
@@ -84,6 +89,8 @@ def _lapack(*names: str) -> tuple[str, ...]:
     "SPMDShardToFullShape",
     "xla.sdy.GlobalToLocalShape",
     "xla.sdy.LocalToGlobalShape",
+    "AssumeGatherIndicesInBound",
+    "GatherScatterIndicesBitpacked",
 )
 def _identity(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     if len(args) == 1 and not isinstance(instr.shape, TupleShape):
@@ -99,6 +106,68 @@ def _identity(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Va
         )
     values = tuple(args)
     return values if isinstance(instr.shape, TupleShape) else values[0]
+
+
+def concat_bitcast_order(comp: Computation, instr: Instruction) -> tuple[int, tuple[int, ...]]:
+    """How a ``ConcatBitcast`` custom-call assembles its result: ``(dimension, operand order)``.
+
+    XLA:TPU makes the concatenation free by placing its operands next to each other in memory, so the operand
+    order in the text need not be their order in the result: a weight prefetched as four row slices
+    ``[128:256], [256:384], [384:512], [0:128]`` is one ``ConcatBitcast`` of the four that is the weight
+    itself. When every operand is the result of a ``slice-done`` (or a ``slice``) of one array along the
+    concatenated dimension, the operands go in the order of their slice starts; otherwise in the text's order.
+    The dimension is the one in which the result is the sum of its operands' sizes, the others equal.
+
+    Raises:
+        EvaluationError: the shapes do not describe a concatenation.
+    """
+    result = instr.shape
+    shapes = [comp[o].shape for o in instr.operands]
+    dims = [s.dimensions for s in shapes if isinstance(s, Shape)]
+    if isinstance(result, TupleShape) or not dims or len(dims) != len(instr.operands):
+        raise EvaluationError(instr, "ConcatBitcast takes array operands and has an array result")
+    want = result.dimensions
+    dimension = next(
+        (
+            d
+            for d in range(len(want))
+            if all(len(o) == len(want) and all(o[e] == want[e] for e in range(len(want)) if e != d) for o in dims)
+            and sum(o[d] for o in dims) == want[d]
+        ),
+        None,
+    )
+    if dimension is None:
+        raise EvaluationError(instr, f"ConcatBitcast of {[list(d) for d in dims]} into {result} is not a concatenation")
+    starts = [_slice_start(comp, o, dimension) for o in instr.operands]
+    order = tuple(range(len(dims)))
+    known = [s for s in starts if s is not None]
+    if len(known) == len(starts) and len({s[0] for s in known}) == 1:
+        order = tuple(sorted(order, key=lambda i: known[i][1]))
+    return dimension, order
+
+
+def _slice_start(comp: Computation, name: str, dimension: int) -> tuple[str, int] | None:
+    """``(sliced array, start in dimension)`` when ``name`` is a slice, or the done of an async slice."""
+    instr = comp[name]
+    if instr.opcode == "async-done":
+        instr = comp[instr.operands[0]]
+    wrapped = instr.async_wrapped_instruction() or instr
+    if wrapped.opcode != "slice":
+        return None
+    return wrapped.operands[0], wrapped.attr("slice")[dimension].start
+
+
+@register_custom_call("ConcatBitcast")
+def _concat_bitcast(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    arrays = _arrays(instr, args, len(args))
+    assert ctx.computation is not None
+    dimension, order = concat_bitcast_order(ctx.computation, instr)
+    return np.concatenate([arrays[i] for i in order], axis=dimension)
+
+
+@register_custom_call("AllocateBuffer")
+def _allocate_buffer(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    return zeros_of(instr.shape)
 
 
 # ---------------------------------------------------------------------------------------------

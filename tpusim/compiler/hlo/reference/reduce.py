@@ -104,6 +104,21 @@ def reduce_window_arrays(
     """XLA reduce-window of ``operands`` with ``instr``'s window and ``to_apply``."""
     window = _window(instr, operands[0].ndim)
     rank = operands[0].ndim
+    shape = operands[0].shape
+    whole = [d for d, w in enumerate(window.dims) if w.size > 1 and w.covers(shape[d])]
+    if whole and all(w.trivial or d in whole for d, w in enumerate(window.dims)):
+        # Every window holds whole dimensions: reduce them (init combined once, as each window does) and
+        # broadcast the result back along them, without materialising one window per position.
+        keep = [d for d in range(rank) if d not in whole]
+        taps = int(np.prod([shape[d] for d in whole], dtype=np.int64))
+        kept = tuple(shape[d] for d in keep)
+        moved = [np.asarray(a.transpose(keep + whole), order="C").reshape((*kept, taps)) for a in operands]
+        reduced = reduce_last_axis(ctx, computation(ctx, instr, instr.attr("to_apply")), moved, inits, exact_zero=True)
+        out_shape = tuple(
+            (shape[d] + w.pad_low + w.pad_high - w.size) // w.stride + 1 for d, w in enumerate(window.dims)
+        )
+        expanded = [r.reshape(tuple(1 if d in whole else shape[d] for d in range(rank))) for r in reduced]
+        return [np.ascontiguousarray(np.broadcast_to(r, out_shape)) for r in expanded]
     strided = [windows(dilate_pad(a, window.dims, init), window.dims) for a, init in zip(operands, inits)]
     # Padding and base-dilation holes take no part (XLA applies the computation to init and the window's
     # in-bounds elements only; padding with init would count a non-identity init once per padded tap).
