@@ -32,6 +32,7 @@ __all__ = [
     "assert_close",
     "check_against_jax",
     "check_spmd_against_jax",
+    "convolution_text",
     "hlo_of",
     "jax_outputs",
     "module_tolerance",
@@ -357,6 +358,14 @@ def check_spmd_against_jax(
 # ---------------------------------------------------------------------------------------------
 # HLO text straight to XLA CPU (for ops and attributes JAX's API cannot express)
 # ---------------------------------------------------------------------------------------------
+def convolution_text(lhs: str, rhs: str, out: str, attrs: str) -> str:
+    """HLO text of a module computing one ``convolution`` of two parameters (shapes as HLO text)."""
+    return (
+        f"HloModule conv\nENTRY e {{\n  a = {lhs} parameter(0)\n  b = {rhs} parameter(1)\n"
+        f"  ROOT c = {out} convolution(a, b), {attrs}\n}}\n"
+    )
+
+
 def run_hlo_on_xla(text: str, *args: np.ndarray) -> list[np.ndarray]:
     """Compile HLO ``text`` with XLA's CPU backend (through jaxlib) and run it on ``args``; the outputs are
     flattened. Uses jaxlib internals (HLO text -> StableHLO -> PjRt compile), pinned by the jax version of

@@ -17,11 +17,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 from e2e_support import run_checked
+from jax_oracle import convolution_text
 
 import tpusim
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.lowering.dot_dims import convolution_dims
 from tpusim.isa import MxuMatmul
 
 CHIPS = ("teaching", "tpu_v5e")
@@ -307,3 +309,51 @@ def test_random_configurations(seed: int) -> None:
     """24 seeded random convolutions on the teaching chip (a sweep of 450 such found no mismatch)."""
     m, args = random_convolution(np.random.default_rng(seed))
     check(m, args, "teaching")
+
+
+# Matrix products XLA:TPU writes as convolutions (every form found in the compiled corpus, tests/data/corpus):
+# lhs, rhs, result, window and dim_labels, and the contraction length K of each result element.
+_PRODUCT_FORMS = [
+    ("bf16[16,24]", "bf16[24,40]", "bf16[16,40]", "dim_labels=bf_io->bf", 24),
+    ("f32[24,16]", "f32[24,40]", "f32[16,40]", "dim_labels=fb_io->bf", 24),
+    ("bf16[16,24]", "bf16[40,24]", "bf16[16,40]", "dim_labels=bf_oi->bf", 24),
+    ("bf16[16,24]", "bf16[24,40]", "bf16[40,16]", "dim_labels=bf_io->fb", 24),
+    ("bf16[4,16,24]", "bf16[24,40,1]", "bf16[4,16,40]", "window={size=1}, dim_labels=0bf_io0->0bf", 24),
+    ("bf16[4,16,24]", "bf16[40,24,1]", "bf16[4,16,40]", "window={size=1}, dim_labels=0bf_oi0->0bf", 24),
+    (  # an attention head projection: the heads are a spatial dimension of the kernel
+        "bf16[4,16,24,1]", "bf16[24,8,16,1]", "bf16[4,16,8,16]",
+        "window={size=1x8 pad=0_0x7_7 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f", 24,
+    ),
+    (  # the output projection: the heads are contracted as a spatial dimension
+        "bf16[4,16,8,24]", "bf16[8,24,40,1]", "bf16[4,16,40,1]", "window={size=1x8}, dim_labels=0b1f_1io0->0bf1", 192,
+    ),
+    (  # attention scores: batch and heads paired through lhs dilation and stride
+        "bf16[4,16,8,24]", "bf16[4,16,8,24]", "bf16[4,8,16,16]",
+        "window={size=4x8 stride=3x7 lhs_dilate=4x8}, dim_labels=0b1f_0o1i->01bf", 24,
+    ),
+    (
+        "f32[8,16,24]", "f32[8,24,40]", "f32[8,16,40]",
+        "window={size=8 stride=7 lhs_dilate=8}, dim_labels=0bf_0io->0bf", 24,
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("lhs", "rhs", "out", "attrs", "k"), _PRODUCT_FORMS)
+def test_xla_tpu_products_written_as_convolutions_run_on_the_mxu_as_products(
+    lhs: str, rhs: str, out: str, attrs: str, k: int
+) -> None:
+    """Each form is recognised as a product (the MXUs stream views of the operands, each multiply-add once, no
+    im2col staging) and gives the reference interpreter's values."""
+    module = parse_module(convolution_text(lhs, rhs, out, attrs))
+    params = module.entry_computation.parameters
+    xs = [data(p.shape.dimensions, p.shape.element_type.dtype, seed=i) for i, p in enumerate(params)]
+    conv = module.entry_computation.root_instruction
+    shapes = [module.entry_computation[o].array_shape.dimensions for o in conv.operands]
+    assert convolution_dims(conv, *shapes, conv.array_shape.dimensions) is not None
+    checked = run_checked(module, xs)
+    checked.assert_ok(attrs)
+    assert not checked.result.fallbacks
+    trace = checked.result.trace
+    mxu = np.isin(trace.unit, [trace.units.index(u) for u in trace.units if ".mxu" in u])
+    useful = 2 * k * int(np.prod(module.entry_computation.root_instruction.shape.dimensions))
+    assert int(trace.flops[mxu].sum()) == useful

@@ -8,7 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 from heavy_checks import check_hlo
-from jax_oracle import check_against_jax
+from jax_oracle import check_against_jax, convolution_text, run_hlo_on_xla
+
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.reference import evaluate
 
 RNG = np.random.default_rng(1)  # reseeded for every test (conftest.py)
 
@@ -160,3 +163,28 @@ ENTRY e {
     )
     with pytest.raises(EvaluationError, match=message):
         evaluate_instruction(EvalContext(module), comp, comp["c"], [_rand((1, 3, 5)), _rand((2, 4, 3))])
+
+
+@pytest.mark.parametrize(
+    ("lhs", "rhs", "out", "attrs"),
+    [
+        ("f32[4,16,8]", "f32[8,32,1]", "f32[4,16,32]", "window={size=1}, dim_labels=0bf_io0->0bf"),
+        ("f32[4,16,32,1]", "f32[32,8,64,1]", "f32[4,16,8,64]",
+         "window={size=1x8 pad=0_0x7_7 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f"),
+        ("f32[4,16,8,32]", "f32[8,32,64,1]", "f32[4,16,64,1]", "window={size=1x8}, dim_labels=0b1f_1io0->0bf1"),
+        ("f32[4,16,8,32]", "f32[4,16,8,32]", "f32[4,8,16,16]",
+         "window={size=4x8 stride=3x7 lhs_dilate=4x8}, dim_labels=0b1f_0o1i->01bf"),
+        ("f32[8,16,32]", "f32[8,32,64]", "f32[8,16,64]",
+         "window={size=8 stride=7 lhs_dilate=8}, dim_labels=0bf_0io->0bf"),
+    ],
+)  # fmt: skip
+def test_products_xla_tpu_writes_as_convolutions_against_xla_cpu(lhs: str, rhs: str, out: str, attrs: str) -> None:
+    """The matrix products of XLA:TPU's compiled modules, written as convolutions with dilations, strides and
+    reversed padded windows (tests/data/corpus), evaluate as XLA CPU evaluates them."""
+    text = convolution_text(lhs, rhs, out, attrs)
+    module = parse_module(text)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(p.shape.dimensions).astype(np.float32) for p in module.entry_computation.parameters]
+    want = run_hlo_on_xla(text, *xs)[0]
+    got = evaluate(module, xs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)

@@ -42,7 +42,8 @@ from math import ceil, prod
 from tpusim.compiler.hlo.ir import Computation, ConvDims, Instruction
 from tpusim.compiler.hlo.ir import Window as HloWindow
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
-from tpusim.compiler.lowering.dot import matmul_precision
+from tpusim.compiler.lowering.dot import emit_product, matmul_precision
+from tpusim.compiler.lowering.dot_dims import convolution_dims
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.staging import (
     Axis,
@@ -181,6 +182,10 @@ def lower_convolution(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     lhs = ctx.hbm(comp.name, instr.operands[0])
     rhs = ctx.hbm(comp.name, instr.operands[1])
     out = ctx.hbm(comp.name, instr.name)
+    product = convolution_dims(instr, lhs.dims, rhs.dims, out.dims)
+    if product is not None:  # a matrix product written as a convolution (XLA:TPU's form of most dots)
+        emit_product(ctx, instr, product, lhs, rhs, out)
+        return
     lt, rt, ot = lhs.element_type.name, rhs.element_type.name, out.element_type
     if lt != rt or lt not in _ACCUMULATOR:
         raise NotLowerable(f"a {lt} x {rt} convolution (the MXU multiplies bf16, f32 through bf16 passes, and int8)")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
+from tpusim.compiler.lowering.dot_dims import DotDims, dot_dims
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.views import view_ref, view_shape
@@ -50,7 +51,7 @@ from tpusim.isa import (
 )
 from tpusim.memory import Shape, element_type
 
-__all__ = ["lower_dot", "matmul_precision"]
+__all__ = ["emit_product", "lower_dot", "matmul_precision"]
 
 _MXU_INPUTS = {"bf16": "bf16", "f32": "f32", "s8": "int8", "u8": "int8"}
 _PASSES = {"default": "bf16", "high": "bf16_3x", "highest": "bf16_6x"}
@@ -105,33 +106,34 @@ class _Views:
         return hi - lo
 
 
-def _views(instr: Instruction, lhs: MemRef, rhs: MemRef, out: MemRef) -> _Views:
-    lb, rb = tuple(instr.attr("lhs_batch_dims", ())), tuple(instr.attr("rhs_batch_dims", ()))
-    lc, rc = tuple(instr.attr("lhs_contracting_dims", ())), tuple(instr.attr("rhs_contracting_dims", ()))
-    if not lc:
+def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef) -> _Views:
+    """The ``[lead..., M, K]``, ``[lead..., K, N]`` and ``[lead..., M, N]`` views of a product with dimension
+    roles ``d``: M is the last lhs free dimension, N the last rhs free one, K the last contracting pair; the
+    other free and contracting dimensions, the batch pairs and the unit dimensions lead (units at index 0)."""
+    if not d.lhs_contracting:
         raise NotLowerable("a dot without contracting dimensions (an outer product)")
-    lf = [d for d in range(lhs.shape.rank) if d not in lb and d not in lc]
-    rf = [d for d in range(rhs.shape.rank) if d not in rb and d not in rc]
-    nb = len(lb)
-    lhs_order = (*lb, *lf[:-1], *lc[:-1], lf[-1] if lf else None, lc[-1])
-    rhs_order = (*rb, *rf[:-1], *rc[:-1], rc[-1], rf[-1] if rf else None)
+    lf, rf, lc, rc = d.lhs_free, d.rhs_free, d.lhs_contracting, d.rhs_contracting
+    lhs_order = (*d.lhs_batch, *lf[:-1], *lc[:-1], *d.lhs_units, lf[-1] if lf else None, lc[-1])
+    rhs_order = (*d.rhs_batch, *rf[:-1], *rc[:-1], *d.rhs_units, rc[-1], rf[-1] if rf else None)
     out_order = (
-        *range(nb),
-        *(nb + j for j in range(len(lf) - 1)),
-        *(nb + len(lf) + j for j in range(len(rf) - 1)),
-        nb + len(lf) - 1 if lf else None,
-        nb + len(lf) + len(rf) - 1 if rf else None,
+        *d.out_batch,
+        *d.out_lhs_free[:-1],
+        *d.out_rhs_free[:-1],
+        *d.out_units,
+        d.out_lhs_free[-1] if lf else None,
+        d.out_rhs_free[-1] if rf else None,
     )
     ld, rd = lhs.shape.dimensions, rhs.shape.dimensions
-    batch = [range(ld[d]) for d in lb]
-    lloops, rloops = [range(ld[d]) for d in lf[:-1]], [range(rd[d]) for d in rf[:-1]]
-    cloops = [range(ld[d]) for d in lc[:-1]]
+    batch = [range(ld[i]) for i in d.lhs_batch]
+    lloops, rloops = [range(ld[i]) for i in lf[:-1]], [range(rd[i]) for i in rf[:-1]]
+    cloops = [range(ld[i]) for i in lc[:-1]]
+    lu, ru, ou = (0,) * len(d.lhs_units), (0,) * len(d.rhs_units), (0,) * len(d.out_units)
     products = []
     for b in itertools.product(*batch):
         for li in itertools.product(*lloops):
             for ri in itertools.product(*rloops):
-                pairs = tuple(((*b, *li, *c), (*b, *ri, *c)) for c in itertools.product(*cloops))
-                products.append(((*b, *li, *ri), pairs))
+                pairs = tuple(((*b, *li, *c, *lu), (*b, *ri, *c, *ru)) for c in itertools.product(*cloops))
+                products.append(((*b, *li, *ri, *ou), pairs))
     return _Views(view_ref(lhs, lhs_order), view_ref(rhs, rhs_order), view_ref(out, out_order), tuple(products))
 
 
@@ -210,8 +212,19 @@ class _Block:
 # --------------------------------------------------------------------------------------------- the rule
 @lowering("dot")
 def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    lhs_ref, rhs_ref = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.operands[1])
-    out_ref = ctx.hbm(comp.name, instr.name)
+    lhs, rhs = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.operands[1])
+    emit_product(ctx, instr, dot_dims(instr, lhs.shape.rank, rhs.shape.rank), lhs, rhs, ctx.hbm(comp.name, instr.name))
+
+
+def emit_product(
+    ctx: Lowering, instr: Instruction, dims: DotDims, lhs_ref: MemRef, rhs_ref: MemRef, out_ref: MemRef
+) -> None:
+    """Emit the matrix product ``instr`` (a dot, or a convolution that is one) of ``lhs_ref`` and ``rhs_ref``
+    into ``out_ref``, its dimensions playing the roles ``dims``.
+
+    Raises:
+        NotLowerable: operand or result types the MXU does not multiply, or blocks that do not fit VMEM.
+    """
     lt, rt, ot = lhs_ref.element_type, rhs_ref.element_type, out_ref.element_type
     if lt != rt or lt.name not in _MXU_INPUTS:
         raise NotLowerable(f"a {lt} x {rt} dot (the MXU multiplies bf16, f32 through bf16 passes, and s8/u8)")
@@ -223,7 +236,7 @@ def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     if 0 in lhs_ref.shape.dimensions or 0 in rhs_ref.shape.dimensions:
         raise NotLowerable("an empty dot (a zero-sized dimension)")
     precision = matmul_precision(instr, ctx.options.matmul_precision, lt.name)
-    views = _core_share(ctx, _views(instr, lhs_ref, rhs_ref, out_ref))
+    views = _core_share(ctx, _views(dims, lhs_ref, rhs_ref, out_ref))
     if views is not None:
         _DotEmitter(ctx, views, precision).run()
 

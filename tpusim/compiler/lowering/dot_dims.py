@@ -1,0 +1,146 @@
+"""What every dimension of a matrix product is: the roles the dot lowering works from, for ``dot`` and for the
+convolutions that are dots.
+
+A product pairs its operands' dimensions: *batch* dimensions (one in each operand and one in the result, the
+same index everywhere), *contracting* dimensions (one in each operand, summed over), *free* dimensions of one
+operand (one in the result), and *unit* dimensions of size 1 that take part in nothing. ``dot`` states them
+(``lhs_batch_dims`` ...; its result lists batch, lhs free, rhs free dimensions in that order).
+
+XLA:TPU writes most of its matrix products as ``convolution`` instructions whose spatial dimensions play those
+roles through their windows (its compiled modules, e.g. a batched attention product as ``window={size=4x8
+stride=3x7 lhs_dilate=4x8}, dim_labels=0b1f_0o1i->01bf``). :func:`convolution_dims` finds each spatial
+dimension's role from which (output, input, kernel) index triples its window relates, when every dimension
+has one:
+
+- *lhs free*: a window of one tap that reads input position ``o`` for output ``o`` (``size=1``);
+- *rhs free*: a one-element input read by tap ``o`` for output ``o``, e.g. ``size=8 pad=7_7 rhs_reversal=1``:
+  output ``o`` reads kernel position ``o`` only (a head dimension carried by the kernel);
+- *contracting*: one output whose window holds the whole input, tap ``i`` reading position ``i``;
+- *batch*: output ``o`` reads input position ``o`` with tap ``o`` (``size=W stride=W-1 lhs_dilate=W``: the
+  dilation leaves one input element in each window, at its own tap);
+- *unit*: size 1 everywhere.
+
+Anything else (a real sliding window, feature or batch groups) is a convolution, lowered as one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpusim.compiler.hlo.ir import ConvDims, Instruction, Window, WindowDim
+
+__all__ = ["DotDims", "convolution_dims", "dot_dims"]
+
+
+@dataclass(frozen=True)
+class DotDims:
+    """The roles of a product's dimensions.
+
+    Attributes:
+        lhs_batch, rhs_batch, out_batch: paired batch dimensions of the left operand, right operand, result.
+        lhs_contracting, rhs_contracting: paired contracting dimensions.
+        lhs_free, out_lhs_free: the left operand's free dimensions and their result dimensions.
+        rhs_free, out_rhs_free: the right operand's free dimensions and their result dimensions.
+        lhs_units, rhs_units, out_units: size-1 dimensions that take part in nothing.
+    """
+
+    lhs_batch: tuple[int, ...]
+    rhs_batch: tuple[int, ...]
+    out_batch: tuple[int, ...]
+    lhs_contracting: tuple[int, ...]
+    rhs_contracting: tuple[int, ...]
+    lhs_free: tuple[int, ...]
+    out_lhs_free: tuple[int, ...]
+    rhs_free: tuple[int, ...]
+    out_rhs_free: tuple[int, ...]
+    lhs_units: tuple[int, ...] = ()
+    rhs_units: tuple[int, ...] = ()
+    out_units: tuple[int, ...] = ()
+
+
+def dot_dims(instr: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:
+    """The roles of a ``dot``'s dimensions (its result: batch, then lhs free, then rhs free)."""
+    lb, rb = tuple(instr.attr("lhs_batch_dims", ())), tuple(instr.attr("rhs_batch_dims", ()))
+    lc, rc = tuple(instr.attr("lhs_contracting_dims", ())), tuple(instr.attr("rhs_contracting_dims", ()))
+    lf = tuple(d for d in range(lhs_rank) if d not in lb and d not in lc)
+    rf = tuple(d for d in range(rhs_rank) if d not in rb and d not in rc)
+    nb = len(lb)
+    return DotDims(
+        lhs_batch=lb,
+        rhs_batch=rb,
+        out_batch=tuple(range(nb)),
+        lhs_contracting=lc,
+        rhs_contracting=rc,
+        lhs_free=lf,
+        out_lhs_free=tuple(range(nb, nb + len(lf))),
+        rhs_free=rf,
+        out_rhs_free=tuple(range(nb + len(lf), nb + len(lf) + len(rf))),
+    )
+
+
+def convolution_dims(
+    instr: Instruction, lhs: tuple[int, ...], rhs: tuple[int, ...], out: tuple[int, ...]
+) -> DotDims | None:
+    """The roles of a convolution's dimensions when it is a matrix product (see the module docstring), else
+    None. ``lhs``, ``rhs`` and ``out`` are the operand and result dimension sizes."""
+    labels = instr.attr("dim_labels")
+    if not isinstance(labels, ConvDims):
+        return None
+    if instr.attr("feature_group_count", 1) != 1 or instr.attr("batch_group_count", 1) != 1:
+        return None
+    window = instr.attr("window")
+    spatial = len(labels.input_spatial)
+    wdims = window.dims if isinstance(window, Window) else (WindowDim(1),) * spatial
+    if len(wdims) != spatial:
+        return None
+    roles: dict[str, list[tuple[int, int, int]]] = {"batch": [], "contract": [], "lfree": [], "rfree": [], "unit": []}
+    for s, w in enumerate(wdims):
+        i, k, o = labels.input_spatial[s], labels.kernel_spatial[s], labels.output_spatial[s]
+        role = _spatial_role(w, lhs[i], rhs[k], out[o])
+        if role is None:
+            return None
+        roles[role].append((i, k, o))
+    units_l = [i for i, _, _ in roles["unit"]] + [i for i, _, _ in roles["rfree"]]
+    units_r = [k for _, k, _ in roles["unit"]] + [k for _, k, _ in roles["lfree"]]
+    units_o = [o for _, _, o in roles["unit"]] + [o for _, _, o in roles["contract"]]
+    return DotDims(
+        lhs_batch=tuple(i for i, _, _ in roles["batch"]),
+        rhs_batch=tuple(k for _, k, _ in roles["batch"]),
+        out_batch=tuple(o for _, _, o in roles["batch"]),
+        lhs_contracting=(labels.input_feature, *(i for i, _, _ in roles["contract"])),
+        rhs_contracting=(labels.kernel_input_feature, *(k for _, k, _ in roles["contract"])),
+        lhs_free=(labels.input_batch, *(i for i, _, _ in roles["lfree"])),
+        out_lhs_free=(labels.output_batch, *(o for _, _, o in roles["lfree"])),
+        rhs_free=(labels.kernel_output_feature, *(k for _, k, _ in roles["rfree"])),
+        out_rhs_free=(labels.output_feature, *(o for _, _, o in roles["rfree"])),
+        lhs_units=tuple(units_l),
+        rhs_units=tuple(units_r),
+        out_units=tuple(units_o),
+    )
+
+
+def _spatial_role(w: WindowDim, n_in: int, n_k: int, n_out: int) -> str | None:
+    """The role one spatial dimension plays, from the (output, input, kernel) index triples its window
+    relates (every dimension involved is small in the forms XLA writes; a big sliding window is no product)."""
+    if n_in == n_k == n_out == 1 and w.size == 1:
+        return "unit"
+    if n_out * w.size > 1 << 16:
+        return None
+    triples = set()
+    dilated = (n_in - 1) * w.lhs_dilate + 1
+    for o in range(n_out):
+        for t in range(w.size):
+            at = o * w.stride + t * w.rhs_dilate - w.pad_low  # position in the dilated, padded input
+            if at < 0 or at >= dilated or at % w.lhs_dilate:
+                continue
+            kernel = w.size - 1 - t if w.reversal else t
+            triples.add((o, at // w.lhs_dilate, kernel))
+    if n_k == 1 and n_in == n_out and triples == {(o, o, 0) for o in range(n_out)}:
+        return "lfree"
+    if n_in == 1 and n_k == n_out and triples == {(o, 0, o) for o in range(n_out)}:
+        return "rfree"
+    if n_out == 1 and n_in == n_k and triples == {(0, i, i) for i in range(n_in)}:
+        return "contract"
+    if n_in == n_k == n_out and triples == {(o, o, o) for o in range(n_out)}:
+        return "batch"
+    return None
