@@ -281,3 +281,40 @@ def test_in_place_updates_never_clobber_state_still_to_be_read(text: str) -> Non
     got = tpusim.simulate(text, inputs).outputs
     for g, w in zip(got, want):
         assert np.array_equal(np.asarray(g), np.asarray(w))
+
+
+RESIDENT = """
+HloModule resident
+ENTRY main {
+  a = f32[64,128]{1,0:T(8,128)} parameter(0)
+  b = f32[64,128]{1,0:T(8,128)S(1)} negate(a)
+  c = f32[64,128]{1,0:T(8,128)S(1)} exponential(b)
+  d = f32[64,128]{1,0:T(8,128)S(1)} negate(c)
+  ROOT e = f32[64,128]{1,0:T(8,128)} exponential(d)
+}
+"""
+
+
+def test_values_the_module_keeps_in_vmem_get_vmem_buffers_by_liveness() -> None:
+    """S(1) values live in VMEM, placed by the same liveness rule from VMEM address 0; entry parameters and
+    outputs stay in HBM."""
+    size = 64 * 128 * 4
+    module = assign_layouts(parse_module(RESIDENT), RULES).module
+    buffers = assign_buffers(module, 1 << 30, 0, 1 << 20)
+    a, b, c, d, e = (buffers.buffer("main", n) for n in "abcde")
+    assert (a.space, e.space) == ("hbm", "hbm")
+    assert (b.space, c.space, d.space) == ("vmem",) * 3
+    assert d.offset == b.offset and c.offset != b.offset  # b is dead when d is made
+    assert buffers.vmem_bytes == 2 * size
+    assert buffers.hbm_bytes == 2 * size  # only a and e
+
+
+def test_residents_that_do_not_fit_the_vmem_budget_move_to_hbm_largest_first() -> None:
+    size = 64 * 128 * 4
+    module = assign_layouts(parse_module(RESIDENT), RULES).module
+    fits_one = assign_buffers(module, 1 << 30, 0, size)
+    spaces = {n: fits_one.buffer("main", n).space for n in "bcd"}
+    assert spaces == {"b": "hbm", "c": "hbm", "d": "vmem"}, spaces  # equal sizes: the earliest moves first
+    assert fits_one.vmem_bytes == size
+    none = assign_buffers(module, 1 << 30, 0, 0)
+    assert {none.buffer("main", n).space for n in "bcd"} == {"hbm"} and none.vmem_bytes == 0

@@ -55,7 +55,7 @@ class OutOfMemoryError(TpusimError):
 
 @dataclass(frozen=True, slots=True)
 class Buffer:
-    """One allocation, in HBM or (integer scalars) SMEM.
+    """One allocation, in HBM, VMEM (values whose layout says ``S(1)``) or (integer scalars) SMEM.
 
     Attributes:
         id: index in :attr:`BufferAssignment.buffers`.
@@ -64,8 +64,10 @@ class Buffer:
         shape: the array shape with the layout its bytes are stored in.
         kind: ``parameter``, ``constant``, ``output``, ``loop-state`` or ``temporary``.
         label: ``computation/instruction{index}`` of the value that defines it, for messages and traces.
-        space: ``hbm``, or ``smem`` for an integer or pred scalar the scalar unit works on (loop counters,
-            dynamic offsets): stored as plain 4-byte words, not in a tiled 512-byte row.
+        space: ``hbm``; ``vmem`` for a value resident in VMEM between the instructions that use it (its layout
+            says ``S(1)``: XLA:TPU's memory-space assignment, or tpusim's); or ``smem`` for an integer or pred
+            scalar the scalar unit works on (loop counters, dynamic offsets): stored as plain 4-byte words, not
+            in a tiled 512-byte row.
     """
 
     id: int
@@ -86,6 +88,8 @@ class BufferAssignment:
         leaves: ``(computation, instruction, index path) -> buffer id`` for every array leaf.
         hbm_bytes: the highest HBM byte any buffer reaches.
         smem_bytes: the SMEM bytes scalar buffers take (from address 0; lowerings allocate above).
+        vmem_bytes: the VMEM bytes resident buffers take (from address 0; each instruction's own VMEM blocks
+            are allocated above).
         copy_back: while loops whose body result leaf does not share the loop state buffer:
             ``(body computation, leaf index path)`` pairs the lowering must copy at the end of an iteration.
         copy_in: while loops whose operand leaf does not share the state buffer: ``(computation, while
@@ -96,6 +100,7 @@ class BufferAssignment:
     leaves: dict[Key, int]
     hbm_bytes: int
     smem_bytes: int = 0
+    vmem_bytes: int = 0
     copy_back: frozenset[tuple[str, tuple[int, ...]]] = field(default_factory=frozenset)
     copy_in: frozenset[Key] = field(default_factory=frozenset)
 
@@ -181,13 +186,15 @@ class _Class:
     shape: Shape  # the largest member shape (they normally agree)
     kind: str = "temporary"
     buffer: int | None = None
+    space: str = "hbm"
 
 
 class _Planner:
-    def __init__(self, module: Module, hbm_capacity: int, smem_capacity: int) -> None:
+    def __init__(self, module: Module, hbm_capacity: int, smem_capacity: int, vmem_budget: int) -> None:
         self.module = module
         self.capacity = hbm_capacity
         self.smem_capacity = smem_capacity
+        self.vmem_budget = vmem_budget
         self.order = sequential_computations(module)
         self.depth = {name: i for i, name in enumerate(self.order)}
         self.uf = _UnionFind()
@@ -202,7 +209,7 @@ class _Planner:
         self.last_use: dict[tuple[str, str], int] = {}
         self.leaf_reads: dict[Key, int] = {}  # last position that reads a leaf's data (not forwarding)
         self.buffers: list[Buffer] = []
-        self.extents: dict[str, int] = {}  # computation -> bytes its first-fit placement spans
+        self.extents: dict[tuple[str, str], int] = {}  # (computation, space) -> bytes its placement spans
 
     # ------------------------------------------------------------------ aliases
     def leaves(self, comp: str, instr: Instruction) -> list[Key]:
@@ -466,26 +473,57 @@ class _Planner:
             outputs.add(root)
             if classes[root].kind == "temporary":
                 classes[root].kind = "output"
+        for cls in classes.values():
+            if cls.kind not in ("parameter", "output") and all(
+                self.shapes[m].effective_layout.memory_space == 1 for m in cls.members
+            ):
+                cls.space = "vmem"  # the module keeps it in VMEM (S(1)); entry parameters and outputs live in HBM
+        self.classes = classes
+        self._fit_vmem()
         offset = 0
         # Entry parameters in parameter order, then constants: live for the whole run.
         for p in entry.parameters:
             for path, _ in leaf_paths(p.shape):
                 offset = self._place(classes[self.uf.find((entry.name, p.name, path))], offset)
+        vmem_constants = 0
         for cls in classes.values():
             if cls.kind == "constant" and cls.buffer is None:
-                offset = self._place(cls, offset)
-        self.classes = classes
+                if cls.space == "vmem":
+                    vmem_constants = self._place(cls, vmem_constants)
+                else:
+                    offset = self._place(cls, offset)
         smem = self._place_scalars({r: c for r, c in classes.items() if r not in outputs})
-        peak = self._allocate_scope(entry.name, offset)
+        peak = self._allocate_scope(entry.name, offset, space="hbm")
+        vmem = self._allocate_scope(entry.name, vmem_constants, space="vmem")
         leaves = {k: classes[self.uf.find(k)].buffer for k in self.shapes}
         return BufferAssignment(
             tuple(self.buffers),
             leaves,  # type: ignore[arg-type]
             peak,
             smem,
+            vmem,
             frozenset(self.copy_back),
             frozenset(self.copy_in),
         )
+
+    def _fit_vmem(self) -> int:
+        """Move VMEM classes to HBM, largest first, until the resident buffers fit :attr:`vmem_budget` (a module
+        whose ``S(1)`` values do not fit with the VMEM tpusim's own blocks need still runs, its biggest
+        residents in HBM); returns the resident bytes."""
+        if self.vmem_budget <= 0:
+            for c in self.classes.values():
+                c.space = "hbm"
+            return 0
+        while True:
+            constants = sum(_align(c.shape.byte_size) for c in self.classes.values()
+                            if c.space == "vmem" and c.kind == "constant")  # fmt: skip
+            self.extents = {}
+            need = self._allocate_scope(self.module.entry, constants, place=False, space="vmem")
+            resident = [c for c in self.classes.values() if c.space == "vmem"]
+            if need <= self.vmem_budget or not resident:
+                self.extents = {}
+                return need
+            max(resident, key=lambda c: c.shape.byte_size).space = "hbm"
 
     def _place_scalars(self, classes: dict[Key, _Class]) -> int:
         """Integer and pred scalars the program computes (not its inputs, outputs or constants; ``classes``
@@ -514,21 +552,23 @@ class _Planner:
         first = cls.members[0]
         label = f"{first[0]}/{first[1]}" + (str(list(first[2])) if first[2] else "")
         size = cls.shape.byte_size
-        if at + size > self.capacity:
+        capacity = self.capacity if cls.space == "hbm" else self.vmem_budget
+        if at + size > capacity:
             raise OutOfMemoryError(
-                f"HBM is full: {cls.kind} buffer {label} ({cls.shape}, {size} bytes) would end at byte "
-                f"{at + size}, but HBM holds {self.capacity} bytes"
+                f"{cls.space.upper()} is full: {cls.kind} buffer {label} ({cls.shape}, {size} bytes) would end at "
+                f"byte {at + size}, but {cls.space.upper()} holds {capacity} bytes"
             )
         cls.buffer = len(self.buffers)
-        self.buffers.append(Buffer(cls.buffer, at, size, cls.shape, cls.kind, label))
+        self.buffers.append(Buffer(cls.buffer, at, size, cls.shape, cls.kind, label, cls.space))
         return _align(at + size)
 
-    def _intervals(self, comp_name: str) -> list[tuple[int, int, _Class | None, tuple[str, ...], int]]:
-        """Live intervals (start, end, class or None for a nested region, callees, bytes) of a scope."""
+    def _intervals(self, comp_name: str, space: str) -> list[tuple[int, int, _Class | None, tuple[str, ...], int]]:
+        """Live intervals (start, end, class or None for a nested region, callees, bytes) of a scope's classes
+        in ``space``."""
         comp = self.module[comp_name]
         out: list[tuple[int, int, _Class | None, tuple[str, ...], int]] = []
         for cls in self.classes.values():
-            if cls.owner != comp_name or cls.buffer is not None:
+            if cls.owner != comp_name or cls.buffer is not None or cls.space != space:
                 continue
             local = [k for k in cls.members if k[0] == comp_name]
             start = min(self.position[(k[0], k[1])] for k in local)
@@ -539,26 +579,26 @@ class _Planner:
         for i, instr in enumerate(comp.instructions):
             callees = _sequential_callees(instr)
             if callees:
-                need = max(self._scope_extent(c) for c in callees)
+                need = max(self._scope_extent(c, space) for c in callees)
                 if need:
                     out.append((i, i, None, callees, need))
         return out
 
-    def _scope_extent(self, comp_name: str) -> int:
+    def _scope_extent(self, comp_name: str, space: str) -> int:
         """Bytes a computation's own buffers and nested calls take when first-fit places them from offset 0:
         the region its caller reserves for it, which must hold the placement :meth:`_allocate_scope` makes
         (first fit can need more than the peak of live bytes, when freed ranges are too small to reuse)."""
-        extent = self.extents.get(comp_name)
+        extent = self.extents.get((comp_name, space))
         if extent is None:
-            extent = self.extents[comp_name] = self._allocate_scope(comp_name, 0, place=False)
+            extent = self.extents[(comp_name, space)] = self._allocate_scope(comp_name, 0, place=False, space=space)
         return extent
 
-    def _allocate_scope(self, comp_name: str, base: int, place: bool = True) -> int:
-        """First-fit allocation of a scope's classes above ``base``; returns the highest byte used. With
-        ``place=False``, only measures: the same layout, nothing assigned."""
+    def _allocate_scope(self, comp_name: str, base: int, place: bool = True, *, space: str) -> int:
+        """First-fit allocation of a scope's classes in ``space`` above ``base``; returns the highest byte used.
+        With ``place=False``, only measures: the same layout, nothing assigned."""
         placed: list[tuple[int, int, int, int]] = []  # (start, end, offset, size)
         peak = base
-        for start, end, cls, callees, size in sorted(self._intervals(comp_name), key=lambda t: (t[0], -t[4])):
+        for start, end, cls, callees, size in sorted(self._intervals(comp_name, space), key=lambda t: (t[0], -t[4])):
             at = base
             for s, e, o, z in sorted(placed, key=lambda t: t[2]):
                 if s <= end and start <= e and at < o + z and o < at + size:
@@ -567,7 +607,7 @@ class _Planner:
                 self._place(cls, at)
             elif place:
                 for callee in callees:  # branches of a conditional share the region
-                    peak = max(peak, self._allocate_scope(callee, at))
+                    peak = max(peak, self._allocate_scope(callee, at, space=space))
             placed.append((start, end, at, size))
             peak = max(peak, at + size)
         return peak
@@ -577,10 +617,14 @@ def _align(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
 
-def assign_buffers(module: Module, hbm_capacity_bytes: int, smem_capacity_bytes: int = 0) -> BufferAssignment:
+def assign_buffers(
+    module: Module, hbm_capacity_bytes: int, smem_capacity_bytes: int = 0, vmem_budget_bytes: int = 0
+) -> BufferAssignment:
     """Assign buffers to a layout-assigned module (every array shape must carry its final layout): HBM for
-    arrays, SMEM (up to half of ``smem_capacity_bytes``) for integer scalars the program computes."""
-    planner = _Planner(module, hbm_capacity_bytes, smem_capacity_bytes)
+    arrays, VMEM for the arrays whose layout says ``S(1)`` as long as they fit ``vmem_budget_bytes`` (the
+    largest move to HBM until they do), SMEM (up to half of ``smem_capacity_bytes``) for integer scalars the
+    program computes."""
+    planner = _Planner(module, hbm_capacity_bytes, smem_capacity_bytes, vmem_budget_bytes)
     planner.build()
     assignment = planner.allocate()
     check_disjoint(module, assignment)

@@ -17,7 +17,7 @@ from tpusim.compiler.hlo import verify_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.printer import print_module
 from tpusim.compiler.layout_assignment import Relayout, assign_layouts
-from tpusim.compiler.lowering import lower_module
+from tpusim.compiler.lowering import lower_module, megacore_cores, talks_to_other_devices
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.passes import prepare_module
 from tpusim.compiler.precision import normalize_precision
@@ -92,7 +92,11 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     _debug("layout assignment", lambda: print_module(module))
     if checking:
         verify_module(module)
-    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes)  # by liveness; loop state in place
+    # VMEM-resident buffers (S(1)) are per core: a program split across TensorCores, or one that exchanges
+    # data with other chips (its collectives move HBM arrays), keeps its values in HBM.
+    single = megacore_cores(module, config, options) == 1 and not talks_to_other_devices(module)
+    resident = int(config.vmem.bytes * options.resident_vmem_fraction) if single else 0
+    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes, resident)  # by liveness; in place
     lowered = lower_module(module, buffers, config, options, rules)  # tile loops of ISA instructions
     _debug("lowering", lambda: print_program(lowered.program))
     if checking:

@@ -21,7 +21,15 @@ from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.isa import Halt, MemRef, Program
 
-__all__ = ["LOWERINGS", "Lowered", "NotLowerable", "lower_module", "lowering", "megacore_cores"]
+__all__ = [
+    "LOWERINGS",
+    "Lowered",
+    "NotLowerable",
+    "lower_module",
+    "lowering",
+    "megacore_cores",
+    "talks_to_other_devices",
+]
 
 # Every module of this package registers its rules when imported: import them all, so a new lowering is
 # one new module.
@@ -40,14 +48,19 @@ class Lowered:
 def megacore_cores(module: Module, config: ChipConfig, options: CompileOptions) -> int:
     """How many TensorCores of the chip the program's streams use: ``core.count`` with megacore, except for
     programs of several devices (collectives, sends and receives, device ids), which run on core 0."""
-    if not options.megacore or config.core.count == 1:
+    if not options.megacore or config.core.count == 1 or talks_to_other_devices(module):
         return 1
+    return config.core.count
+
+
+def talks_to_other_devices(module: Module) -> bool:
+    """True for a program of several devices: collectives, sends and receives, device ids."""
     for comp in module.computations:
         for instr in comp.instructions:
             base = instr.opcode.removesuffix("-start").removesuffix("-done")
             if instr.opcode in _MULTI_DEVICE or base in _MULTI_DEVICE:
-                return 1
-    return config.core.count
+                return True
+    return False
 
 
 _MULTI_DEVICE = frozenset(

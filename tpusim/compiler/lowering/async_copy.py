@@ -39,7 +39,7 @@ def lower_pass_through(ctx: Lowering, comp: Computation, instr: Instruction) -> 
     copy_arrays(
         ctx,
         [
-            (ctx.hbm(comp.name, source, path), ctx.hbm(comp.name, instr.name, path))
+            (ctx.home(comp.name, source, path), ctx.home(comp.name, instr.name, path))
             for path, _ in leaf_paths(instr.shape)
             if _distinct(ctx, comp.name, source, path, instr.name, path)
         ],
@@ -53,7 +53,7 @@ def lower_copy_start(ctx: Lowering, comp: Computation, instr: Instruction) -> No
     for part in (0, 1):
         for path, _ in leaf_paths(comp[source].shape):
             if _distinct(ctx, comp.name, source, path, instr.name, (part, *path)):
-                pairs.append((ctx.hbm(comp.name, source, path), ctx.hbm(comp.name, instr.name, (part, *path))))
+                pairs.append((ctx.home(comp.name, source, path), ctx.home(comp.name, instr.name, (part, *path))))
     pairs = [(s, d) for s, d in pairs if s.shape.element_count]
     (sem,) = take_semaphores(ctx, 1)
     for src, dst in pairs:
@@ -75,7 +75,7 @@ def lower_copy_done(ctx: Lowering, comp: Computation, instr: Instruction) -> Non
     copy_arrays(
         ctx,
         [
-            (ctx.hbm(comp.name, start, (0, *path)), ctx.hbm(comp.name, instr.name, path))
+            (ctx.home(comp.name, start, (0, *path)), ctx.home(comp.name, instr.name, path))
             for path, _ in leaf_paths(instr.shape)
             if _distinct(ctx, comp.name, start, (0, *path), instr.name, path)
         ],

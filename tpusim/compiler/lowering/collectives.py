@@ -92,12 +92,12 @@ def _reducer(ctx: Lowering, instr: Instruction) -> str:
 def _result_leaves(ctx: Lowering, comp: Computation, instr: Instruction) -> list[MemRef]:
     """The result arrays of a collective, or of the result part of an async start's tuple."""
     if instr.opcode in ("all-gather-start", "collective-permute-start", "async-start", "async-update"):
-        return [ctx.hbm(comp.name, instr.name, path) for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]
-    return ctx.hbm_leaves(comp.name, instr.name)
+        return [ctx.home(comp.name, instr.name, path) for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]
+    return ctx.home_leaves(comp.name, instr.name)
 
 
 def _operands(ctx: Lowering, comp: Computation, instr: Instruction) -> list[MemRef]:
-    return [ref for o in instr.operands for ref in ctx.hbm_leaves(comp.name, o)]
+    return [ref for o in instr.operands for ref in ctx.home_leaves(comp.name, o)]
 
 
 def _bank(state: CollectiveState) -> int:
@@ -436,7 +436,7 @@ def finish_collective(
         else:
             (dim,) = op.attr("dimensions", (0,))
             all_gather(ctx, state, bank, plan, x, results[0], dim, "done")
-    copy_arrays(ctx, list(zip(results, ctx.hbm_leaves(comp.name, instr.name))))
+    copy_arrays(ctx, list(zip(results, ctx.home_leaves(comp.name, instr.name))))
 
 
 @lowering("all-reduce-done", "all-gather-done", "collective-permute-done")
@@ -475,7 +475,7 @@ def lower_async_start(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     """An async-start wrapping a collective: the collective's own start (results in element 1)."""
     op = _wrapped(ctx, instr)
     assert op is not None
-    ys = [ctx.hbm(comp.name, instr.name, path) for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]
+    ys = [ctx.home(comp.name, instr.name, path) for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]
     part = "start" if op.opcode in ("all-reduce", "all-gather", "collective-permute") else "all"
     run_collective(ctx, op, _operands(ctx, comp, instr), ys, part)
     state = collective_state(ctx)
@@ -489,7 +489,7 @@ def lower_async_update(ctx: Lowering, comp: Computation, instr: Instruction) -> 
     state = collective_state(ctx)
     if source.name in state.open_async:
         state.open_async[instr.name] = state.open_async.pop(source.name)
-    pairs = [(ctx.hbm(comp.name, source.name, path), ctx.hbm(comp.name, instr.name, path))
+    pairs = [(ctx.home(comp.name, source.name, path), ctx.home(comp.name, instr.name, path))
              for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]  # fmt: skip
     copy_arrays(ctx, pairs)
 
@@ -519,7 +519,7 @@ def lower_unsupported(ctx: Lowering, comp: Computation, instr: Instruction) -> N
 def lower_device_id(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     """``chip_id // num_partitions`` (replica) or ``chip_id % num_partitions`` (partition), as a u32[]."""
     who = participants(ctx.module, ctx.config.ici.shape)
-    out = ctx.hbm(comp.name, instr.name)
+    out = ctx.home(comp.name, instr.name)
     reg = ctx.register()
     ctx.emit(ScalarAlu, fn="chip_id", dst=reg)
     ctx.emit(ScalarAlu, fn="div" if instr.opcode == "replica-id" else "rem", dst=reg, a=reg, b=who.partitions)

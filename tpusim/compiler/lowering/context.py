@@ -40,7 +40,12 @@ class CompileOptions:
         matmul_precision: what an HLO ``DEFAULT`` precision means for f32 dots and convolutions:
             ``default`` one bf16 pass, ``high`` three, ``highest`` six (JAX's ``jax_default_matmul_precision``).
         fuse: group chains of elementwise operations into fusions before lowering (as XLA does).
-        vmem_fraction: the share of VMEM one HLO instruction may use (the rest lets the next one start).
+        vmem_fraction: the share of the VMEM left by resident buffers that one HLO instruction may use (the
+            rest lets the next one start).
+        resident_vmem_fraction: the share of VMEM that buffers resident between instructions (values whose
+            layout says ``S(1)``) may take; the rest holds each instruction's own blocks (XLA:TPU's split
+            between memory-space assignment and its per-instruction "scoped" VMEM). Residents that do not fit
+            move to HBM, the largest first.
         megacore: on a chip of several TensorCores (``core.count``, v4 and v5p), split the blocks of dots
             and vector operations between its cores, one instruction stream per core, as XLA does for
             megacore; False runs everything on core 0 (single-core chips are unaffected either way).
@@ -50,6 +55,7 @@ class CompileOptions:
     matmul_precision: str = "default"
     fuse: bool = True
     vmem_fraction: float = 0.5
+    resident_vmem_fraction: float = 0.75
     megacore: bool = True
 
     def __post_init__(self) -> None:
@@ -57,6 +63,8 @@ class CompileOptions:
             raise CompileError(f"matmul precision must be default, high or highest, not {self.matmul_precision!r}")
         if not 0.0 < self.vmem_fraction <= 1.0:
             raise CompileError(f"vmem_fraction must be in (0, 1], not {self.vmem_fraction}")
+        if not 0.0 <= self.resident_vmem_fraction < 1.0:
+            raise CompileError(f"resident_vmem_fraction must be in [0, 1), not {self.resident_vmem_fraction}")
 
 
 @dataclass(frozen=True)
@@ -339,15 +347,16 @@ class Lowering:
         for c in self.targets:
             self.streams[c].label(name)
 
-    # ------------------------------------------------------------------ HBM buffers
-    def hbm(self, comp: str, value: str, index: tuple[int, ...] = ()) -> MemRef:
-        """The home of leaf ``index`` of ``value`` in computation ``comp``: its HBM array, or, for an integer
-        scalar buffer assignment put in SMEM, its SMEM word."""
+    # ------------------------------------------------------------------ buffers
+    def home(self, comp: str, value: str, index: tuple[int, ...] = ()) -> MemRef:
+        """The home of leaf ``index`` of ``value`` in computation ``comp``: its HBM array; its VMEM array when
+        buffer assignment keeps it resident (``S(1)``); or, for an integer scalar buffer assignment put in SMEM,
+        its SMEM word."""
         buf = self.buffers.buffer(comp, value, index)
         shape = self.leaf_shape(comp, value, index)
         if buf.space == "smem":  # a plain word, whatever the tiled layout the value was given
             return MemRef(Space.SMEM, buf.offset, shape.with_layout(Layout.default(shape.rank)))
-        return MemRef(Space.HBM, buf.offset, shape)
+        return MemRef(Space.VMEM if buf.space == "vmem" else Space.HBM, buf.offset, shape)
 
     def leaf_shape(self, comp: str, value: str, index: tuple[int, ...] = ()) -> Shape:
         shape = self.module[comp][value].shape
@@ -356,18 +365,19 @@ class Lowering:
         assert isinstance(shape, Shape)
         return shape
 
-    def hbm_leaves(self, comp: str, value: str) -> list[MemRef]:
-        """HBM arrays of every array leaf of a value, in leaf order."""
+    def home_leaves(self, comp: str, value: str) -> list[MemRef]:
+        """The homes of every array leaf of a value, in leaf order."""
         shape = self.module[comp][value].shape
-        return [self.hbm(comp, value, path) for path, _ in leaf_paths(shape)]
+        return [self.home(comp, value, path) for path, _ in leaf_paths(shape)]
 
     # ------------------------------------------------------------------ per-instruction resources
     @contextmanager
     def op(self, comp: Computation, instr: Instruction) -> Iterator[OpScope]:
         """Hold VMEM, semaphores, registers and HBM scratch while ``instr`` is lowered."""
-        vmem_bytes = self.config.vmem.bytes
-        share = int(vmem_bytes * self.options.vmem_fraction) // ALIGNMENT * ALIGNMENT
-        base = 0 if self._half == 0 or share * 2 > vmem_bytes else share
+        resident = -(-self.buffers.vmem_bytes // ALIGNMENT) * ALIGNMENT
+        free = self.config.vmem.bytes - resident
+        share = int(free * self.options.vmem_fraction) // ALIGNMENT * ALIGNMENT
+        base = resident + (0 if self._half == 0 or share * 2 > free else share)
         self._half ^= 1
         outer, outer_hlo, outer_comp = self._scope, self.hlo, self.computation
         scope = OpScope(
@@ -438,7 +448,7 @@ class Lowering:
             if ref is not None and c[instr.name].attr("literal") == instr.attr("literal"):
                 return ref
         if comp is not None and (comp.name, instr.name, ()) in self.buffers.leaves:
-            return self.hbm(comp.name, instr.name)
+            return self.home(comp.name, instr.name)
         raise CompileError(f"internal: constant {instr.name} has no HBM home")
 
     def smem(self, shape: Shape) -> MemRef:

@@ -115,7 +115,7 @@ def read_scalar(ctx: Lowering, src: MemRef) -> Reg:
 def _result_copies(ctx: Lowering, callee: str, comp: Computation, instr: Instruction) -> list[Copy]:
     root = ctx.module[callee].root
     return [
-        Copy(ctx.hbm(callee, root, path), ctx.hbm(comp.name, instr.name, path)) for path, _ in leaf_paths(instr.shape)
+        Copy(ctx.home(callee, root, path), ctx.home(comp.name, instr.name, path)) for path, _ in leaf_paths(instr.shape)
     ]
 
 
@@ -128,8 +128,8 @@ def lower_while(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
         ctx,
         [
             Copy(
-                ctx.hbm(comp.name, operand, path),
-                ctx.hbm(comp.name, instr.name, path),
+                ctx.home(comp.name, operand, path),
+                ctx.home(comp.name, instr.name, path),
                 carries(comp.name, instr.name, path),
             )
             for path, _ in leaf_paths(instr.shape)
@@ -145,7 +145,7 @@ def lower_while(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     ctx.place_label(top)
     with ctx.loop_body() as touched:
         lower_computation(ctx, cond)
-        flag = read_scalar(ctx, ctx.hbm(cond, ctx.module[cond].root))
+        flag = read_scalar(ctx, ctx.home(cond, ctx.module[cond].root))
         ctx.emit(Branch, cond="eq", a=flag, b=0, target=done, control=True)
         ctx.release_register(flag)
         leaving = ctx.accesses()
@@ -168,7 +168,9 @@ def _lower_body(ctx: Lowering, comp: Computation, instr: Instruction, body: str)
     copy_arrays(
         ctx,
         [
-            Copy(ctx.hbm(body, root, path), ctx.hbm(comp.name, instr.name, path), carries(comp.name, instr.name, path))
+            Copy(
+                ctx.home(body, root, path), ctx.home(comp.name, instr.name, path), carries(comp.name, instr.name, path)
+            )
             for path, _ in leaf_paths(instr.shape)
             if (body, path) in ctx.buffers.copy_back
         ],
@@ -180,11 +182,11 @@ def lower_conditional(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     branches = instr.attr("branch_computations")
     if branches is None:  # predicate form: true branch first
         branches = (instr.attr("true_computation"), instr.attr("false_computation"))
-        selector = read_scalar(ctx, ctx.hbm(comp.name, instr.operands[0]))
+        selector = read_scalar(ctx, ctx.home(comp.name, instr.operands[0]))
         # pred true selects branch 0: turn the predicate into an index.
         ctx.emit(ScalarAlu, fn="eq", dst=selector, a=selector, b=0, control=True)
     else:
-        selector = read_scalar(ctx, ctx.hbm(comp.name, instr.operands[0]))
+        selector = read_scalar(ctx, ctx.home(comp.name, instr.operands[0]))
         # XLA runs the last branch for an index outside [0, N).
         last = len(branches) - 1
         negative, clamped = ctx.label(f"{instr.name}.negative"), ctx.label(f"{instr.name}.clamped")

@@ -179,9 +179,9 @@ def _parse(instr: Instruction, lhs: Shape, rhs: Shape, out: Shape, rows: int, co
 
 @lowering("convolution")
 def lower_convolution(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    lhs = ctx.hbm(comp.name, instr.operands[0])
-    rhs = ctx.hbm(comp.name, instr.operands[1])
-    out = ctx.hbm(comp.name, instr.name)
+    lhs = ctx.home(comp.name, instr.operands[0])
+    rhs = ctx.home(comp.name, instr.operands[1])
+    out = ctx.home(comp.name, instr.name)
     product = convolution_dims(instr, lhs.dims, rhs.dims, out.dims)
     if product is not None:  # a matrix product written as a convolution (XLA:TPU's form of most dots)
         emit_product(ctx, instr, product, lhs, rhs, out)

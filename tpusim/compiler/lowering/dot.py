@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
-from tpusim.compiler.lowering.dot_dims import DotDims, dot_dims
+from tpusim.compiler.lowering.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.views import view_ref, view_shape
@@ -212,8 +212,8 @@ class _Block:
 # --------------------------------------------------------------------------------------------- the rule
 @lowering("dot")
 def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    lhs, rhs = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.operands[1])
-    emit_product(ctx, instr, dot_dims(instr, lhs.shape.rank, rhs.shape.rank), lhs, rhs, ctx.hbm(comp.name, instr.name))
+    lhs, rhs = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.operands[1])
+    emit_product(ctx, instr, dot_dims(instr, lhs.shape.rank, rhs.shape.rank), lhs, rhs, ctx.home(comp.name, instr.name))
 
 
 def emit_product(
@@ -236,6 +236,9 @@ def emit_product(
     if 0 in lhs_ref.shape.dimensions or 0 in rhs_ref.shape.dimensions:
         raise NotLowerable("an empty dot (a zero-sized dimension)")
     precision = matmul_precision(instr, ctx.options.matmul_precision, lt.name)
+    dims, swap = oriented(dims, lhs_ref.shape, rhs_ref.shape, out_ref.shape)
+    if swap:
+        lhs_ref, rhs_ref = rhs_ref, lhs_ref
     views = _core_share(ctx, _views(dims, lhs_ref, rhs_ref, out_ref))
     if views is not None:
         _DotEmitter(ctx, views, precision).run()

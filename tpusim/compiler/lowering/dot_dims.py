@@ -25,11 +25,13 @@ Anything else (a real sliding window, feature or batch groups) is a convolution,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpusim.compiler.hlo.ir import ConvDims, Instruction, Window, WindowDim
+from tpusim.memory import Shape
 
-__all__ = ["DotDims", "convolution_dims", "dot_dims"]
+__all__ = ["DotDims", "convolution_dims", "dot_dims", "oriented"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,80 @@ class DotDims:
     lhs_units: tuple[int, ...] = ()
     rhs_units: tuple[int, ...] = ()
     out_units: tuple[int, ...] = ()
+
+
+    def swapped(self) -> DotDims:
+        """The same product with its operands exchanged (the result is the same array: ``A @ B`` is the
+        transpose of ``B.T @ A.T``, and the result's dimensions keep their places)."""
+        return DotDims(
+            lhs_batch=self.rhs_batch,
+            rhs_batch=self.lhs_batch,
+            out_batch=self.out_batch,
+            lhs_contracting=self.rhs_contracting,
+            rhs_contracting=self.lhs_contracting,
+            lhs_free=self.rhs_free,
+            out_lhs_free=self.out_rhs_free,
+            rhs_free=self.lhs_free,
+            out_rhs_free=self.out_lhs_free,
+            lhs_units=self.rhs_units,
+            rhs_units=self.lhs_units,
+            out_units=self.out_units,
+        )
+
+
+def oriented(d: DotDims, lhs: Shape, rhs: Shape, out: Shape) -> tuple[DotDims, bool]:
+    """``d`` arranged for the MXU, and whether the operands are exchanged.
+
+    The MXU computes ``[M, K] @ [K, N]`` blocks with the last free dimension of each operand as M and N and
+    the last contracting pair as K (the others lead, one product per index). Each is picked by the physical
+    layouts, so the blocks are contiguous rows and lanes: N is the right operand's free dimension most minor
+    in the result, M the left operand's, K the pair most minor in the left operand. The operands are exchanged
+    when the result's most minor dimension belongs to the left operand (``A @ B`` computed as ``(B.T @
+    A.T).T``, so the result's lanes are the right operand's columns): XLA:TPU lays out ``x @ W`` head
+    projections with the sequence in lanes, for example."""
+    out_order = _minor_first(out)
+    lanes = next((o for o in out_order if out.dimensions[o] > 1), None)
+    swap = lanes is not None and lanes in d.out_lhs_free and lanes not in d.out_rhs_free
+    if swap:
+        d, lhs, rhs = d.swapped(), rhs, lhs
+    rank_out = {o: i for i, o in enumerate(out_order)}
+    m = _last(d.lhs_free, d.out_lhs_free, key=lambda pair: -rank_out[pair[1]])
+    n = _last(d.rhs_free, d.out_rhs_free, key=lambda pair: -rank_out[pair[1]])
+    rank_lhs = {o: i for i, o in enumerate(_minor_first(lhs))}
+    k = _last(d.lhs_contracting, d.rhs_contracting, key=lambda pair: -rank_lhs[pair[0]])
+    return (
+        DotDims(
+            lhs_batch=d.lhs_batch,
+            rhs_batch=d.rhs_batch,
+            out_batch=d.out_batch,
+            lhs_contracting=k[0],
+            rhs_contracting=k[1],
+            lhs_free=m[0],
+            out_lhs_free=m[1],
+            rhs_free=n[0],
+            out_rhs_free=n[1],
+            lhs_units=d.lhs_units,
+            rhs_units=d.rhs_units,
+            out_units=d.out_units,
+        ),
+        swap,
+    )
+
+
+def _minor_first(shape: Shape) -> tuple[int, ...]:
+    return tuple(shape.effective_layout.minor_to_major)
+
+
+def _last(
+    a: tuple[int, ...], b: tuple[int, ...], key: Callable[[tuple[int, int]], int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The pairs ``zip(a, b)`` with the one of the largest ``key`` moved last (stable otherwise)."""
+    if not a:
+        return a, b
+    pairs = list(zip(a, b))
+    best = max(range(len(pairs)), key=lambda i: (key(pairs[i]), i))
+    pairs.append(pairs.pop(best))
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
 def dot_dims(instr: Instruction, lhs_rank: int, rhs_rank: int) -> DotDims:

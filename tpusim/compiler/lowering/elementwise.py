@@ -635,7 +635,7 @@ def _as_fusion(ctx: Lowering, comp: Computation, instr: Instruction) -> tuple[Co
                 name, "constant", shape, (), Attributes({"literal": comp[operand].attr("literal")})
             )
         else:
-            inputs[name] = ctx.hbm(comp.name, operand)
+            inputs[name] = ctx.home(comp.name, operand)
         renamed.append(name)
     body = Instruction(instr.name, instr.opcode, instr.shape, tuple(renamed), instr.attributes)
     return Computation(f"{instr.name}.single", (*params, body), instr.name), inputs
@@ -646,7 +646,7 @@ def lower_vector(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     if not isinstance(instr.shape, Shape):
         raise NotLowerable(f"{instr.opcode} with a tuple result")
     fused, inputs = _as_fusion(ctx, comp, instr)
-    lower_fused(ctx, fused, inputs, [(instr.name, ctx.hbm(comp.name, instr.name))])
+    lower_fused(ctx, fused, inputs, [(instr.name, ctx.home(comp.name, instr.name))])
 
 
 @lowering("fusion")
@@ -657,12 +657,12 @@ def lower_fusion(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
         operand = instr.operands[p.attr("parameter_number")]
         if not isinstance(p.shape, Shape):
             raise NotLowerable("a fusion parameter that is a tuple")
-        inputs[p.name] = ctx.hbm(comp.name, operand)
+        inputs[p.name] = ctx.home(comp.name, operand)
     root = fused.root_instruction
     if root.opcode == "tuple":
-        outputs = [(o, ctx.hbm(comp.name, instr.name, (i,))) for i, o in enumerate(root.operands)]
+        outputs = [(o, ctx.home(comp.name, instr.name, (i,))) for i, o in enumerate(root.operands)]
     else:
-        outputs = [(root.name, ctx.hbm(comp.name, instr.name))]
+        outputs = [(root.name, ctx.home(comp.name, instr.name))]
     for r, _ in outputs:
         if not isinstance(fused[r].shape, Shape):
             raise NotLowerable("a fusion output that is a tuple")

@@ -152,9 +152,9 @@ def lower_fallback(ctx: Lowering, comp: Computation, instr: Instruction, reason:
     inputs: list[MemRef] = []
     operand_shapes: list[AnyShape] = []
     for operand in instr.operands:
-        inputs += ctx.hbm_leaves(comp.name, operand)
+        inputs += ctx.home_leaves(comp.name, operand)
         operand_shapes.append(comp[operand].shape)
-    outputs = ctx.hbm_leaves(comp.name, instr.name)  # none for ops that only have effects (outfeed, send)
+    outputs = ctx.home_leaves(comp.name, instr.name)  # none for ops that only have effects (outfeed, send)
     cfg = ctx.config
     flops = FLOP_ESTIMATES.get(instr.opcode, lambda i, ops: _elements(i.shape))(instr, operand_shapes)
     vpu_rate = cfg.vpu.sublanes * cfg.vpu.lanes * cfg.vpu.alu.issue_vregs_per_cycle

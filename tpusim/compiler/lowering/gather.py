@@ -230,9 +230,9 @@ def _estimate(ctx: Lowering, sl: Slices, plan: str) -> float:
 
 @lowering("gather")
 def lower_gather(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    operand = ctx.hbm(comp.name, instr.operands[0])
-    indices = ctx.hbm(comp.name, instr.operands[1])
-    out = ctx.hbm(comp.name, instr.name)
+    operand = ctx.home(comp.name, instr.operands[0])
+    indices = ctx.home(comp.name, instr.operands[1])
+    out = ctx.home(comp.name, instr.name)
     sl = gather_slices(instr, operand.shape, indices.shape, out.shape)
     if out.shape.element_count == 0:
         return

@@ -114,8 +114,8 @@ def _try(ctx: Lowering, rule: Callable[[], None]) -> bool:
 def _dma_or_vector(ctx: Lowering, comp: Computation, instr: Instruction, pairs: list[tuple[MemRef, MemRef]],
                    emit_dma: Callable[[], None]) -> None:  # fmt: skip
     """Take the DMA path unless the vector path is estimated cheaper and lowers."""
-    operands = [ctx.hbm(comp.name, o) for o in instr.operands if isinstance(comp[o].shape, Shape)]
-    vector = _vector_estimate(ctx, operands, ctx.hbm(comp.name, instr.name))
+    operands = [ctx.home(comp.name, o) for o in instr.operands if isinstance(comp[o].shape, Shape)]
+    vector = _vector_estimate(ctx, operands, ctx.home(comp.name, instr.name))
     if dma_pieces(ctx, pairs) > vector and _try(ctx, lambda: lower_vector(ctx, comp, instr)):
         return
     emit_dma()
@@ -141,7 +141,7 @@ def read_indices(ctx: Lowering, comp: Computation, names: tuple[str, ...]) -> li
             value = int(np.asarray(instr.attr("literal").value).reshape(()))
             out[i] = max(0, min(value, (1 << 31) - 1))
         else:
-            loads.append((i, ctx.hbm(comp.name, name)))
+            loads.append((i, ctx.home(comp.name, name)))
     if not loads:
         return out
     far = [src for _, src in loads if src.space is not Space.SMEM]  # indices not already in SMEM words
@@ -181,14 +181,14 @@ def scalar_operand(ctx: Lowering, comp: Computation, name: str) -> Operand:
         value = np.asarray(instr.attr("literal").value).reshape(())
         return Const(float(value) if et.is_float else bool(value) if et.name == "pred" else int(value), et)
     ref = ctx.vmem(Shape(et, (), layout=ctx.rules.layout_for(Shape(et, ()))))
-    _issue(ctx, [(ctx.hbm(comp.name, name), ref)])
+    _issue(ctx, [(ctx.home(comp.name, name), ref)])
     return ref
 
 
 # --------------------------------------------------------------------------------------------- dynamic slices
 @lowering("dynamic-slice")
 def lower_dynamic_slice(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
+    src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     sizes = dst.shape.dimensions
     offsets = _static_clamp(read_indices(ctx, comp, instr.operands[1:]), sizes, src.shape.dimensions)
     clamp = any(isinstance(o, Reg) for o in offsets)
@@ -198,7 +198,7 @@ def lower_dynamic_slice(ctx: Lowering, comp: Computation, instr: Instruction) ->
 @lowering("dynamic-update-slice")
 def lower_dynamic_update_slice(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     operand, update = instr.operands[:2]
-    dst, upd = ctx.hbm(comp.name, instr.name), ctx.hbm(comp.name, update)
+    dst, upd = ctx.home(comp.name, instr.name), ctx.home(comp.name, update)
     sizes = upd.shape.dimensions
     offsets = _static_clamp(read_indices(ctx, comp, instr.operands[2:]), sizes, dst.shape.dimensions)
     clamp = any(isinstance(o, Reg) for o in offsets)
@@ -206,7 +206,7 @@ def lower_dynamic_update_slice(ctx: Lowering, comp: Computation, instr: Instruct
     if not _same_buffer(ctx, comp.name, operand, instr.name):
         # Not updated in place: the result starts as a copy of the operand (the update DMA below writes
         # into the same buffer, so the scoreboard makes it wait for this copy).
-        pairs.append((ctx.hbm(comp.name, operand), dst))
+        pairs.append((ctx.home(comp.name, operand), dst))
     pairs.append((upd, _window(dst, offsets, sizes, clamp)))
     _issue(ctx, pairs)
 
@@ -215,7 +215,7 @@ def lower_dynamic_update_slice(ctx: Lowering, comp: Computation, instr: Instruct
 @lowering("copy")
 def lower_copy(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     pairs = [
-        (ctx.hbm(comp.name, instr.operands[0], path), ctx.hbm(comp.name, instr.name, path))
+        (ctx.home(comp.name, instr.operands[0], path), ctx.home(comp.name, instr.name, path))
         for path, _ in leaf_paths(instr.shape)
         if not _same_buffer(ctx, comp.name, instr.operands[0], instr.name, path)
     ]
@@ -238,13 +238,13 @@ def lower_bitcast(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     result is a byte copy; otherwise the data moves as the untiled layouts say: one relayout DMA when the
     two arrays have the same physical dimensions (a transposing bitcast), else two DMAs through an untiled
     HBM scratch buffer (write the source in its physical order, read it back as the result)."""
-    src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
+    src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     if _same_buffer(ctx, comp.name, instr.operands[0], instr.name):
         return
     agree = bytes_agree(src.shape, dst.shape)
     from_text = not (_rule_tiled(ctx, src.shape) and _rule_tiled(ctx, dst.shape))
     if agree or (from_text and src.shape.byte_size == dst.shape.byte_size):
-        _issue(ctx, [(src, MemRef(Space.HBM, dst.address, src.shape))])  # the same bytes, byte for byte
+        _issue(ctx, [(src, MemRef(dst.space, dst.address, src.shape))])  # the same bytes, byte for byte
         return
     us, ud = untiled(src.shape), untiled(dst.shape)
     if us.byte_size != ud.byte_size or geometry(us).element_bits % 8:
@@ -252,7 +252,7 @@ def lower_bitcast(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     gs, gd = geometry(us), geometry(ud)
     if src.element_type == dst.element_type and gs.physical_dims == gd.physical_dims:
         order = tuple(gs.physical_permutation[gd.physical_permutation.index(d)] for d in range(dst.shape.rank))
-        _issue(ctx, [(MemRef(Space.HBM, src.address, view_shape(src.shape, order)), dst)])
+        _issue(ctx, [(MemRef(src.space, src.address, view_shape(src.shape, order)), dst)])
         return
     scratch = ctx.scratch(us)
     _issue(ctx, [(src, scratch)])
@@ -264,11 +264,11 @@ def lower_reshape(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     """A reshape whose two tiled layouts hold the elements at the same bytes (``f32[8,128] -> f32[1,8,128]``,
     merging dimensions above the tiles) is a byte copy; otherwise the vector path (VMEM, ``vpu.reshape``),
     or when it declines, two DMAs through a row-major HBM scratch buffer."""
-    src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
+    src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     if _same_buffer(ctx, comp.name, instr.operands[0], instr.name):
         return
     if bytes_agree(src.shape, dst.shape, row_major=True):
-        _issue(ctx, [(src, MemRef(Space.HBM, dst.address, src.shape))])
+        _issue(ctx, [(src, MemRef(dst.space, dst.address, src.shape))])
         return
     if _try(ctx, lambda: lower_vector(ctx, comp, instr)):
         return
@@ -298,7 +298,7 @@ def lower_reverse(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     """Reversing dimensions that no tile cuts: one HBM-to-HBM DMA per slab (slab ``i`` goes to slab
     ``n-1-i``). Reversing a tiled dimension (rows inside (8,128) tiles, lanes): slabs would share tiles, so
     blocks go through VMEM and the VPU copies each slab to its mirrored place (:func:`_reverse_in_vmem`)."""
-    src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
+    src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     dims = src.shape.dimensions
     rev = [d for d in instr.attr("dimensions") if dims[d] > 1]
     if not rev:
@@ -399,7 +399,7 @@ def _box_pairs(src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]], dst_b
 
 @lowering("slice")
 def lower_slice(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
+    src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     spec = [(s.start, n, s.stride) for s, n in zip(instr.attr("slice"), dst.shape.dimensions)]
     pairs = _box_pairs(src, dst, spec, (0,) * dst.shape.rank)
     _dma_or_vector(ctx, comp, instr, pairs, lambda: _issue(ctx, pairs))
@@ -407,11 +407,11 @@ def lower_slice(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
 
 @lowering("concatenate")
 def lower_concatenate(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    dst = ctx.hbm(comp.name, instr.name)
+    dst = ctx.home(comp.name, instr.name)
     axis = instr.attr("dimensions")[0]
     pairs, at = [], 0
     for operand in instr.operands:
-        src = ctx.hbm(comp.name, operand)
+        src = ctx.home(comp.name, operand)
         offsets = tuple(at if d == axis else 0 for d in range(dst.shape.rank))
         pairs.append((src, _window(dst, offsets, src.shape.dimensions)))
         at += src.shape.dimensions[axis]
@@ -480,7 +480,7 @@ def _chunks(sizes: tuple[int, ...], shapes: list[Shape], budget: int) -> tuple[i
 
 @lowering("pad")
 def lower_pad(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
+    src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     spec, base = _pad_geometry(instr, src.shape, dst.shape)
     copies = _interior_pairs(src, dst, spec, base)
     interior = any(st > 1 and c > 1 for _, c, st in spec)

@@ -36,7 +36,7 @@ def _bit_type_ok(et: ElementType) -> bool:
 
 @lowering("bitcast-convert")
 def lower_bitcast_convert(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    src, dst = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.name)
+    src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     if ctx.buffers.buffer(comp.name, instr.operands[0]).id == ctx.buffers.buffer(comp.name, instr.name).id:
         return  # buffer assignment found the bytes agree: the result is the operand's buffer
     a, b = src.element_type, dst.element_type

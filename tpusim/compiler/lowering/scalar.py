@@ -39,13 +39,13 @@ def _immediate(instr: Instruction) -> int:
 
 
 def _applies(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
-    if not _word(instr.shape) or ctx.hbm(comp.name, instr.name).space is not Space.SMEM:
+    if not _word(instr.shape) or ctx.home(comp.name, instr.name).space is not Space.SMEM:
         return False
     for o in instr.operands:
         operand = comp[o]
         if not _word(operand.shape):
             return False
-        if operand.opcode != "constant" and ctx.hbm(comp.name, o).space is not Space.SMEM:
+        if operand.opcode != "constant" and ctx.home(comp.name, o).space is not Space.SMEM:
             return False
         if instr.opcode in _SIGNED_ONLY and operand.array_shape.element_type.kind == "unsigned":
             return False
@@ -57,7 +57,7 @@ def _operand(ctx: Lowering, comp: Computation, name: str) -> Scalar:
     if instr.opcode == "constant":
         return _immediate(instr)
     reg = ctx.register()
-    ctx.emit(ScalarLoad, dst=reg, src=ctx.hbm(comp.name, name))
+    ctx.emit(ScalarLoad, dst=reg, src=ctx.home(comp.name, name))
     return reg
 
 
@@ -83,7 +83,7 @@ def lower_scalar(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
         ctx.emit(ScalarAlu, fn="ne", dst=out, a=_reg(ctx, ops[0]), b=0)
     else:  # copy, or convert between 32-bit integers and from pred: the same word
         ctx.emit(ScalarAlu, fn="mov", dst=out, a=ops[0])
-    ctx.emit(ScalarStore, dst=ctx.hbm(comp.name, instr.name), src=out)
+    ctx.emit(ScalarStore, dst=ctx.home(comp.name, instr.name), src=out)
 
 
 def _reg(ctx: Lowering, value: Scalar) -> Reg:

@@ -95,10 +95,10 @@ def _block_dim(sl: Slices) -> int | None:
 def lower_scatter(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     if len(instr.operands) != 3:
         raise NotLowerable(f"a variadic scatter of {(len(instr.operands) - 1) // 2} operands")
-    operand = ctx.hbm(comp.name, instr.operands[0])
-    indices = ctx.hbm(comp.name, instr.operands[1])
-    updates = ctx.hbm(comp.name, instr.operands[2])
-    out = ctx.hbm(comp.name, instr.name)
+    operand = ctx.home(comp.name, instr.operands[0])
+    indices = ctx.home(comp.name, instr.operands[1])
+    updates = ctx.home(comp.name, instr.operands[2])
+    out = ctx.home(comp.name, instr.name)
     sl = scatter_slices(instr, operand.shape, indices.shape, updates.shape)
     if out.shape.element_count == 0:
         return

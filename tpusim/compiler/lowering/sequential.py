@@ -67,7 +67,7 @@ def lower_instruction(ctx: Lowering, comp: Computation, instr: Instruction) -> N
             else:
                 _lower_split(ctx, comp, instr, rule, lone=not smem and instr.opcode not in SERIAL)
                 if smem:  # core 0 computed SMEM words the others need too: push them to their SMEM
-                    words = [ctx.hbm(comp.name, instr.name, path) for path in smem]
+                    words = [ctx.home(comp.name, instr.name, path) for path in smem]
                     _share_smem(ctx, _written(ctx.stream.instructions[start[0] :], words))
             ctx.synchronise(start)
         finally:

@@ -97,8 +97,8 @@ def lower_reduce_window(ctx: Lowering, comp: Computation, instr: Instruction) ->
     init = _constant(comp, instr.operands[1])
     if init is None:
         raise NotLowerable("a reduce-window whose init value is not a constant")
-    src = ctx.hbm(comp.name, instr.operands[0])
-    out = ctx.hbm(comp.name, instr.name)
+    src = ctx.home(comp.name, instr.operands[0])
+    out = ctx.home(comp.name, instr.name)
     et = src.element_type
     if et.is_complex or et.dtype is None or et.bits > 32:
         raise NotLowerable(f"a {et} reduce-window (the VPU computes 32-bit and narrower types)")
@@ -284,8 +284,8 @@ def lower_select_and_scatter(ctx: Lowering, comp: Computation, instr: Instructio
         raise NotLowerable("a select computation that is not one comparison of its two parameters")
     fn = combiner(ctx, instr.attr("scatter"))
     init = _constant(comp, instr.operands[2])
-    operand, source = ctx.hbm(comp.name, instr.operands[0]), ctx.hbm(comp.name, instr.operands[1])
-    out = ctx.hbm(comp.name, instr.name)
+    operand, source = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.operands[1])
+    out = ctx.home(comp.name, instr.name)
     et = operand.element_type
     identity = reduce_identity(fn, et) if fn is not None else None
     if fn is None or identity is None:
