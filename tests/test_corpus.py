@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from corpus import CHIPS, load, program_names
 
+import tpusim
 from tpusim.compiler.hlo import load_module
 from tpusim.compiler.hlo.reference import evaluate
 
@@ -62,3 +63,16 @@ def test_the_corpus_is_what_the_issue_asks_for() -> None:
             assert program.hlo(form).is_file(), f"{name}: {form} form missing"
         for chip in CHIPS:
             assert program.xla_seconds(chip) > 0, f"{name}: no XLA estimate for {chip}"
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("name", program_names())
+def test_device_matches_jax(name: str, form: str) -> None:
+    """Every program simulates on tpusim from each form, with its outputs equal to JAX's; XLA:TPU's compiled
+    forms lower completely (every fusion to MXU, VPU, XLU and DMA instructions, nothing to a fallback)."""
+    program = load(name)
+    config = CHIPS.get(form, "tpu_v5e")
+    result = tpusim.simulate(program.hlo(form), program.inputs(), config=config)
+    check_outputs(name, list(result.outputs), f"tpusim on {name}/{form} ({config})")
+    if form in CHIPS:
+        assert not result.fallbacks, f"{name}/{form}: fallbacks {result.fallbacks}"

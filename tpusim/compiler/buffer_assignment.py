@@ -190,8 +190,11 @@ class _Class:
 
 
 class _Planner:
-    def __init__(self, module: Module, hbm_capacity: int, smem_capacity: int, vmem_budget: int) -> None:
+    def __init__(
+        self, module: Module, hbm_capacity: int, smem_capacity: int, vmem_budget: int, vmem_alignment: int
+    ) -> None:
         self.module = module
+        self.vmem_alignment = vmem_alignment
         self.capacity = hbm_capacity
         self.smem_capacity = smem_capacity
         self.vmem_budget = vmem_budget
@@ -328,6 +331,10 @@ class _Planner:
                 source = (c, start.name, part + path)
                 if self.shapes.get(source) == shape:
                     self.uf.union(source, (c, instr.name, path))
+        elif op == "async-start" and instr.async_wrapped_instruction() is not None:
+            # XLA's short form (slice-start ...): element 0 of the start holds the operands themselves.
+            for i, o in enumerate(instr.operands):
+                self._union_same((c, o, ()), (c, instr.name, (0, i)), comp[o].shape)
         elif op in ("add-dependency", "domain"):
             # The value passes through unchanged (add-dependency's second operand is a token).
             self._union_same((c, instr.operands[0], ()), (c, instr.name, ()), instr.shape)
@@ -515,7 +522,7 @@ class _Planner:
                 c.space = "hbm"
             return 0
         while True:
-            constants = sum(_align(c.shape.byte_size) for c in self.classes.values()
+            constants = sum(self._align(c.shape.byte_size, "vmem") for c in self.classes.values()
                             if c.space == "vmem" and c.kind == "constant")  # fmt: skip
             self.extents = {}
             need = self._allocate_scope(self.module.entry, constants, place=False, space="vmem")
@@ -546,6 +553,10 @@ class _Planner:
             at += 4
         return at
 
+    def _align(self, n: int, space: str) -> int:
+        unit = self.vmem_alignment if space == "vmem" else ALIGNMENT
+        return -(-n // unit) * unit
+
     def _place(self, cls: _Class, at: int) -> int:
         if cls.buffer is not None:
             return at
@@ -560,7 +571,7 @@ class _Planner:
             )
         cls.buffer = len(self.buffers)
         self.buffers.append(Buffer(cls.buffer, at, size, cls.shape, cls.kind, label, cls.space))
-        return _align(at + size)
+        return self._align(at + size, cls.space)
 
     def _intervals(self, comp_name: str, space: str) -> list[tuple[int, int, _Class | None, tuple[str, ...], int]]:
         """Live intervals (start, end, class or None for a nested region, callees, bytes) of a scope's classes
@@ -575,7 +586,7 @@ class _Planner:
             end = max(max(self.last_use.get((k[0], k[1]), 0), self.position[(k[0], k[1])]) for k in local)
             if cls.kind == "output":
                 end = len(comp.instructions)
-            out.append((start, end, cls, (), _align(cls.shape.byte_size)))
+            out.append((start, end, cls, (), self._align(cls.shape.byte_size, space)))
         for i, instr in enumerate(comp.instructions):
             callees = _sequential_callees(instr)
             if callees:
@@ -602,7 +613,7 @@ class _Planner:
             at = base
             for s, e, o, z in sorted(placed, key=lambda t: t[2]):
                 if s <= end and start <= e and at < o + z and o < at + size:
-                    at = _align(o + z)
+                    at = self._align(o + z, space)
             if place and cls is not None:
                 self._place(cls, at)
             elif place:
@@ -613,18 +624,18 @@ class _Planner:
         return peak
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGNMENT) * ALIGNMENT
-
-
 def assign_buffers(
-    module: Module, hbm_capacity_bytes: int, smem_capacity_bytes: int = 0, vmem_budget_bytes: int = 0
+    module: Module,
+    hbm_capacity_bytes: int,
+    smem_capacity_bytes: int = 0,
+    vmem_budget_bytes: int = 0,
+    vmem_alignment: int = 4096,
 ) -> BufferAssignment:
     """Assign buffers to a layout-assigned module (every array shape must carry its final layout): HBM for
-    arrays, VMEM for the arrays whose layout says ``S(1)`` as long as they fit ``vmem_budget_bytes`` (the
-    largest move to HBM until they do), SMEM (up to half of ``smem_capacity_bytes``) for integer scalars the
-    program computes."""
-    planner = _Planner(module, hbm_capacity_bytes, smem_capacity_bytes, vmem_budget_bytes)
+    arrays (aligned to :data:`ALIGNMENT`), VMEM for the arrays whose layout says ``S(1)`` as long as they fit
+    ``vmem_budget_bytes`` (the largest move to HBM until they do; aligned to ``vmem_alignment``, one vector
+    register), SMEM (up to half of ``smem_capacity_bytes``) for integer scalars the program computes."""
+    planner = _Planner(module, hbm_capacity_bytes, smem_capacity_bytes, vmem_budget_bytes, vmem_alignment)
     planner.build()
     assignment = planner.allocate()
     check_disjoint(module, assignment)

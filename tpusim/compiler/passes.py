@@ -34,7 +34,17 @@ from tpusim.compiler.lowering.registry import NotLowerable
 from tpusim.compiler.rewrite import rewrite_instructions, unique_name
 from tpusim.memory import Shape
 
-__all__ = ["drop_annotations", "explicit_broadcasts", "fuse", "inline_calls", "prepare_module", "unfuse", "zero_sized"]
+__all__ = [
+    "drop_annotations",
+    "drop_unused",
+    "explicit_broadcasts",
+    "fuse",
+    "inline_calls",
+    "inline_instruction",
+    "prepare_module",
+    "unfuse",
+    "zero_sized",
+]
 
 # Operations a fusion may hold (those with a block rule); parameters are a fusion's inputs.
 FUSIBLE = frozenset(NEED_RULES) - {"parameter"}
@@ -52,7 +62,11 @@ def prepare_module(module: Module, options: CompileOptions) -> Module:
 
 
 # --------------------------------------------------------------------------------------------- annotations
-_ANNOTATIONS = frozenset({"Sharding", "annotate_device_placement", "xla.sdy.FuncResultSharding"})
+_ANNOTATIONS = frozenset(
+    {"Sharding", "annotate_device_placement", "xla.sdy.FuncResultSharding"}
+    # XLA:TPU's notes on gather indices: the values pass through (tpusim.compiler.hlo.reference.custom_call)
+    | {"AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked"}
+)
 
 
 def drop_annotations(module: Module) -> Module:
@@ -204,8 +218,8 @@ def _without_empty(comp: Computation, instr: Instruction, taken: set[str]) -> li
 
 
 # --------------------------------------------------------------------------------------------- inlining
-def _inline(
-    module: Module, comp: Computation, instr: Instruction, callee: Computation, taken: set[str]
+def inline_instruction(
+    comp: Computation, instr: Instruction, callee: Computation, taken: set[str]
 ) -> list[Instruction]:
     """The instructions of ``callee`` renamed into ``comp``, its parameters replaced by ``instr``'s operands and
     its root renamed to ``instr.name``; the other names get ``instr.name`` as prefix."""
@@ -242,13 +256,14 @@ def _rewrite(module: Module, should_inline) -> Module:  # type: ignore[no-untype
             if callee is None:
                 body.append(instr)
                 continue
-            body += _inline(module, comp, instr, module[callee], taken)
+            body += inline_instruction(comp, instr, module[callee], taken)
             changed = True
         comps.append(replace(comp, instructions=tuple(body)) if changed else comp)
-    return _drop_unused(replace(module, computations=tuple(comps))) if changed else module
+    return drop_unused(replace(module, computations=tuple(comps))) if changed else module
 
 
-def _drop_unused(module: Module) -> Module:
+def drop_unused(module: Module) -> Module:
+    """The module without the computations nothing reachable from the entry calls."""
     used: set[str] = set()
 
     def visit(name: str) -> None:

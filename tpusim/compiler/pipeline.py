@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tpusim.compiler.buffer_assignment import BufferAssignment, assign_buffers, leaf_paths
+from tpusim.compiler.canonical import canonicalize
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo import verify_module
 from tpusim.compiler.hlo.ir import Module
@@ -80,6 +81,7 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     options = options or CompileOptions()
     source = module
     check_supported(module)
+    module = canonicalize(module)  # XLA:TPU's compiled forms as plain HLO (nested fusions, ConcatBitcast, ...)
     module = normalize_precision(module)  # mixed float types made explicit converts (XLA's FloatNormalization)
     rules = load_tiling_rules(options.tiling, sublanes=config.vpu.sublanes, lanes=config.vpu.lanes)
     checking = verify_enabled()
@@ -96,7 +98,8 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     # data with other chips (its collectives move HBM arrays), keeps its values in HBM.
     single = megacore_cores(module, config, options) == 1 and not talks_to_other_devices(module)
     resident = int(config.vmem.bytes * options.resident_vmem_fraction) if single else 0
-    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes, resident)  # by liveness; in place
+    vreg = config.vpu.sublanes * config.vpu.lanes * 4
+    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes, resident, vreg)  # by liveness; in place
     lowered = lower_module(module, buffers, config, options, rules)  # tile loops of ISA instructions
     _debug("lowering", lambda: print_program(lowered.program))
     if checking:

@@ -1,4 +1,5 @@
-"""Asynchronous copies and pass-through values: copy-start / copy-done, add-dependency, domain.
+"""Asynchronous copies and pass-through values: copy-start / copy-done, async slices (``slice-start`` /
+``slice-done``), add-dependency, domain.
 
 ``copy-start`` returns ``(destination, source, u32[] context)`` and ``copy-done`` the destination (XLA's
 async copy, e.g. of a prefetch between memory spaces). The start issues one DMA from the operand to the
@@ -7,6 +8,14 @@ gives it back. The instructions scheduled between them run while the copy is in 
 destination would in any case wait for the DMA: the scoreboard orders it). Buffer assignment lets the
 start's source part be the operand and the done be the start's destination, so nothing else moves; where
 their layouts differ, the rules copy.
+
+An async slice (``slice-start`` / ``slice-done``, XLA's short form of ``async-start`` wrapping a ``slice``,
+returning ``((operand), slice, s32[] context)``) is the same with a window: the start issues one DMA of the
+window into the slice's buffer (element 1 of the start, which the done shares), the done waits. XLA:TPU's
+compiled modules prefetch weights into VMEM this way, a few row slices at a time.
+
+XLA:TPU's ``AllocateBuffer`` custom-call makes an array without writing it (a later instruction fills it, the
+stacked outputs of a loop, say): buffer assignment gives it a buffer and nothing runs.
 
 ``add-dependency`` (a value and a token ordering it) and ``domain`` (a sharding annotation) pass their first
 operand through: buffer assignment gives them its buffer and nothing runs; the rules copy only where the
@@ -17,13 +26,21 @@ from __future__ import annotations
 
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.hlo.reference.control import custom_call_target
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.control import copy_arrays
 from tpusim.compiler.lowering.indexed import take_semaphores
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
-from tpusim.isa import DmaStart, MemRef, SemWait
+from tpusim.isa import DmaStart, MemRef, SemWait, Window
 
-__all__ = ["lower_copy_done", "lower_copy_start", "lower_pass_through"]
+__all__ = [
+    "lower_allocate_buffer",
+    "lower_copy_done",
+    "lower_copy_start",
+    "lower_pass_through",
+    "lower_slice_done",
+    "lower_slice_start",
+]
 
 _STATE = "async-copies"
 """``ctx.rule_state`` key: copy-start name -> (semaphore held for it, DMAs it issued)."""
@@ -31,6 +48,15 @@ _STATE = "async-copies"
 
 def _distinct(ctx: Lowering, comp: str, a: str, a_path: tuple[int, ...], b: str, b_path: tuple[int, ...]) -> bool:
     return ctx.buffers.buffer(comp, a, a_path).id != ctx.buffers.buffer(comp, b, b_path).id
+
+
+def _allocates(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
+    return custom_call_target(instr) == "AllocateBuffer"
+
+
+@lowering("custom-call", when=_allocates)
+def lower_allocate_buffer(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    """Nothing to run: the buffer exists, its bytes are undefined until written."""
 
 
 @lowering("add-dependency", "domain")
@@ -58,20 +84,63 @@ def lower_copy_start(ctx: Lowering, comp: Computation, instr: Instruction) -> No
     (sem,) = take_semaphores(ctx, 1)
     for src, dst in pairs:
         ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
-    ctx.scope.semaphores.remove(sem)  # held until the copy-done: the scope must not give it back
-    ctx.rule_state.setdefault(_STATE, {})[instr.name] = (sem, len(pairs))
+    _hold(ctx, instr, sem, len(pairs))
+
+
+def _hold(ctx: Lowering, start: Instruction, sem: int, count: int) -> None:
+    """Keep ``sem`` past ``start``'s scope, for the done that waits for its ``count`` DMAs."""
+    ctx.scope.semaphores.remove(sem)  # held until the done: the scope must not give it back
+    ctx.rule_state.setdefault(_STATE, {})[start.name] = (sem, count)
+
+
+def _wait_for(ctx: Lowering, start: str, what: str) -> None:
+    """Wait for the DMAs of ``start`` (held by :func:`_hold`) and give its semaphore back with this scope."""
+    held = ctx.rule_state.get(_STATE, {}).pop(start, None)
+    if held is None:
+        raise NotLowerable(f"its operand {start} is not a {what} lowered before it")
+    sem, count = held
+    ctx.scope.semaphores.append(sem)  # given back when this instruction's scope ends
+    if count:
+        ctx.emit(SemWait, sem=sem, count=count)
+
+
+def _wraps_slice(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
+    if instr.opcode == "async-done":
+        instr = comp[instr.operands[0]]
+    wrapped = instr.async_wrapped_instruction()
+    return wrapped is not None and wrapped.opcode == "slice"
+
+
+@lowering("async-start", when=_wraps_slice)
+def lower_slice_start(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    wrapped = instr.async_wrapped_instruction()
+    assert wrapped is not None
+    src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name, (1,))
+    ranges = wrapped.attr("slice")
+    if any(r.stride != 1 for r in ranges):
+        raise NotLowerable("an async slice with strides")
+    window = Window(tuple(r.start for r in ranges), tuple(r.limit - r.start for r in ranges))
+    (sem,) = take_semaphores(ctx, 1)
+    count = 0
+    if dst.shape.element_count:
+        ctx.emit(DmaStart, src=MemRef(src.space, src.address, src.shape, window), dst=dst, sem=sem)
+        count = 1
+    _hold(ctx, instr, sem, count)
+
+
+@lowering("async-done", when=_wraps_slice)
+def lower_slice_done(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    start = instr.operands[0]
+    _wait_for(ctx, start, "slice-start")
+    ours, theirs = ctx.home(comp.name, instr.name), ctx.home(comp.name, start, (1,))
+    if (ours.space, ours.address) != (theirs.space, theirs.address):
+        copy_arrays(ctx, [(theirs, ours)])
 
 
 @lowering("copy-done")
 def lower_copy_done(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     start = instr.operands[0]
-    held = ctx.rule_state.get(_STATE, {}).pop(start, None)
-    if held is None:
-        raise NotLowerable(f"its operand {start} is not a copy-start lowered before it")
-    sem, count = held
-    ctx.scope.semaphores.append(sem)  # given back when this instruction's scope ends
-    if count:
-        ctx.emit(SemWait, sem=sem, count=count)
+    _wait_for(ctx, start, "copy-start")
     copy_arrays(
         ctx,
         [

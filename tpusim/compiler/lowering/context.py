@@ -374,9 +374,10 @@ class Lowering:
     @contextmanager
     def op(self, comp: Computation, instr: Instruction) -> Iterator[OpScope]:
         """Hold VMEM, semaphores, registers and HBM scratch while ``instr`` is lowered."""
-        resident = -(-self.buffers.vmem_bytes // ALIGNMENT) * ALIGNMENT
+        unit = self.vreg_bytes  # VMEM blocks start on vector registers
+        resident = -(-self.buffers.vmem_bytes // unit) * unit
         free = self.config.vmem.bytes - resident
-        share = int(free * self.options.vmem_fraction) // ALIGNMENT * ALIGNMENT
+        share = int(free * self.options.vmem_fraction) // unit * unit
         base = resident + (0 if self._half == 0 or share * 2 > free else share)
         self._half ^= 1
         outer, outer_hlo, outer_comp = self._scope, self.hlo, self.computation

@@ -187,7 +187,8 @@ def lower_convolution(ctx: Lowering, comp: Computation, instr: Instruction) -> N
         emit_product(ctx, instr, product, lhs, rhs, out)
         return
     lt, rt, ot = lhs.element_type.name, rhs.element_type.name, out.element_type
-    if lt != rt or lt not in _ACCUMULATOR:
+    floats = {lt, rt} <= {"bf16", "f32"}  # a bf16 operand times an f32 one: the f32 side sets the passes
+    if (lt != rt and not floats) or lt not in _ACCUMULATOR:
         raise NotLowerable(f"a {lt} x {rt} convolution (the MXU multiplies bf16, f32 through bf16 passes, and int8)")
     if _ACCUMULATOR[lt] == "s32" and ot.name != "s32":
         raise NotLowerable(f"an 8-bit convolution with a {ot} result")
@@ -195,7 +196,7 @@ def lower_convolution(ctx: Lowering, comp: Computation, instr: Instruction) -> N
         raise NotLowerable(f"a float convolution with a {ot} result")
     mxu = ctx.config.mxu
     conv = _parse(instr, lhs.shape, rhs.shape, out.shape, mxu.rows, mxu.cols)
-    precision = matmul_precision(instr, ctx.options.matmul_precision, lt)
+    precision = matmul_precision(instr, ctx.options.matmul_precision, "f32" if floats and "f32" in (lt, rt) else lt)
     _ConvEmitter(ctx, conv, lhs, rhs, out, precision).lower()
 
 
@@ -238,6 +239,7 @@ class _ConvEmitter:
         acc = element_type(_ACCUMULATOR[et.name])
         pop = out.element_type if out.element_type.name in ("f32", "bf16", "s32") else acc
         self.rows_in = Rows(et, lanes)
+        self.rows_k = Rows(rhs.element_type, lanes)  # the kernel's rows (f32 weights for bf16 activations...)
         self.rows_pop = Rows(pop, lanes)
 
     def lower(self) -> None:
@@ -293,7 +295,7 @@ class _ConvEmitter:
         ]
         # Two kernel slabs: the next chunk's kernel loads while this chunk's blocks run.
         nk = min(2, kernel_slices)
-        self.kernels = [ctx.vmem(self.rows_in.shape((prod(taps) * cin_max, f_max))) for _ in range(nk)]
+        self.kernels = [ctx.vmem(self.rows_k.shape((prod(taps) * cin_max, f_max))) for _ in range(nk)]
         # One DMA per piece when the kernel's layout lets it write the slab directly; a block-diagonal kernel
         # has one piece per group, so it lands whole (one DMA) and its pieces are placed by VPU copies.
         self.kernel_direct = is_direct(self.rhs.shape, conv.k_dims[-1]) and not any(c.diag for c in conv.chunks)
@@ -305,7 +307,7 @@ class _ConvEmitter:
         self.packed: dict[tuple[int, ...], MemRef] = {}
         for q, qtaps in self.phase_taps.items():
             if qtaps and not self._contiguous(qtaps):
-                self.packed[q] = ctx.vmem(self.rows_in.shape((len(qtaps) * cin_max, f_max)))
+                self.packed[q] = ctx.vmem(self.rows_k.shape((len(qtaps) * cin_max, f_max)))
         self.result_tiles = ctx.rules.layout_for(Shape(self.rows_pop.etype, (m_max, f_max))).tiles
         self.result = ctx.vmem(self._matrix(self.rows_pop.etype, self.result_tiles, (m_max, f_max)))
         self.kernel_sems = [ctx.semaphore() for _ in range(nk)]
@@ -386,7 +388,7 @@ class _ConvEmitter:
         """Start the DMAs that stage the kernel rows ``[taps, input features, output features f0..f0+fsize]``
         of ``chunk`` in VMEM (block-diagonal for packed groups); returns the VMEM copies still to make
         (the pieces of a landing block, when the DMA cannot write the slab directly)."""
-        ctx, conv, rows = self.ctx, self.conv, self.rows_in
+        ctx, conv, rows = self.ctx, self.conv, self.rows_k
         taps = list(conv.taps)
         n = len(taps)
         dims = [*taps, chunk.cin, fsize]
@@ -430,7 +432,7 @@ class _ConvEmitter:
     def _place_kernel(self, chunk: _Chunk, fsize: int, copies: list[tuple[MemRef, MemRef]], buf: int) -> None:
         """Wait for the kernel's DMAs, finish staging it, and pack each phase's taps where they are not
         contiguous in the kernel."""
-        ctx, rows = self.ctx, self.rows_in
+        ctx, rows = self.ctx, self.rows_k
         taps = list(self.conv.taps)
         ctx.emit(SemWait, sem=self.kernel_sems[buf], count=self.kernel_dmas[buf])
         for dst, src in copies:
@@ -524,9 +526,9 @@ class _ConvEmitter:
         cin, m = chunk.cin, prod(counts)
         k_total = len(taps) * cin
         if q in self.packed:
-            kernel, row0 = self.rows_in.ref(self.packed[q], (k_total, fsize)), 0
+            kernel, row0 = self.rows_k.ref(self.packed[q], (k_total, fsize)), 0
         else:
-            kernel = self.rows_in.ref(self.kernels[self.kbuf], (prod(self.conv.taps) * cin, fsize))
+            kernel = self.rows_k.ref(self.kernels[self.kbuf], (prod(self.conv.taps) * cin, fsize))
             row0 = self._flat(taps)[0] * cin
         # Work items: output-feature tiles on different MXUs; spare MXUs take slices of the rows.
         n_tiles = [(n0, min(cfg.cols, fsize - n0)) for n0 in range(0, fsize, cfg.cols)]

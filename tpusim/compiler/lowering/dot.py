@@ -226,7 +226,8 @@ def emit_product(
         NotLowerable: operand or result types the MXU does not multiply, or blocks that do not fit VMEM.
     """
     lt, rt, ot = lhs_ref.element_type, rhs_ref.element_type, out_ref.element_type
-    if lt != rt or lt.name not in _MXU_INPUTS:
+    floats = {lt.name, rt.name} <= {"bf16", "f32"}  # a bf16 operand times an f32 one: the f32 side sets the passes
+    if (lt != rt and not floats) or lt.name not in _MXU_INPUTS:
         raise NotLowerable(f"a {lt} x {rt} dot (the MXU multiplies bf16, f32 through bf16 passes, and s8/u8)")
     integer = _MXU_INPUTS[lt.name] == "int8"
     if integer and ot.name != "s32":
@@ -235,7 +236,8 @@ def emit_product(
         raise NotLowerable(f"a float dot with a {ot} result")
     if 0 in lhs_ref.shape.dimensions or 0 in rhs_ref.shape.dimensions:
         raise NotLowerable("an empty dot (a zero-sized dimension)")
-    precision = matmul_precision(instr, ctx.options.matmul_precision, lt.name)
+    operand_type = "f32" if "f32" in (lt.name, rt.name) else lt.name
+    precision = matmul_precision(instr, ctx.options.matmul_precision, operand_type)
     dims, swap = oriented(dims, lhs_ref.shape, rhs_ref.shape, out_ref.shape)
     if swap:
         lhs_ref, rhs_ref = rhs_ref, lhs_ref
@@ -315,7 +317,9 @@ class _DotEmitter:
     def plan(self) -> DotPlan:
         v, cfg = self.v, self.ctx.config
         lt = v.lhs.element_type.name
-        passes = PRECISION_PASSES[self.precision] if lt == "f32" else (1, 1)
+        # As the MXU times them: passes by the streamed operand's type, weight parts by the weights'.
+        passes = PRECISION_PASSES[self.precision]
+        passes = (passes[0] if v.rhs.element_type.name == "f32" else 1, passes[1] if lt == "f32" else 1)
         problem = Problem(
             m=v.m,
             n=v.n,

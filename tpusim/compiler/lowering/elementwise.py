@@ -20,6 +20,7 @@ from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.reinterpret import emit_reduce_precision
+from tpusim.compiler.lowering.views import view_shape
 from tpusim.isa import (
     REDUCE_FUNCTIONS,
     VPU_FUNCTIONS,
@@ -42,6 +43,7 @@ from tpusim.isa import (
     XluTranspose,
 )
 from tpusim.memory import ElementType, Shape
+from tpusim.memory.reinterpret import bytes_agree
 
 __all__ = ["DMA_FIRST", "combiner", "lower_vector", "reduce_identity"]
 
@@ -322,6 +324,10 @@ class _Emitter:
                 self._emit_chain(name, dst, values)
             else:
                 srcs = [values[o] for o in instr.operands]
+                view = _free_view(instr, dst, srcs)
+                if view is not None:  # the same bytes as the operand's block: nothing moves
+                    values[name] = view
+                    continue
                 _EMITTERS.get(instr.opcode, _emit_elementwise)(self, instr, dst, srcs, start)
             values[name] = dst
         return values
@@ -396,6 +402,24 @@ def _emit_broadcast(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Op
 def _emit_transpose(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
     src = em.operand_ref(srcs[0], instr.operands[0])
     em.ctx.emit(XluTranspose, dst=dst, src=src, permutation=tuple(instr.attr("dimensions")))
+
+
+def _free_view(instr: Instruction, dst: MemRef, srcs: list[Operand]) -> MemRef | None:
+    """The operand's block seen as ``dst``'s shape, when a transpose or reshape leaves every byte where it is
+    (a transpose whose layouts permute with it, a reshape of unit or major dimensions): then it costs
+    nothing, as on the TPU, where such an op is a bitcast of the buffer."""
+    src = srcs[0] if srcs else None
+    if instr.opcode not in ("transpose", "reshape") or not isinstance(src, MemRef) or src.window is not None:
+        return None
+    if instr.opcode == "transpose":
+        try:
+            seen = view_shape(src.shape, tuple(instr.attr("dimensions")))
+        except NotLowerable:
+            return None
+        same = seen.dimensions == dst.dims and seen.effective_layout == dst.shape.effective_layout
+    else:
+        same = src.dims != dst.dims and bytes_agree(src.shape, dst.shape, row_major=True) is True
+    return MemRef(src.space, src.address, dst.shape, base=src.base) if same else None
 
 
 def _emit_reshape(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.hlo.ir import Instruction
 from tpusim.compiler.hlo.reference.control import register_custom_call, zeros_of
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value
 from tpusim.compiler.hlo.reference.linalg import (
@@ -44,9 +44,10 @@ from tpusim.compiler.hlo.reference.linalg import (
     triangular_solve,
     wide,
 )
-from tpusim.memory import Shape, TupleShape
+from tpusim.compiler.hlo.xla_forms import concat_bitcast_order
+from tpusim.memory import TupleShape
 
-__all__ = ["backend_flags", "concat_bitcast_order"]
+__all__ = ["backend_flags"]
 
 
 def backend_flags(instr: Instruction) -> dict[str, int]:
@@ -108,60 +109,14 @@ def _identity(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Va
     return values if isinstance(instr.shape, TupleShape) else values[0]
 
 
-def concat_bitcast_order(comp: Computation, instr: Instruction) -> tuple[int, tuple[int, ...]]:
-    """How a ``ConcatBitcast`` custom-call assembles its result: ``(dimension, operand order)``.
-
-    XLA:TPU makes the concatenation free by placing its operands next to each other in memory, so the operand
-    order in the text need not be their order in the result: a weight prefetched as four row slices
-    ``[128:256], [256:384], [384:512], [0:128]`` is one ``ConcatBitcast`` of the four that is the weight
-    itself. When every operand is the result of a ``slice-done`` (or a ``slice``) of one array along the
-    concatenated dimension, the operands go in the order of their slice starts; otherwise in the text's order.
-    The dimension is the one in which the result is the sum of its operands' sizes, the others equal.
-
-    Raises:
-        EvaluationError: the shapes do not describe a concatenation.
-    """
-    result = instr.shape
-    shapes = [comp[o].shape for o in instr.operands]
-    dims = [s.dimensions for s in shapes if isinstance(s, Shape)]
-    if isinstance(result, TupleShape) or not dims or len(dims) != len(instr.operands):
-        raise EvaluationError(instr, "ConcatBitcast takes array operands and has an array result")
-    want = result.dimensions
-    dimension = next(
-        (
-            d
-            for d in range(len(want))
-            if all(len(o) == len(want) and all(o[e] == want[e] for e in range(len(want)) if e != d) for o in dims)
-            and sum(o[d] for o in dims) == want[d]
-        ),
-        None,
-    )
-    if dimension is None:
-        raise EvaluationError(instr, f"ConcatBitcast of {[list(d) for d in dims]} into {result} is not a concatenation")
-    starts = [_slice_start(comp, o, dimension) for o in instr.operands]
-    order = tuple(range(len(dims)))
-    known = [s for s in starts if s is not None]
-    if len(known) == len(starts) and len({s[0] for s in known}) == 1:
-        order = tuple(sorted(order, key=lambda i: known[i][1]))
-    return dimension, order
-
-
-def _slice_start(comp: Computation, name: str, dimension: int) -> tuple[str, int] | None:
-    """``(sliced array, start in dimension)`` when ``name`` is a slice, or the done of an async slice."""
-    instr = comp[name]
-    if instr.opcode == "async-done":
-        instr = comp[instr.operands[0]]
-    wrapped = instr.async_wrapped_instruction() or instr
-    if wrapped.opcode != "slice":
-        return None
-    return wrapped.operands[0], wrapped.attr("slice")[dimension].start
-
-
 @register_custom_call("ConcatBitcast")
 def _concat_bitcast(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     arrays = _arrays(instr, args, len(args))
     assert ctx.computation is not None
-    dimension, order = concat_bitcast_order(ctx.computation, instr)
+    try:
+        dimension, order = concat_bitcast_order(ctx.computation, instr)
+    except ValueError as err:
+        raise EvaluationError(instr, str(err)) from None
     return np.concatenate([arrays[i] for i in order], axis=dimension)
 
 

@@ -1,0 +1,147 @@
+"""XLA:TPU's compiled forms rewritten as plain HLO (tpusim/compiler/canonical.py): each rewrite keeps the
+module's values (the reference interpreter gives the same outputs before and after) and leaves the form the
+lowerings know."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tpusim.compiler.canonical import canonicalize, concat_bitcasts, flatten_fusions, fused_bitcasts
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.hlo.reference import evaluate
+
+RNG = np.random.default_rng(0)
+
+_SLICE = "((f32[512,256]{1,0:T(8,128)}), f32[128,256]{1,0:T(8,128)S(1)}, s32[]{:S(2)})"
+PREFETCH = f"""
+HloModule prefetch, is_scheduled=true
+ENTRY main {{
+  w = f32[512,256]{{1,0:T(8,128)}} parameter(0)
+  x = f32[8,512]{{1,0:T(8,128)}} parameter(1)
+  s1 = {_SLICE} slice-start(w), slice={{[128:256], [0:256]}}
+  s2 = {_SLICE} slice-start(w), slice={{[256:384], [0:256]}}
+  s3 = {_SLICE} slice-start(w), slice={{[384:512], [0:256]}}
+  s0 = {_SLICE} slice-start(w), slice={{[0:128], [0:256]}}
+  e = f32[8,512]{{1,0:T(8,128)}} exponential(x)
+  d1 = f32[128,256]{{1,0:T(8,128)S(1)}} slice-done(s1)
+  d2 = f32[128,256]{{1,0:T(8,128)S(1)}} slice-done(s2)
+  d3 = f32[128,256]{{1,0:T(8,128)S(1)}} slice-done(s3)
+  d0 = f32[128,256]{{1,0:T(8,128)S(1)}} slice-done(s0)
+  c = f32[512,256]{{1,0:T(8,128)S(1)}} custom-call(d1, d2, d3, d0), custom_call_target="ConcatBitcast"
+  ROOT y = f32[8,256]{{1,0:T(8,128)}} dot(e, c), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+}}
+"""
+
+
+def _same_values(before: Module, after: Module) -> None:
+    xs = [RNG.standard_normal(p.shape.dimensions).astype(np.float32) for p in before.entry_computation.parameters]
+    for a, b in zip(evaluate(before, xs), evaluate(after, xs)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_slices_concatenated_by_a_concat_bitcast_become_one_async_slice_of_their_range() -> None:
+    """XLA:TPU prefetches a weight as row slices in any order and reassembles them with ConcatBitcast; the group
+    becomes one async slice, started where the first slice was and waited for where the ConcatBitcast was."""
+    before = parse_module(PREFETCH)
+    after = concat_bitcasts(before)
+    _same_values(before, after)
+    ops = [(i.name, i.opcode) for i in after.entry_computation.instructions]
+    assert ("c", "async-done") in ops and [n for n, o in ops if o == "async-start"] == ["s1"]
+    names = [n for n, _ in ops]
+    assert names.index("s1") < names.index("e") < names.index("c")  # the exponential overlaps the prefetch
+    start = after.entry_computation["s1"]
+    assert [(r.start, r.limit) for r in start.attr("slice")] == [(0, 512), (0, 256)]
+
+
+def test_a_concat_bitcast_of_other_values_is_a_concatenate_in_result_order() -> None:
+    text = PREFETCH.replace(
+        "c = f32[512,256]{1,0:T(8,128)S(1)} custom-call(d1, d2, d3, d0)",
+        "c = f32[512,256]{1,0:T(8,128)S(1)} custom-call(d1, d2, d3, n0)",
+    )
+    text = text.replace(
+        "  d0 = f32[128,256]{1,0:T(8,128)S(1)} slice-done(s0)\n",
+        "  d0 = f32[128,256]{1,0:T(8,128)S(1)} slice-done(s0)\n  n0 = f32[128,256]{1,0:T(8,128)S(1)} negate(d0)\n",
+    )
+    before = parse_module(text)
+    after = concat_bitcasts(before)
+    _same_values(before, after)
+    concat = after.entry_computation["c"]
+    assert concat.opcode == "concatenate" and concat.operands == ("d1", "d2", "d3", "n0")
+
+
+NESTED = """
+HloModule nested
+inner {
+  p = bf16[64,256]{1,0:T(8,128)(2,1)} parameter(0)
+  ROOT b = bf16[64,256,1]{1,0,2:T(8,128)(2,1)} bitcast(p)
+}
+outer {
+  q = bf16[64,256]{1,0:T(8,128)(2,1)} parameter(0)
+  f = bf16[64,256,1]{1,0,2:T(8,128)(2,1)} fusion(q), kind=kLoop, calls=inner
+  ROOT n = bf16[64,256,1]{1,0,2:T(8,128)(2,1)} negate(f)
+}
+ENTRY main {
+  x = bf16[64,256]{1,0:T(8,128)(2,1)} parameter(0)
+  ROOT y = bf16[64,256,1]{1,0,2:T(8,128)(2,1)} fusion(x), kind=kLoop, calls=outer
+}
+"""
+
+
+def test_fusions_nested_in_fused_computations_are_inlined() -> None:
+    before = parse_module(NESTED)
+    after = flatten_fusions(before)
+    assert [c.name for c in after.computations] == ["outer", "main"]
+    assert "fusion" not in {i.opcode for i in after["outer"].instructions}
+    xs = [
+        RNG.standard_normal((64, 256))
+        .astype(np.float32)
+        .astype(before.entry_computation.parameters[0].shape.element_type.dtype)
+    ]
+    np.testing.assert_array_equal(evaluate(before, xs)[0], evaluate(after, xs)[0])
+
+
+@pytest.mark.parametrize(
+    ("source", "result"),
+    [
+        ("f32[256,128]{0,1:T(8,128)}", "f32[128,256]{1,0:T(8,128)}"),  # a transpose that moves no byte
+        ("f32[64,256]{1,0:T(8,128)}", "f32[64,256,1]{1,0,2:T(8,128)}"),  # a unit dimension, physically major
+        ("f32[4,64,256]{2,1,0:T(8,128)}", "f32[256,4,64]{0,2,1:T(8,128)}"),  # XLA:TPU's head splits and merges
+    ],
+)
+def test_bitcasts_in_fusions_become_the_moves_their_layouts_mean(source: str, result: str) -> None:
+    text = f"""HloModule b
+fused {{
+  p = {source} parameter(0)
+  ROOT b = {result} bitcast(p)
+}}
+ENTRY main {{
+  x = {source} parameter(0)
+  ROOT y = {result} fusion(x), kind=kLoop, calls=fused
+}}
+"""
+    before = parse_module(text)
+    after = fused_bitcasts(before)
+    assert "bitcast" not in {i.opcode for i in after["fused"].instructions}
+    _same_values(before, after)
+    assert after["fused"].root_instruction.shape == before["fused"].root_instruction.shape
+
+
+def test_a_window_holding_whole_rows_is_a_reduce_and_a_broadcast() -> None:
+    text = """HloModule w
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+ENTRY main {
+  x = f32[16,256]{1,0:T(8,128)} parameter(0)
+  inf = f32[] constant(-inf)
+  ROOT r = f32[16,256]{1,0:T(8,128)} reduce-window(x, inf), window={size=1x511 pad=0_0x255_255}, to_apply=max
+}
+"""
+    before = parse_module(text)
+    after = canonicalize(before)
+    assert [i.opcode for i in after.entry_computation.instructions][-2:] == ["reduce", "broadcast"]
+    _same_values(before, after)

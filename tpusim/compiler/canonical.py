@@ -1,0 +1,219 @@
+"""XLA:TPU's compiled forms rewritten as the plain HLO tpusim's lowerings know, before anything else runs.
+
+A module XLA:TPU compiled (``jax.jit(f).lower(...).compile().as_text()`` with libtpu) carries forms of its own;
+each rewrite keeps the module's values and its decisions (layouts, memory spaces, schedule):
+
+1. **Nested fusions.** XLA:TPU wraps a fused bitcast or broadcast of a kernel's operand in a fusion of its own
+   inside the kernel's fused computation; the inner computation is inlined, so a fused computation is flat.
+2. **ConcatBitcast of prefetched slices.** XLA:TPU prefetches a weight into VMEM as a few async row slices
+   (``slice-start`` / ``slice-done``) whose buffers it places side by side, so that a ``ConcatBitcast`` of them
+   is the weight at no cost. When the slices tile one contiguous range of one array, the group becomes one
+   async slice of that range: it starts where the first slice started and is waited for where the
+   ``ConcatBitcast`` was, so the weight streams in while the instructions between run, as on the TPU. Any
+   other ``ConcatBitcast`` becomes a ``concatenate`` of its operands in result order
+   (:func:`tpusim.compiler.hlo.xla_forms.concat_bitcast_order`).
+3. **Bitcasts in fused computations** say what they mean through layouts: ``bitcast(x{0,1}) -> {1,0}`` of a
+   square array is its transpose. Inside a fused computation each becomes the chain its layouts imply:
+   ``transpose`` to the operand's physical order, ``reshape`` to the result's physical dimensions,
+   ``transpose`` to the result's order, each step leaving every byte where it is (so the vector unit moves
+   nothing for it) and identity steps left out. A bitcast outside a fusion stays one (its buffer is shared).
+4. **Whole-row windows.** A ``reduce-window`` whose every window holds whole dimensions (XLA:TPU's softmax
+   keeps a row maximum at full width as a 511-tap window over 256 columns) is a ``reduce`` of those
+   dimensions and a ``broadcast`` back: one lane reduction per row instead of one window per element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import pairwise
+
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, SliceDim
+from tpusim.compiler.hlo.reference.control import custom_call_target
+from tpusim.compiler.hlo.xla_forms import CONCAT_BITCAST as _CONCAT
+from tpusim.compiler.hlo.xla_forms import concat_bitcast_order
+from tpusim.compiler.passes import drop_unused, inline_instruction
+from tpusim.compiler.rewrite import unique_name
+from tpusim.memory import Layout, Shape, TupleShape
+
+__all__ = ["canonicalize", "concat_bitcasts", "flatten_fusions", "fused_bitcasts", "whole_row_windows"]
+
+
+def canonicalize(module: Module) -> Module:
+    """Apply the rewrites of the module docstring, in order."""
+    return whole_row_windows(fused_bitcasts(concat_bitcasts(flatten_fusions(module))))
+
+
+# --------------------------------------------------------------------------------------------- 1. fusions
+def flatten_fusions(module: Module) -> Module:
+    """Inline every fusion that sits inside a fused computation (repeatedly, for deeper nesting)."""
+    for _ in range(64):
+        fused = {i.attr("calls") for c in module.computations for i in c.instructions if i.opcode == "fusion"}
+        changed = False
+        comps = []
+        for comp in module.computations:
+            if comp.name not in fused or not any(i.opcode == "fusion" for i in comp.instructions):
+                comps.append(comp)
+                continue
+            taken = {i.name for i in comp.instructions}
+            body: list[Instruction] = []
+            for instr in comp.instructions:
+                if instr.opcode == "fusion":
+                    body += inline_instruction(comp, instr, module[instr.attr("calls")], taken)
+                    changed = True
+                else:
+                    body.append(instr)
+            comps.append(replace(comp, instructions=tuple(body)))
+        if not changed:
+            return module
+        module = drop_unused(replace(module, computations=tuple(comps)))
+    return module
+
+
+# --------------------------------------------------------------------------------------------- 2. ConcatBitcast
+def concat_bitcasts(module: Module) -> Module:
+    comps = []
+    for comp in module.computations:
+        concats = [i for i in comp.instructions if i.opcode == "custom-call" and custom_call_target(i) == _CONCAT]
+        comps.append(_rewrite_concats(comp, concats) if concats else comp)
+    return replace(module, computations=tuple(comps))
+
+
+def _rewrite_concats(comp: Computation, concats: list[Instruction]) -> Computation:
+    users: dict[str, list[str]] = {}
+    for instr in comp.instructions:
+        for o in instr.operands:
+            users.setdefault(o, []).append(instr.name)
+    replaced: dict[str, Instruction] = {}
+    dropped: set[str] = set()
+    for concat in concats:
+        dimension, order = concat_bitcast_order(comp, concat)
+        merged = _merged_slices(comp, concat, dimension, order, users)
+        if merged is None:
+            attrs = Attributes({"dimensions": (dimension,)})
+            operands = tuple(concat.operands[i] for i in order)
+            replaced[concat.name] = Instruction(concat.name, "concatenate", concat.shape, operands, attrs, concat.loc)
+            continue
+        start, done_of = merged
+        replaced[start.name] = start
+        replaced[concat.name] = done_of
+        dropped.update(o for o in concat.operands)  # the dones
+        dropped.update(comp[o].operands[0] for o in concat.operands if comp[o].operands[0] != start.name)
+    body = tuple(replaced.get(i.name, i) for i in comp.instructions if i.name not in dropped or i.name in replaced)
+    return replace(comp, instructions=body)
+
+
+def _merged_slices(
+    comp: Computation, concat: Instruction, dimension: int, order: tuple[int, ...], users: dict[str, list[str]]
+) -> tuple[Instruction, Instruction] | None:
+    """``(async slice of the whole range, its done named as the ConcatBitcast)`` when the operands are async
+    slices, each used only here, tiling one contiguous range of one array along ``dimension``; else None."""
+    dones = [comp[concat.operands[i]] for i in order]
+    if any(d.opcode != "async-done" or users.get(d.name) != [concat.name] for d in dones):
+        return None
+    starts = [comp[d.operands[0]] for d in dones]
+    wrapped = [s.async_wrapped_instruction() for s in starts]
+    if any(
+        w is None or w.opcode != "slice" or users.get(s.name) != [d.name] for w, s, d in zip(wrapped, starts, dones)
+    ):
+        return None
+    ranges = [w.attr("slice") for w in wrapped]  # type: ignore[union-attr]
+    if len({s.operands for s in starts}) != 1 or any(r.stride != 1 for rs in ranges for r in rs):
+        return None
+    others = {tuple(r for d, r in enumerate(rs) if d != dimension) for rs in ranges}
+    spans = [(rs[dimension].start, rs[dimension].limit) for rs in ranges]
+    if len(others) != 1 or any(a[1] != b[0] for a, b in pairwise(spans)):
+        return None
+    first = min(starts, key=lambda s: comp.instructions.index(s))
+    whole = list(ranges[0])
+    whole[dimension] = SliceDim(spans[0][0], spans[-1][1])
+    shape = first.shape
+    assert isinstance(shape, TupleShape)
+    start_shape = TupleShape((shape.elements[0], concat.shape, *shape.elements[2:]))
+    start = replace(first, shape=start_shape, attributes=first.attributes.replace(slice=tuple(whole)))
+    done = Instruction(concat.name, "async-done", concat.shape, (first.name,), Attributes(), concat.loc)
+    return start, done
+
+
+# --------------------------------------------------------------------------------------------- 3. bitcasts
+def fused_bitcasts(module: Module) -> Module:
+    fused = {i.attr("calls") for c in module.computations for i in c.instructions if i.opcode == "fusion"}
+    comps = []
+    for comp in module.computations:
+        if comp.name not in fused or not any(i.opcode == "bitcast" for i in comp.instructions):
+            comps.append(comp)
+            continue
+        taken = {i.name for i in comp.instructions}
+        body: list[Instruction] = []
+        for instr in comp.instructions:
+            body += _bitcast_meaning(comp, instr, taken) if instr.opcode == "bitcast" else [instr]
+        comps.append(replace(comp, instructions=tuple(body)))
+    return replace(module, computations=tuple(comps))
+
+
+def _bitcast_meaning(comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction]:
+    """The transpose / reshape / transpose chain a bitcast's layouts imply (see the module docstring)."""
+    x, y = comp[instr.operands[0]].array_shape, instr.array_shape
+    if x.dimensions == y.dimensions and x.effective_layout.minor_to_major == y.effective_layout.minor_to_major:
+        return [replace(instr, opcode="copy")] if x.element_type == y.element_type else [instr]
+    if x.element_type != y.element_type:
+        return [instr]  # (a bitcast between types: none occurs in fusions XLA:TPU writes)
+    px = tuple(reversed(x.effective_layout.minor_to_major))  # physical order, major to minor
+    py = tuple(reversed(y.effective_layout.minor_to_major))
+    base = replace(x.effective_layout, memory_space=0)
+    steps: list[tuple[str, tuple[int, ...], dict[str, object]]] = []  # (opcode, dims, attributes)
+    if px != tuple(range(x.rank)):
+        steps.append(("transpose", tuple(x.dimensions[p] for p in px), {"dimensions": px}))
+    physical_y = tuple(y.dimensions[p] for p in py)
+    if physical_y != (steps[-1][1] if steps else x.dimensions):
+        steps.append(("reshape", physical_y, {}))
+    q = tuple(py.index(d) for d in range(y.rank))
+    if q != tuple(range(y.rank)):
+        steps.append(("transpose", y.dimensions, {"dimensions": q}))
+    out: list[Instruction] = []
+    source = instr.operands[0]
+    for n, (opcode, dims, attrs) in enumerate(steps):
+        last = n == len(steps) - 1
+        name = instr.name if last else unique_name(f"{instr.name}.{opcode}", taken)
+        layout = y.effective_layout if last else replace(base, minor_to_major=tuple(range(len(dims) - 1, -1, -1)))
+        shape = Shape(x.element_type, dims, layout=layout)
+        out.append(Instruction(name, opcode, shape, (source,), Attributes(attrs), instr.loc))
+        source = name
+    return out or [replace(instr, opcode="copy")]
+
+
+# --------------------------------------------------------------------------------------------- 4. windows
+def whole_row_windows(module: Module) -> Module:
+    comps = []
+    for comp in module.computations:
+        taken = {i.name for i in comp.instructions}
+        body: list[Instruction] = []
+        for instr in comp.instructions:
+            body += _as_reduce(comp, instr, taken) or [instr]
+        comps.append(replace(comp, instructions=tuple(body)) if len(body) != len(comp.instructions) else comp)
+    return replace(module, computations=tuple(comps))
+
+
+def _as_reduce(comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction] | None:
+    """``reduce`` + ``broadcast`` for a one-operand reduce-window whose windows each hold whole dimensions."""
+    if instr.opcode != "reduce-window" or len(instr.operands) != 2 or not isinstance(instr.shape, Shape):
+        return None
+    operand = comp[instr.operands[0]].array_shape
+    window = instr.attr("window")
+    if window is None:
+        return None
+    whole = [d for d, w in enumerate(window.dims) if w.size > 1 and w.covers(operand.dimensions[d])]
+    if not whole or not all(w.trivial or d in whole for d, w in enumerate(window.dims)):
+        return None
+    keep = [d for d in range(operand.rank) if d not in whole]
+    order = instr.shape.effective_layout.minor_to_major
+    kept_order = tuple(keep.index(d) for d in order if d in keep)
+    reduced_shape = Shape(
+        instr.shape.element_type, tuple(operand.dimensions[d] for d in keep), layout=Layout(kept_order)
+    )
+    name = unique_name(f"{instr.name}.reduce", taken)
+    attrs = Attributes({"dimensions": tuple(whole), "to_apply": instr.attr("to_apply")})
+    reduced = Instruction(name, "reduce", reduced_shape, instr.operands, attrs, instr.loc)
+    broadcast = Instruction(
+        instr.name, "broadcast", instr.shape, (name,), Attributes({"dimensions": tuple(keep)}), instr.loc
+    )
+    return [reduced, broadcast]
