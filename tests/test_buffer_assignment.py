@@ -6,12 +6,14 @@ from tpusim.compiler.buffer_assignment import ALIGNMENT, OutOfMemoryError, assig
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.layout_assignment import assign_layouts
 from tpusim.compiler.tiling_rules import load_tiling_rules
+from tpusim.config import load_config
 
+V5E = load_config("tpu_v5e")
 RULES = load_tiling_rules("tpu_default")
 
 
 def _assign(text: str, capacity: int = 1 << 30):  # type: ignore[no-untyped-def]
-    module = assign_layouts(parse_module(text), RULES).module
+    module = assign_layouts(parse_module(text), RULES, V5E).module
     return module, assign_buffers(module, capacity)
 
 
@@ -299,7 +301,7 @@ def test_values_the_module_keeps_in_vmem_get_vmem_buffers_by_liveness() -> None:
     """S(1) values live in VMEM, placed by the same liveness rule from VMEM address 0; entry parameters and
     outputs stay in HBM."""
     size = 64 * 128 * 4
-    module = assign_layouts(parse_module(RESIDENT), RULES).module
+    module = assign_layouts(parse_module(RESIDENT), RULES, V5E).module
     buffers = assign_buffers(module, 1 << 30, 0, 1 << 20)
     a, b, c, d, e = (buffers.buffer("main", n) for n in "abcde")
     assert (a.space, e.space) == ("hbm", "hbm")
@@ -311,10 +313,10 @@ def test_values_the_module_keeps_in_vmem_get_vmem_buffers_by_liveness() -> None:
 
 def test_residents_that_do_not_fit_the_vmem_budget_move_to_hbm_largest_first() -> None:
     size = 64 * 128 * 4
-    module = assign_layouts(parse_module(RESIDENT), RULES).module
+    module = assign_layouts(parse_module(RESIDENT), RULES, V5E).module
     fits_one = assign_buffers(module, 1 << 30, 0, size)
     spaces = {n: fits_one.buffer("main", n).space for n in "bcd"}
-    assert spaces == {"b": "hbm", "c": "hbm", "d": "vmem"}, spaces  # equal sizes: the earliest moves first
+    assert spaces == {"b": "vmem", "c": "hbm", "d": "hbm"}, spaces  # equal sizes: the latest move first
     assert fits_one.vmem_bytes == size
     none = assign_buffers(module, 1 << 30, 0, 0)
     assert {none.buffer("main", n).space for n in "bcd"} == {"hbm"} and none.vmem_bytes == 0

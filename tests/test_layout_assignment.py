@@ -7,9 +7,11 @@ import pytest
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.layout_assignment import assign_layouts
 from tpusim.compiler.tiling_rules import load_tiling_rules
+from tpusim.config import load_config
 from tpusim.errors import ConfigError
 from tpusim.memory import Shape, TupleShape, parse_shape
 
+V5E = load_config("tpu_v5e")
 RULES = load_tiling_rules("tpu_default")
 
 
@@ -27,13 +29,19 @@ def _layout(text: str, rules=RULES) -> str:  # type: ignore[no-untyped-def]
         ("f32[2,512]", "f32[2,512]{1,0:T(2,128)}"),
         ("bf16[256,512]", "bf16[256,512]{1,0:T(8,128)(2,1)}"),
         ("bf16[1,4096]", "bf16[1,4096]{1,0:T(2,128)(2,1)}"),
-        ("s8[64,256]", "s8[64,256]{1,0:T(8,128)(4,1)}"),
+        ("s8[64,256]", "s8[64,256]{1,0:T(32,128)(4,1)}"),  # XLA:TPU's int8 weights in the corpus
         ("pred[16,128]", "pred[16,128]{1,0:T(8,128)E(32)}"),
         ("f32[]", "f32[]{:T(128)}"),
         ("bf16[]", "bf16[]{:T(256)}"),
         ("pred[]", "pred[]{:T(512)}"),
         ("f32[100]", "f32[100]{0:T(128)}"),
         ("bf16[4096]", "bf16[4096]{0:T(1024)(128)(2,1)}"),
+        # rank 1 as XLA:TPU lays out the corpus's parameters: the smallest power-of-two tile that holds it
+        ("f32[256]", "f32[256]{0:T(256)}"),
+        ("f32[512]", "f32[512]{0:T(512)}"),
+        ("bf16[512]", "bf16[512]{0:T(512)(128)(2,1)}"),
+        ("bf16[128]", "bf16[128]{0:T(256)(128)(2,1)}"),
+        ("bf16[10]", "bf16[10]{0:T(256)(128)(2,1)}"),
         ("s4[64,128]", "s4[64,128]{1,0:T(8,128)(8,1)E(4)}"),
         ("f32[8,3]{0,1}", "f32[8,3]{0,1:T(4,128)}"),  # physical order (3, 8): the second-minor size is 3
     ],
@@ -46,7 +54,7 @@ def test_rule_sets_are_chip_relative_and_swappable() -> None:
     teaching = load_tiling_rules("tpu_default", sublanes=8, lanes=8)
     assert _layout("bf16[64,64]", teaching) == "bf16[64,64]{1,0:T(8,8)(2,1)}"
     assert _layout("bf16[256,512]", load_tiling_rules("bf16_16x128")) == "bf16[256,512]{1,0:T(16,128)}"
-    assert _layout("s8[256,512]", load_tiling_rules("int8_32x128")) == "s8[256,512]{1,0:T(32,128)(4,1)}"
+    assert _layout("s8[256,512]", load_tiling_rules("int8_8x128")) == "s8[256,512]{1,0:T(8,128)(4,1)}"
     # A rule set that extends another falls back to its rules.
     assert _layout("f32[256,512]", load_tiling_rules("bf16_16x128")) == "f32[256,512]{1,0:T(8,128)}"
 
@@ -105,7 +113,7 @@ ENTRY main {
 
 
 def test_every_value_gets_a_layout_and_aliases_agree() -> None:
-    result = assign_layouts(parse_module(MODULE), RULES)
+    result = assign_layouts(parse_module(MODULE), RULES, V5E)
     module = result.module
     for comp in module.computations:
         for instr in comp.instructions:
@@ -120,7 +128,7 @@ def test_every_value_gets_a_layout_and_aliases_agree() -> None:
 
 
 def test_a_body_result_in_another_layout_gets_a_relayout_copy() -> None:
-    result = assign_layouts(parse_module(MODULE), RULES)
+    result = assign_layouts(parse_module(MODULE), RULES, V5E)
     body = result.module["body"]
     # y is written {0,1:T(8,128)} in the text; the loop state is {1,0:T(8,128)}: a copy converts it.
     assert str(body["y"].shape) == "f32[16,256]{0,1:T(8,128)}"
@@ -131,26 +139,67 @@ def test_a_body_result_in_another_layout_gets_a_relayout_copy() -> None:
     assert body.root_instruction.shape == result.module["main"]["w"].shape
 
 
-def test_dot_operands_put_batch_dimensions_most_major() -> None:
-    # JAX prints the default order on every shape of a module not yet laid out; like XLA's layout assignment,
-    # tpusim chooses those orders: per-head attention operands keep each head's rows in whole tiles.
+def test_orders_are_chosen_as_xla_tpu_chooses_them_for_a_head_projection() -> None:
+    """JAX prints the default order on every shape of a module not yet laid out; like XLA:TPU's layout
+    assignment, tpusim chooses the orders. The weight of einsum("bsd,dhk->bshk") is stored with its
+    contraction in lanes, the result with the sequence in lanes: no 64-wide dimension in the 128 lanes, and
+    the MXU streams whole tiles (XLA:TPU's own choice, tests/data/corpus/einsum_heads_bf16/v5e.hlo.gz:
+    w {0,2,1}, result {1,3,2,0})."""
+    text = """
+HloModule heads
+ENTRY main {
+  x = bf16[4,256,512]{2,1,0} parameter(0)
+  w = bf16[512,8,64]{2,1,0} parameter(1)
+  ROOT y = bf16[4,256,8,64]{3,2,1,0} dot(x, w), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+}
+"""
+    main = assign_layouts(parse_module(text), RULES, V5E).module["main"]
+    assert str(main["x"].shape) == "bf16[4,256,512]{2,1,0:T(8,128)(2,1)}"  # compact as it is: kept
+    assert str(main["w"].shape) == "bf16[512,8,64]{0,2,1:T(8,128)(2,1)}"
+    assert str(main["y"].shape) == "bf16[4,256,8,64]{1,3,2,0:T(8,128)(2,1)}"
+
+
+def test_attention_heads_are_stored_without_padding() -> None:
+    """flax's attention projects to heads with a [width, heads, head_dim] weight; the per-head values (the
+    projections, the scores' operands) take orders with the 128-long sequence in lanes: no 64-wide head
+    dimension padded to 128 lanes."""
+    text = """
+HloModule heads
+ENTRY main {
+  x = bf16[2,128,256]{2,1,0} parameter(0)
+  wq = bf16[256,4,64]{2,1,0} parameter(1)
+  wk = bf16[256,4,64]{2,1,0} parameter(2)
+  q = bf16[2,128,4,64]{3,2,1,0} dot(x, wq), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  k = bf16[2,128,4,64]{3,2,1,0} dot(x, wk), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  qs = bf16[2,128,4,64]{3,2,1,0} multiply(q, q)
+  ROOT s = f32[2,4,128,128]{3,2,1,0} dot(qs, k), lhs_batch_dims={0,2}, rhs_batch_dims={0,2},
+      lhs_contracting_dims={3}, rhs_contracting_dims={3}
+}
+"""
+    main = assign_layouts(parse_module(text), RULES, V5E).module["main"]
+    for name in ("q", "k", "qs"):
+        shape = main[name].array_shape
+        assert shape.dimensions[shape.layout.minor_to_major[0]] == 128, shape  # the sequence in lanes
+        assert shape.byte_size == 2 * 128 * 4 * 64 * 2, shape  # no padding
+    assert main["q"].array_shape.layout == main["qs"].array_shape.layout  # the elementwise op moves nothing
+
+
+def test_parameters_with_an_order_of_their_own_keep_it_and_tiled_modules_keep_theirs() -> None:
     text = """
 HloModule heads
 ENTRY main {
   q = bf16[2,128,4,64]{3,2,1,0} parameter(0)
-  k = bf16[2,128,4,64]{3,2,1,0} parameter(1)
+  k = bf16[2,128,4,64]{2,3,1,0} parameter(1)
   qn = bf16[2,128,4,64]{3,2,1,0} negate(q)
   kn = bf16[2,128,4,64]{3,2,1,0} negate(k)
   ROOT s = f32[2,4,128,128]{3,2,1,0} dot(qn, kn), lhs_batch_dims={0,2}, rhs_batch_dims={0,2},
       lhs_contracting_dims={3}, rhs_contracting_dims={3}
 }
 """
-    module = assign_layouts(parse_module(text), RULES).module
-    main = module["main"]
-    assert str(main["qn"].shape) == "bf16[2,128,4,64]{3,1,2,0:T(8,128)(2,1)}"
-    assert str(main["kn"].shape) == "bf16[2,128,4,64]{3,1,2,0:T(8,128)(2,1)}"
-    assert str(main["q"].shape) == "bf16[2,128,4,64]{3,2,1,0:T(4,128)(2,1)}"  # parameters keep the header's order
+    main = assign_layouts(parse_module(text), RULES, V5E).module["main"]
+    assert main["k"].array_shape.layout.minor_to_major == (2, 3, 1, 0)  # written by the text: kept
+    assert main["q"].array_shape.layout.minor_to_major != (3, 2, 1, 0)  # the default: the compiler's to choose
     # A module with tiles has been laid out already: its orders are kept.
     tiled = text.replace("{3,2,1,0} negate", "{3,2,1,0:T(4,128)(2,1)} negate")
-    kept = assign_layouts(parse_module(tiled), RULES).module["main"]
+    kept = assign_layouts(parse_module(tiled), RULES, V5E).module["main"]
     assert str(kept["qn"].shape) == "bf16[2,128,4,64]{3,2,1,0:T(4,128)(2,1)}"

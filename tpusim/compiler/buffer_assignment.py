@@ -34,7 +34,7 @@ from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
 from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape, Layout, Shape, TupleShape
-from tpusim.memory.reinterpret import bytes_agree
+from tpusim.memory.reinterpret import bytes_agree, free_transpose
 
 __all__ = ["ALIGNMENT", "ELEMENTWISE", "Buffer", "BufferAssignment", "OutOfMemoryError", "assign_buffers"]
 
@@ -310,6 +310,11 @@ class _Planner:
         elif op == "reshape" and bytes_agree(comp[instr.operands[0]].array_shape, instr.array_shape, row_major=True):
             # A reshape that moves no byte (dimensions above the tiles merged or split): one buffer.
             self.uf.union((c, instr.operands[0], ()), (c, instr.name, ()))
+        elif op == "transpose" and free_transpose(
+            comp[instr.operands[0]].array_shape, tuple(instr.attr("dimensions")), instr.array_shape
+        ):
+            # A transpose whose layouts permute with it reads every byte where it is: one buffer.
+            self.uf.union((c, instr.operands[0], ()), (c, instr.name, ()))
         elif op == "opt-barrier":
             for path, _ in leaf_paths(instr.shape):
                 self.uf.union((c, instr.operands[0], path), (c, instr.name, path))
@@ -516,21 +521,32 @@ class _Planner:
     def _fit_vmem(self) -> int:
         """Move VMEM classes to HBM, largest first, until the resident buffers fit :attr:`vmem_budget` (a module
         whose ``S(1)`` values do not fit with the VMEM tpusim's own blocks need still runs, its biggest
-        residents in HBM); returns the resident bytes."""
+        residents in HBM); returns the resident bytes. The cut is found by bisection over the class sizes."""
+        resident = sorted((c for c in self.classes.values() if c.space == "vmem"), key=lambda c: c.shape.byte_size)
         if self.vmem_budget <= 0:
-            for c in self.classes.values():
+            for c in resident:
                 c.space = "hbm"
             return 0
-        while True:
-            constants = sum(self._align(c.shape.byte_size, "vmem") for c in self.classes.values()
-                            if c.space == "vmem" and c.kind == "constant")  # fmt: skip
+
+        def need(keep: int) -> int:  # the VMEM extent when the `keep` smallest classes stay resident
+            for i, c in enumerate(resident):
+                c.space = "vmem" if i < keep else "hbm"
+            constants = sum(self._align(c.shape.byte_size, "vmem") for c in resident[:keep] if c.kind == "constant")
             self.extents = {}
-            need = self._allocate_scope(self.module.entry, constants, place=False, space="vmem")
-            resident = [c for c in self.classes.values() if c.space == "vmem"]
-            if need <= self.vmem_budget or not resident:
-                self.extents = {}
-                return need
-            max(resident, key=lambda c: c.shape.byte_size).space = "hbm"
+            return self._allocate_scope(self.module.entry, constants, place=False, space="vmem")
+
+        lo, hi = 0, len(resident)  # need(lo) fits; find the largest keep that fits
+        if need(hi) <= self.vmem_budget:
+            lo = hi
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= self.vmem_budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        extent = need(lo)
+        self.extents = {}
+        return extent
 
     def _place_scalars(self, classes: dict[Key, _Class]) -> int:
         """Integer and pred scalars the program computes (not its inputs, outputs or constants; ``classes``

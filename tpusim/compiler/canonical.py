@@ -12,11 +12,13 @@ each rewrite keeps the module's values and its decisions (layouts, memory spaces
    ``ConcatBitcast`` was, so the weight streams in while the instructions between run, as on the TPU. Any
    other ``ConcatBitcast`` becomes a ``concatenate`` of its operands in result order
    (:func:`tpusim.compiler.hlo.xla_forms.concat_bitcast_order`).
-3. **Bitcasts in fused computations** say what they mean through layouts: ``bitcast(x{0,1}) -> {1,0}`` of a
-   square array is its transpose. Inside a fused computation each becomes the chain its layouts imply:
-   ``transpose`` to the operand's physical order, ``reshape`` to the result's physical dimensions,
-   ``transpose`` to the result's order, each step leaving every byte where it is (so the vector unit moves
-   nothing for it) and identity steps left out. A bitcast outside a fusion stays one (its buffer is shared).
+3. **Bitcasts** say what they mean through layouts: ``bitcast(x{0,1}) -> {1,0}`` of a square array is its
+   transpose. Inside a fused computation each becomes the chain its layouts imply: ``transpose`` to the
+   operand's physical order, ``reshape`` to the result's physical dimensions, ``transpose`` to the result's
+   order, each step leaving every byte where it is (so the vector unit moves nothing for it) and identity
+   steps left out. Outside fusions the same happens in a module not laid out yet (no tiles anywhere), whose
+   orders layout assignment will choose afresh: the text's orders fix the bitcast's meaning, which must not
+   change with them. In a laid-out module a bitcast outside a fusion stays one (its buffer is shared).
 4. **Whole-row windows.** A ``reduce-window`` whose every window holds whole dimensions (XLA:TPU's softmax
    keeps a row maximum at full width as a 511-tap window over 256 columns) is a ``reduce`` of those
    dimensions and a ``broadcast`` back: one lane reduction per row instead of one window per element.
@@ -136,25 +138,36 @@ def _merged_slices(
 
 # --------------------------------------------------------------------------------------------- 3. bitcasts
 def fused_bitcasts(module: Module) -> Module:
+    """Bitcasts as the moves they mean, in fused computations, and everywhere in a module without tiles."""
     fused = {i.attr("calls") for c in module.computations for i in c.instructions if i.opcode == "fusion"}
+    untiled = not any(_tiled(i.shape) for c in module.computations for i in c.instructions)
     comps = []
     for comp in module.computations:
-        if comp.name not in fused or not any(i.opcode == "bitcast" for i in comp.instructions):
+        inside = comp.name in fused
+        if not (inside or untiled) or not any(i.opcode == "bitcast" for i in comp.instructions):
             comps.append(comp)
             continue
         taken = {i.name for i in comp.instructions}
         body: list[Instruction] = []
         for instr in comp.instructions:
-            body += _bitcast_meaning(comp, instr, taken) if instr.opcode == "bitcast" else [instr]
+            body += _bitcast_meaning(comp, instr, taken, inside) if instr.opcode == "bitcast" else [instr]
         comps.append(replace(comp, instructions=tuple(body)))
     return replace(module, computations=tuple(comps))
 
 
-def _bitcast_meaning(comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction]:
-    """The transpose / reshape / transpose chain a bitcast's layouts imply (see the module docstring)."""
+def _tiled(shape: object) -> bool:
+    if isinstance(shape, TupleShape):
+        return any(_tiled(e) for e in shape.elements)
+    return isinstance(shape, Shape) and shape.layout is not None and bool(shape.layout.tiles)
+
+
+def _bitcast_meaning(comp: Computation, instr: Instruction, taken: set[str], fused: bool) -> list[Instruction]:
+    """The transpose / reshape / transpose chain a bitcast's layouts imply (see the module docstring); one
+    that reads every element where it was is a copy in a fusion, a reshape (a shared buffer) outside."""
     x, y = comp[instr.operands[0]].array_shape, instr.array_shape
+    same = replace(instr, opcode="copy" if fused else "reshape")
     if x.dimensions == y.dimensions and x.effective_layout.minor_to_major == y.effective_layout.minor_to_major:
-        return [replace(instr, opcode="copy")] if x.element_type == y.element_type else [instr]
+        return [same] if x.element_type == y.element_type else [instr]
     if x.element_type != y.element_type:
         return [instr]  # (a bitcast between types: none occurs in fusions XLA:TPU writes)
     px = tuple(reversed(x.effective_layout.minor_to_major))  # physical order, major to minor
@@ -178,7 +191,7 @@ def _bitcast_meaning(comp: Computation, instr: Instruction, taken: set[str]) -> 
         shape = Shape(x.element_type, dims, layout=layout)
         out.append(Instruction(name, opcode, shape, (source,), Attributes(attrs), instr.loc))
         source = name
-    return out or [replace(instr, opcode="copy")]
+    return out or [same]
 
 
 # --------------------------------------------------------------------------------------------- 4. windows

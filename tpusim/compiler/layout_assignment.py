@@ -25,7 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, ProgramShape
+from tpusim.compiler.hlo.opcodes import talks_to_other_devices
+from tpusim.compiler.layout_choice import choose_orders
 from tpusim.compiler.tiling_rules import TilingRules
+from tpusim.config import ChipConfig
 from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape, Layout, Shape, TupleShape
 
@@ -49,8 +52,12 @@ class Relayout:
 
 @dataclass(frozen=True, slots=True)
 class LayoutAssignment:
+    """The laid-out module, the copies inserted to change layouts, and whether tpusim chose the orders (the
+    module had no tiles: JAX's lowering) rather than keeping the module's own."""
+
     module: Module
     relayouts: tuple[Relayout, ...]
+    chosen: bool = False
 
 
 class LayoutAssignmentError(TpusimError):
@@ -90,7 +97,7 @@ def _param_requirements(instr: Instruction) -> list[tuple[str, tuple[int, ...]]]
 
 
 class _Assigner:
-    def __init__(self, module: Module, rules: TilingRules) -> None:
+    def __init__(self, module: Module, rules: TilingRules, config: ChipConfig) -> None:
         self.module = module
         self.rules = rules
         self.param_shapes: dict[str, tuple[AnyShape, ...]] = {}
@@ -99,7 +106,12 @@ class _Assigner:
         self.done: dict[str, Computation] = {}
         # A module without any tile has not been laid out: its intermediate orders are placeholders.
         self.free_orders = not any(_has_tiles(i.shape) for c in module.computations for i in c.instructions)
-        self.preferred = _dot_operand_orders(module) if self.free_orders else {}
+        self.preferred: dict[tuple[str, str], tuple[int, ...]] = {}
+        # (A program of several devices keeps the default orders: its collectives exchange arrays whose
+        # layouts every device must agree on.)
+        if self.free_orders and not talks_to_other_devices(module):
+            chosen = choose_orders(module, rules, config, _free_to_choose)
+            self.preferred = {k: tuple(reversed(order)) for k, order in chosen.items()}
 
     def run(self) -> LayoutAssignment:
         entry = self.module.entry_computation
@@ -109,12 +121,27 @@ class _Assigner:
         if isinstance(header, ProgramShape) and len(header.parameters) == len(params):
             params = [_prefer_tiled(h, p) for h, p in zip(header.parameters, params)]
             result = _prefer_tiled(header.result, result)
+        if self.free_orders:  # JAX's default layout mode: the compiler lays out parameters and results
+            params = [
+                self._chosen(entry.name, p.name, s) if _free_to_choose(p) else s
+                for p, s in zip(entry.parameters, params)
+            ]
+            if _free_to_choose(entry.root_instruction):
+                result = self._chosen(entry.name, entry.root, result)
         self.param_shapes[entry.name] = tuple(_with_rule_layout(p, self.rules) for p in params)
         self.root_shapes[entry.name] = _with_rule_layout(result, self.rules)
         for comp in self._caller_first_order():
             self.done[comp.name] = self._assign(comp)
         computations = tuple(self.done.get(c.name, c) for c in self.module.computations)
-        return LayoutAssignment(replace(self.module, computations=computations), tuple(self.relayouts))
+        return LayoutAssignment(
+            replace(self.module, computations=computations), tuple(self.relayouts), bool(self.preferred)
+        )
+
+    def _chosen(self, comp: str, name: str, shape: AnyShape) -> AnyShape:
+        order = self.preferred.get((comp, name))
+        if order is None or not isinstance(shape, Shape):
+            return shape
+        return shape.with_layout(Layout(order))
 
     def _caller_first_order(self) -> list[Computation]:
         order: list[str] = []
@@ -236,25 +263,11 @@ def _has_tiles(shape: AnyShape) -> bool:
     return shape.layout is not None and bool(shape.layout.tiles)
 
 
-def _dot_operand_orders(module: Module) -> dict[tuple[str, str], tuple[int, ...]]:
-    """``minor_to_major`` for values used as dot operands: batch dimensions most major, the others in their
-    order. A value two dots want in different orders keeps the default."""
-    wanted: dict[tuple[str, str], tuple[int, ...] | None] = {}
-    for comp in module.computations:
-        for instr in comp.instructions:
-            if instr.opcode != "dot":
-                continue
-            for operand, batch in zip(
-                instr.operands, (instr.attr("lhs_batch_dims", ()), instr.attr("rhs_batch_dims", ()))
-            ):
-                shape = comp[operand].shape
-                if not isinstance(shape, Shape) or not batch:
-                    continue
-                physical = (*batch, *(d for d in range(shape.rank) if d not in batch))
-                order = tuple(reversed(physical))
-                key = (comp.name, operand)
-                wanted[key] = order if wanted.get(key, order) == order else None
-    return {k: v for k, v in wanted.items() if v is not None}
+def _free_to_choose(instr: Instruction) -> bool:
+    """An entry parameter or result whose text gives no order of its own (none, or the default one JAX prints
+    as a placeholder): under ``jax.jit``'s default layout mode the compiler picks its layout."""
+    layout = instr.shape.layout if isinstance(instr.shape, Shape) else None
+    return layout is None or layout.minor_to_major == Layout.default(instr.shape.rank).minor_to_major  # type: ignore[union-attr]
 
 
 def _prefer_tiled(header: AnyShape, text: AnyShape) -> AnyShape:
@@ -274,6 +287,7 @@ def _fresh(base: str, taken: dict[str, AnyShape]) -> str:
     return name
 
 
-def assign_layouts(module: Module, rules: TilingRules) -> LayoutAssignment:
-    """Give every array value of ``module`` a complete layout (see the module docstring for the rules)."""
-    return _Assigner(module, rules).run()
+def assign_layouts(module: Module, rules: TilingRules, config: ChipConfig) -> LayoutAssignment:
+    """Give every array value of ``module`` a complete layout for the chip ``config`` (see the module
+    docstring for the rules)."""
+    return _Assigner(module, rules, config).run()

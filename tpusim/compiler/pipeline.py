@@ -16,10 +16,12 @@ from tpusim.compiler.canonical import canonicalize
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo import verify_module
 from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.hlo.opcodes import talks_to_other_devices
 from tpusim.compiler.hlo.printer import print_module
 from tpusim.compiler.layout_assignment import Relayout, assign_layouts
-from tpusim.compiler.lowering import lower_module, megacore_cores, talks_to_other_devices
+from tpusim.compiler.lowering import lower_module, megacore_cores
 from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.memory_spaces import keep_on_chip
 from tpusim.compiler.passes import prepare_module
 from tpusim.compiler.precision import normalize_precision
 from tpusim.compiler.tiling_rules import load_tiling_rules
@@ -89,8 +91,10 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     _debug("prepare", lambda: print_module(module))
     if checking:
         verify_module(module)
-    laid_out = assign_layouts(module, rules)  # every array value gets a complete tiled layout
+    laid_out = assign_layouts(module, rules, config)  # every array value gets a complete tiled layout
     module = laid_out.module
+    if laid_out.chosen:  # tpusim laid the module out: it also decides what stays in VMEM (XLA's MSA)
+        module = keep_on_chip(module)
     _debug("layout assignment", lambda: print_module(module))
     if checking:
         verify_module(module)

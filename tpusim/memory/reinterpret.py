@@ -14,10 +14,55 @@ import numpy as np
 from tpusim.memory.shape import Layout, Shape
 from tpusim.memory.tiling import geometry
 
-__all__ = ["MEANING_CHECK_ELEMENTS", "bytes_agree", "same_tiling", "untiled"]
+__all__ = [
+    "MEANING_CHECK_ELEMENTS",
+    "LayoutViewError",
+    "bytes_agree",
+    "free_transpose",
+    "same_tiling",
+    "untiled",
+    "view_shape",
+]
 
 MEANING_CHECK_ELEMENTS = 1 << 22
 """Shapes up to this many elements have their byte meaning compared element by element."""
+
+
+class LayoutViewError(ValueError):
+    """A layout no byte-identical view describes."""
+
+
+def view_shape(shape: Shape, order: tuple[int | None, ...]) -> Shape:
+    """``shape`` seen with logical dimension ``i`` = dimension ``order[i]`` (None: a new size-1 dimension),
+    describing the same bytes.
+
+    Raises:
+        LayoutViewError: the layout has per-dimension parts a view cannot carry (old-style padding, sparse
+            levels, split configs, dynamic dimensions).
+    """
+    present = [o for o in order if o is not None]
+    if sorted(present) != list(range(shape.rank)):
+        raise ValueError(f"order {order} is not a permutation of the {shape.rank} dimensions of {shape}")
+    layout = shape.effective_layout
+    if layout.padded_dimensions is not None or layout.dim_level_types or layout.split_configs or any(shape.dynamic):
+        raise LayoutViewError(f"no byte-identical view of {shape}")
+    if order == tuple(range(shape.rank)):
+        return shape.with_layout(layout)
+    position = {o: i for i, o in enumerate(order) if o is not None}
+    units = [i for i, o in enumerate(order) if o is None]
+    minor_to_major = tuple(position[d] for d in layout.minor_to_major) + tuple(reversed(units))
+    dims = tuple(1 if o is None else shape.dimensions[o] for o in order)
+    return Shape(shape.element_type, dims, layout=replace(layout, minor_to_major=minor_to_major))
+
+
+def free_transpose(src: Shape, permutation: tuple[int, ...], dst: Shape) -> bool:
+    """True when ``transpose(src, permutation)`` stored as ``dst`` has every element at the byte it has in
+    ``src``: the permuted view of ``src`` is ``dst`` (dimensions and layout), a bitcast of the buffer."""
+    try:
+        seen = view_shape(src, permutation)
+    except LayoutViewError:
+        return False
+    return seen.dimensions == dst.dimensions and seen.effective_layout == dst.effective_layout
 
 
 def untiled(shape: Shape, row_major: bool = False) -> Shape:

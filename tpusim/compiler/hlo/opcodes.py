@@ -231,3 +231,20 @@ def lookup_async(opcode: str) -> tuple[str, str] | None:
         if opcode.endswith(suffix) and opcode[: -len(suffix)] in OPCODES:
             return async_opcode, opcode[: -len(suffix)]
     return None
+
+
+MULTI_DEVICE = frozenset(
+    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast"}
+    | {"ragged-all-to-all", "send", "recv", "replica-id", "partition-id"}
+)
+"""Opcodes (async forms ``X-start`` / ``X-done`` included) that make a program one of several devices."""
+
+
+def talks_to_other_devices(module: object) -> bool:
+    """True for a program of several devices: collectives, sends and receives, device ids."""
+    for comp in module.computations:  # type: ignore[attr-defined]
+        for instr in comp.instructions:
+            base = instr.opcode.removesuffix("-start").removesuffix("-done")
+            if instr.opcode in MULTI_DEVICE or base in MULTI_DEVICE:
+                return True
+    return False

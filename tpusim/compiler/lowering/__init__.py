@@ -14,6 +14,7 @@ import numpy as np
 
 from tpusim.compiler.buffer_assignment import BufferAssignment
 from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.hlo.opcodes import talks_to_other_devices
 from tpusim.compiler.lowering.context import CompileOptions, Lowering
 from tpusim.compiler.lowering.registry import LOWERINGS, NotLowerable, lowering
 from tpusim.compiler.lowering.sequential import lower_computation
@@ -28,7 +29,6 @@ __all__ = [
     "lower_module",
     "lowering",
     "megacore_cores",
-    "talks_to_other_devices",
 ]
 
 # Every module of this package registers its rules when imported: import them all, so a new lowering is
@@ -53,20 +53,6 @@ def megacore_cores(module: Module, config: ChipConfig, options: CompileOptions) 
     return config.core.count
 
 
-def talks_to_other_devices(module: Module) -> bool:
-    """True for a program of several devices: collectives, sends and receives, device ids."""
-    for comp in module.computations:
-        for instr in comp.instructions:
-            base = instr.opcode.removesuffix("-start").removesuffix("-done")
-            if instr.opcode in _MULTI_DEVICE or base in _MULTI_DEVICE:
-                return True
-    return False
-
-
-_MULTI_DEVICE = frozenset(
-    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
-     "ragged-all-to-all", "send", "recv", "replica-id", "partition-id"}
-)  # fmt: skip
 
 
 def lower_module(

@@ -399,6 +399,17 @@ class Lowering:
             self._free_sems.extend(scope.semaphores)
             self._free_regs.extend(scope.registers)
 
+    def widen_scope(self) -> bool:
+        """Give the current instruction all of the VMEM resident buffers leave (instead of its alternating
+        share), when that is more: for a rule whose blocks did not fit its share. True when the scope grew."""
+        scope = self.scope
+        unit = self.vreg_bytes
+        base = -(-self.buffers.vmem_bytes // unit) * unit
+        if (scope.vmem_base, scope.vmem_end) == (base, self.config.vmem.bytes):
+            return False
+        scope.vmem_base, scope.vmem_end, scope.vmem_next = base, self.config.vmem.bytes, base
+        return True
+
     @property
     def scope(self) -> OpScope:
         if self._scope is None:

@@ -20,7 +20,6 @@ from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.reinterpret import emit_reduce_precision
-from tpusim.compiler.lowering.views import view_shape
 from tpusim.isa import (
     REDUCE_FUNCTIONS,
     VPU_FUNCTIONS,
@@ -43,7 +42,7 @@ from tpusim.isa import (
     XluTranspose,
 )
 from tpusim.memory import ElementType, Shape
-from tpusim.memory.reinterpret import bytes_agree
+from tpusim.memory.reinterpret import bytes_agree, free_transpose
 
 __all__ = ["DMA_FIRST", "combiner", "lower_vector", "reduce_identity"]
 
@@ -412,11 +411,7 @@ def _free_view(instr: Instruction, dst: MemRef, srcs: list[Operand]) -> MemRef |
     if instr.opcode not in ("transpose", "reshape") or not isinstance(src, MemRef) or src.window is not None:
         return None
     if instr.opcode == "transpose":
-        try:
-            seen = view_shape(src.shape, tuple(instr.attr("dimensions")))
-        except NotLowerable:
-            return None
-        same = seen.dimensions == dst.dims and seen.effective_layout == dst.shape.effective_layout
+        same = free_transpose(src.shape, tuple(instr.attr("dimensions")), dst.shape)
     else:
         same = src.dims != dst.dims and bytes_agree(src.shape, dst.shape, row_major=True) is True
     return MemRef(src.space, src.address, dst.shape, base=src.base) if same else None
@@ -669,6 +664,11 @@ def _as_fusion(ctx: Lowering, comp: Computation, instr: Instruction) -> tuple[Co
 def lower_vector(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     if not isinstance(instr.shape, Shape):
         raise NotLowerable(f"{instr.opcode} with a tuple result")
+    if (
+        instr.opcode == "transpose"
+        and ctx.buffers.buffer(comp.name, instr.name).id == ctx.buffers.buffer(comp.name, instr.operands[0]).id
+    ):
+        return  # a transpose that moves no byte shares its operand's buffer
     fused, inputs = _as_fusion(ctx, comp, instr)
     lower_fused(ctx, fused, inputs, [(instr.name, ctx.home(comp.name, instr.name))])
 

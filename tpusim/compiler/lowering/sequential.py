@@ -82,8 +82,15 @@ def _lower(ctx: Lowering, comp: Computation, instr: Instruction, rule: LowerFn |
     mark = ctx.checkpoint()
     try:
         rule(ctx, comp, instr)
-    except NotLowerable as why:
+    except NotLowerable:
         ctx.rollback(mark)
+        if ctx.widen_scope():  # declined in its half of the free VMEM: try again with all of it
+            try:
+                rule(ctx, comp, instr)
+                return True
+            except NotLowerable as again:
+                ctx.rollback(mark)
+                why = again
         share, ctx.share = ctx.share, None
         try:
             lower_fallback(ctx, comp, instr, str(why))

@@ -14,7 +14,6 @@ set of elements contiguous in both the source and the destination.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from math import prod
 
 import numpy as np
@@ -22,7 +21,7 @@ import numpy as np
 from tpusim.compiler.lowering.registry import NotLowerable
 from tpusim.config import ChipConfig
 from tpusim.isa import MemRef, Space
-from tpusim.memory import Shape, geometry
+from tpusim.memory import Shape, geometry, reinterpret
 
 __all__ = ["DmaSide", "dma_cycles", "joint_runs", "view_ref", "view_shape"]
 
@@ -31,26 +30,11 @@ _SAMPLE_ELEMENTS = 1 << 16
 
 
 def view_shape(shape: Shape, order: tuple[int | None, ...]) -> Shape:
-    """``shape`` seen with logical dimension ``i`` = dimension ``order[i]`` (None: a new size-1 dimension),
-    describing the same bytes.
-
-    Raises:
-        NotLowerable: the layout has per-dimension parts a view cannot carry (old-style padding, sparse
-            levels, split configs, dynamic dimensions).
-    """
-    present = [o for o in order if o is not None]
-    if sorted(present) != list(range(shape.rank)):
-        raise ValueError(f"order {order} is not a permutation of the {shape.rank} dimensions of {shape}")
-    layout = shape.effective_layout
-    if layout.padded_dimensions is not None or layout.dim_level_types or layout.split_configs or any(shape.dynamic):
-        raise NotLowerable(f"no byte-identical view of {shape}")
-    if order == tuple(range(shape.rank)):
-        return shape.with_layout(layout)
-    position = {o: i for i, o in enumerate(order) if o is not None}
-    units = [i for i, o in enumerate(order) if o is None]
-    minor_to_major = tuple(position[d] for d in layout.minor_to_major) + tuple(reversed(units))
-    dims = tuple(1 if o is None else shape.dimensions[o] for o in order)
-    return Shape(shape.element_type, dims, layout=replace(layout, minor_to_major=minor_to_major))
+    """:func:`tpusim.memory.reinterpret.view_shape`, declining (NotLowerable) where no view exists."""
+    try:
+        return reinterpret.view_shape(shape, order)
+    except reinterpret.LayoutViewError as err:
+        raise NotLowerable(str(err)) from None
 
 
 def view_ref(ref: MemRef, order: tuple[int | None, ...]) -> MemRef:

@@ -1,0 +1,86 @@
+"""Timing fidelity on the XLA:TPU corpus (``tests/data/corpus/``, issues 14 and 15): per program and chip,
+tpusim's time from XLA:TPU's own compiled module, tpusim's time from its own compilation of the unoptimised
+module, and XLA:TPU's estimate (``cost_analysis()['optimal_seconds']``, ConcatBitcast-corrected, loops
+unrolled), with the ratios tpusim / XLA.
+
+    python benchmarks/bench_corpus.py                     # v5e and v6e, every program
+    python benchmarks/bench_corpus.py --chip v5e --only decoder_block_bf16
+    python benchmarks/bench_corpus.py --write docs/model.md   # also rewrite the fidelity table there
+
+XLA's estimate is XLA's cost model, not a measurement of a TPU: a ratio says where tpusim and XLA disagree,
+not which is right. Issue 15's target is every ratio within 0.67x-1.5x. All runs are timing-only. The exit
+status is 0 whatever the ratios: this is a report, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+LOW, HIGH = 0.67, 1.5
+BEGIN, END = "<!-- fidelity-table:begin -->", "<!-- fidelity-table:end -->"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chip", action="append", choices=("v5e", "v6e"), help="chips (default: both)")
+    parser.add_argument("--only", action="append", help="programs (default: all)")
+    parser.add_argument("--write", type=Path, help="rewrite the table between the fidelity markers of this file")
+    args = parser.parse_args(argv)
+
+    import corpus
+
+    import tpusim
+
+    chips = args.chip or ["v5e", "v6e"]
+    names = args.only or corpus.program_names()
+    rows = []
+    header = (
+        "| program | chip | XLA estimate (us) | tpusim from XLA's module (us) | ratio "
+        "| tpusim's own compile (us) | ratio |"
+    )
+    print(header)
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    inside = {"xla": 0, "own": 0}
+    for name in names:
+        program = corpus.load(name)
+        for chip in chips:
+            config = corpus.CHIPS[chip]
+            xla = program.xla_seconds(chip) * 1e6
+            times = {}
+            for form, key in ((chip, "xla"), ("unoptimised", "own")):
+                t0 = time.process_time()
+                result = tpusim.simulate(program.hlo(form), config=config, timing_only=True)
+                times[key] = (result.seconds * 1e6, time.process_time() - t0)
+                inside[key] += LOW <= times[key][0] / xla <= HIGH
+            row = (
+                f"| {name} | {chip} | {xla:.1f} | {times['xla'][0]:.1f} | {times['xla'][0] / xla:.2f} "
+                f"| {times['own'][0]:.1f} | {times['own'][0] / xla:.2f} |"
+            )
+            rows.append(row)
+            print(row, flush=True)
+    total = len(names) * len(chips)
+    summary = (
+        f"Within {LOW}x-{HIGH}x of XLA's estimate: {inside['xla']} of {total} from XLA's compiled modules, "
+        f"{inside['own']} of {total} from tpusim's own compilation."
+    )
+    print(f"\n{summary}")
+    if args.write is not None:
+        text = args.write.read_text()
+        table = "\n".join([header, "| --- | --- | --- | --- | --- | --- | --- |", *rows, "", summary])
+        new, n = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
+        if n != 1:
+            print(f"{args.write}: no {BEGIN} ... {END} markers", file=sys.stderr)
+            return 1
+        args.write.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
