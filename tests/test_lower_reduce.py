@@ -164,3 +164,16 @@ def test_denormals_flush_in_device_sums_as_in_the_reference(chip: str) -> None:
     checked = run_checked(m, [x], config=chip)
     checked.assert_ok(f"denormal row sums on {chip}")
     assert checked.result.outputs[0][7] == 0
+
+
+def test_a_softmax_whose_rows_of_one_batch_element_overflow_vmem_runs_row_by_row() -> None:
+    """Attention scores [batch, heads, queries, keys]: when one index of the blocked (most major) dimension is
+    already more than an instruction's VMEM (here one batch element is 8 x 64 x 64 f32 = 128 KiB on the
+    teaching chip's 64 KiB), the fusion runs once per index, each blocked along the next dimension, instead
+    of falling back."""
+    softmax = lambda s: jax.nn.softmax(s.astype(jnp.float32), -1)  # noqa: E731
+    x = np.random.default_rng(0).standard_normal((2, 8, 64, 64)).astype(np.float32)
+    module = parse_module(jax.jit(softmax).lower(x).as_text(dialect="hlo"))
+    checked = run_checked(module, [x], config="teaching")
+    checked.assert_ok("softmax")
+    assert not checked.result.fallbacks

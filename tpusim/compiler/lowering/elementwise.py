@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 
 import ml_dtypes
 
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction
-from tpusim.compiler.lowering.blocks import NEED_RULES, Plan, block_shape, plan_needs, reduction_split, tile_granule
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, SliceDim
+from tpusim.compiler.lowering.blocks import (
+    NEED_RULES,
+    Need,
+    Plan,
+    block_shape,
+    plan_needs,
+    reduction_split,
+    tile_granule,
+)
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
@@ -252,10 +260,18 @@ class _Emitter:
             ctx.emit(VpuMap, fn=fn, dst=dst, srcs=(dst, temp))
 
     def _window(self, hbm: MemRef, need: tuple[int | None, int], start: int, size: int) -> MemRef:
-        block, offsets = block_shape(hbm.shape, need, start, size)
-        if block.dimensions == hbm.shape.dimensions:
-            return hbm
-        return MemRef(hbm.space, hbm.address, hbm.shape, Window(offsets, block.dimensions))
+        """The block's window of an input or output array; of a window of one (a row of an outer split,
+        :func:`_outer_split`), the block's part of that window."""
+        if hbm.window is None:
+            block, offsets = block_shape(hbm.shape, need, start, size)
+            if block.dimensions == hbm.shape.dimensions:
+                return hbm
+            return MemRef(hbm.space, hbm.address, hbm.shape, Window(offsets, block.dimensions))
+        seen = Shape(hbm.element_type, hbm.window.sizes, layout=hbm.shape.layout)
+        block, offsets = block_shape(seen, need, start, size)
+        base = hbm.window.offsets
+        moved = tuple(b + o for b, o in zip(base, offsets))  # type: ignore[operator]
+        return MemRef(hbm.space, hbm.address, hbm.shape, Window(moved, block.dimensions))
 
     def _block_ref(self, ref: MemRef, name: str, start: int, size: int) -> MemRef:
         """The VMEM buffer of ``name`` with the shape of this block (a partial last block is smaller)."""
@@ -582,7 +598,80 @@ def lower_fused(ctx: Lowering, comp: Computation, inputs: dict[str, MemRef], out
     for plan in plans:
         if _lower_plan(ctx, comp, plan, inputs, outputs, sems):
             return
+    for sem in sems:  # (each row of an outer split takes its own)
+        ctx.release_semaphore(sem)
+    if plans[0].tiled is not None and plans[0].extent > 1 and _outer_split(ctx, comp, plans[0], inputs, outputs):
+        return
     raise NotLowerable("its blocks do not fit in VMEM")
+
+
+def _outer_split(
+    ctx: Lowering, comp: Computation, plan: Plan, inputs: dict[str, MemRef], outputs: list[tuple[str, MemRef]]
+) -> bool:
+    """When one index of the blocked dimension is already too much for VMEM (the softmax of attention scores
+    ``[batch, heads, queries, keys]``: one batch element is 32 MB), lower the computation once per index
+    of it, each a computation with that dimension 1 whose blocks cut the next one (each input and output a
+    window of its array at that index). Not when an iota counts along the dimension; False (nothing
+    emitted) then or when a row does not lower either."""
+    sub = _with_unit_dimension(comp, plan)
+    if sub is None:
+        return False
+    mark = ctx.checkpoint()
+    try:
+        for i in range(plan.extent):
+            sub_inputs = {n: _indexed(ref, plan.needs.get(n), i) for n, ref in inputs.items()}
+            sub_outputs = [(n, _indexed(ref, plan.needs.get(n), i)) for n, ref in outputs]
+            lower_fused(ctx, sub, sub_inputs, sub_outputs)
+            # Each row waits for its own transfers before it ends: the next reuses its VMEM and semaphores
+            # (the scoreboard orders the reuse of the bytes).
+            ctx.release_since(mark)
+    except NotLowerable:
+        ctx.rollback(mark)
+        return False
+    return True
+
+
+def _indexed(ref: MemRef, need: Need | None, i: int) -> MemRef:
+    """Index ``need``'s offset + ``i`` of the array (or window) ``ref`` along ``need``'s dimension, a window."""
+    if need is None or need[0] is None:
+        return ref
+    dim, offset = need
+    window = ref.window or Window((0,) * ref.shape.rank, ref.shape.dimensions)
+    offsets = list(window.offsets)
+    offsets[dim] += offset + i  # type: ignore[operator, index]
+    sizes = tuple(1 if d == dim else n for d, n in enumerate(window.sizes))
+    return MemRef(ref.space, ref.address, ref.shape, Window(tuple(offsets), sizes))
+
+
+def _with_unit_dimension(comp: Computation, plan: Plan) -> Computation | None:
+    """``comp`` with every value's blocked dimension (per ``plan``) of size 1 (slices along it start at 0), or
+    None when a value cannot be cut so (an iota counting along it)."""
+    body = []
+    for instr in comp.instructions:
+        need = plan.needs.get(instr.name)
+        dim = need[0] if need is not None else None
+        if dim is None or not isinstance(instr.shape, Shape):
+            body.append(instr)
+            continue
+        if instr.opcode == "iota" and instr.attr("iota_dimension") == dim:
+            return None
+        dims = tuple(1 if d == dim else n for d, n in enumerate(instr.shape.dimensions))
+        attrs = instr.attributes
+        if instr.opcode == "slice":
+            ranges = list(instr.attr("slice"))
+            ranges[dim] = SliceDim(0, 1)
+            attrs = attrs.replace(slice=tuple(ranges))
+        body.append(
+            Instruction(
+                instr.name,
+                instr.opcode,
+                Shape(instr.shape.element_type, dims, layout=instr.shape.layout),
+                instr.operands,
+                attrs,
+                instr.loc,
+            )
+        )
+    return Computation(f"{comp.name}.row", tuple(body), comp.root)
 
 
 def _lower_plan(
