@@ -24,6 +24,7 @@ import numpy as np
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo import load_module, parse_module
 from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.hlo.parser import read_hlo_text
 from tpusim.compiler.hlo.reference.core import TOKEN, DeviceState, Host
 from tpusim.compiler.hlo.reference.io import DEFAULT_SEED, random_inputs
 from tpusim.compiler.lowering.context import CompileOptions
@@ -33,7 +34,16 @@ from tpusim.devices import Chip, RunMonitor, RunResult, Trace
 from tpusim.errors import TpusimError
 from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS, RunLimitError
 
-__all__ = ["InputError", "SimulationResult", "load_program", "simulate", "simulate_chips", "simulate_jax"]
+__all__ = [
+    "COMPILERS",
+    "InputError",
+    "SimulationResult",
+    "load_program",
+    "simulate",
+    "simulate_chips",
+    "simulate_jax",
+    "through_xla",
+]
 
 
 class InputError(TpusimError):
@@ -52,6 +62,8 @@ class SimulationResult:
         tree: for :func:`simulate_jax`, the outputs in the function's own structure.
         compile_seconds: wall time compiling (0 when given a compiled program).
         run_seconds: wall time simulating (placing inputs, running the device model, reading outputs).
+        xla: with ``compiler="xla"``, what XLA:TPU made of the program (its compiled text and its
+            ``cost_analysis()`` estimate, :class:`tpusim.xla_tpu.XlaCompiled`); None otherwise.
     """
 
     outputs: tuple[np.ndarray, ...]
@@ -61,6 +73,7 @@ class SimulationResult:
     tree: Any = field(default=None, compare=False)
     compile_seconds: float = 0.0
     run_seconds: float = 0.0
+    xla: Any = field(default=None, compare=False)
 
     @property
     def seconds(self) -> float:
@@ -87,6 +100,39 @@ def load_program(program: str | Path | Module) -> Module:
     if isinstance(program, Path) or "HloModule" not in str(program):
         return load_module(Path(program))
     return parse_module(str(program))
+
+
+COMPILERS = ("tpusim", "xla")
+"""``tpusim``: tpusim's own compiler lays out, fuses and schedules the module. ``xla``: XLA's own TPU compiler
+(libtpu, offline) compiles it first and tpusim runs what XLA made, as given (:mod:`tpusim.xla_tpu`)."""
+
+
+def through_xla(
+    program: str | Path | Module, config: ChipConfig, chips: int = 1, shape: tuple[int, ...] | None = None
+) -> tuple[Module, Any]:
+    """``program`` compiled by XLA:TPU for ``chips`` chips of ``config``: the compiled module and what XLA said
+    of it (:class:`tpusim.xla_tpu.XlaCompiled`).
+
+    Raises:
+        LibtpuMissingError: libtpu is not installed; XlaCompileError: XLA refused the module or the chip.
+    """
+    from tpusim.compiler.hlo.printer import print_module
+    from tpusim.xla_tpu import compile_with_xla
+
+    if isinstance(program, Module):
+        text = print_module(program)
+    elif isinstance(program, Path) or "HloModule" not in str(program):
+        text = read_hlo_text(Path(program))
+    else:
+        text = str(program)
+    xla = compile_with_xla(text, config, chips, shape)
+    return parse_module(xla.text, f"XLA:TPU's compilation for {xla.topology}"), xla
+
+
+def _compiler(compiler: str) -> str:
+    if compiler not in COMPILERS:
+        raise InputError(f"compiler must be one of {', '.join(COMPILERS)}, not {compiler!r}")
+    return compiler
 
 
 def _config(config: ChipConfig | str | Path, overrides: Sequence[str]) -> ChipConfig:
@@ -164,6 +210,7 @@ def simulate(
     monitor: RunMonitor | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     max_cycles: int = DEFAULT_MAX_CYCLES,
+    compiler: str = "tpusim",
 ) -> SimulationResult:
     """Compile ``program`` for ``config`` and simulate it.
 
@@ -187,21 +234,34 @@ def simulate(
             past it the run stops with :class:`tpusim.limits.RunLimitError` naming the loop (an endless
             ``while``). Fallback kernels' reference runs take it as their ``while`` iteration limit.
         max_cycles: simulated cycles the run may take, likewise. See :mod:`tpusim.limits` for both.
+        compiler: ``tpusim`` (tpusim's own compiler) or ``xla`` (XLA:TPU compiles the module first, with
+            libtpu offline; ``result.xla`` then holds its estimate). See :data:`COMPILERS`.
 
     Returns:
         Outputs, cycles, the compiled program and the device run (trace, memories).
 
     Raises:
         RunLimitError: the run reached ``max_steps`` or ``max_cycles``.
+        LibtpuMissingError: ``compiler="xla"`` without libtpu installed (the message says how to install it).
     """
+    xla = None
+    if _compiler(compiler) == "xla":
+        if isinstance(program, CompiledProgram):
+            raise InputError(
+                "compiler='xla' compiles the program: pass HLO text, a file or a module, not a compiled one"
+            )
+        many = chips is not None or topology is not None
+        shape = tuple(int(d) for d in topology.split("x")) if isinstance(topology, str) else topology
+        program, xla = through_xla(program, _config(config, overrides), chips or 1 if many else 1, shape)
     if chips is not None or topology is not None:
         if host is not None:
             raise InputError("host transfers are not supported in a run of several chips")
-        return simulate_chips(
+        result = simulate_chips(
             program, inputs, chips=chips, topology=topology, config=config, overrides=overrides,
             options=options, timing_only=timing_only, seed=seed, monitor=monitor, max_steps=max_steps,
             max_cycles=max_cycles,
         )  # fmt: skip
+        return replace(result, xla=xla)
     began = time.perf_counter()
     if isinstance(program, CompiledProgram):
         compiled = program
@@ -234,7 +294,7 @@ def simulate(
     outputs = () if timing_only else tuple(run.read(f"out{j}") for j in range(len(compiled.outputs)))
     done = time.perf_counter()
     compile_seconds = compiled_at - began if not isinstance(program, CompiledProgram) else 0.0
-    return SimulationResult(outputs, run.cycles, compiled, run, None, compile_seconds, done - compiled_at)
+    return SimulationResult(outputs, run.cycles, compiled, run, None, compile_seconds, done - compiled_at, xla)
 
 
 def _evaluator(host: Host, max_steps: int = DEFAULT_MAX_STEPS) -> Callable[[str, list[np.ndarray]], list[np.ndarray]]:

@@ -110,6 +110,10 @@ def _add_chip_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-fuse", action="store_true", help="do not fuse elementwise operations")
     p.add_argument("--no-megacore", action="store_true",
                    help="run on one TensorCore of a two-core chip (v4, v5p), not split across both")  # fmt: skip
+    p.add_argument("--compiler", default="tpusim", choices=("tpusim", "xla"),
+                   help="tpusim: tpusim's own compiler (default); xla: XLA's own TPU compiler compiles the program "
+                        "first (needs libtpu: pip install 'jax[tpu]') and tpusim runs its compiled module, "
+                        "printing XLA's estimates beside its own")  # fmt: skip
 
 
 def _configure_run(p: argparse.ArgumentParser) -> None:
@@ -193,6 +197,11 @@ def _run_run(args: argparse.Namespace) -> int:
         declared = module.replica_count * module.num_partitions
         topology = system_topology(config.ici, args.chips or (None if shape else declared), shape)
     n = topology.chips if topology is not None else 1
+    xla = None
+    if args.compiler == "xla":  # XLA:TPU compiles it; the rest of the run (and --check) uses its module
+        from tpusim.api import through_xla
+
+        module, xla = through_xla(args.program, config, n, topology.shape if topology is not None else None)
     if args.report is not None:
         from tpusim.paths import check_output_path
         from tpusim.report.command import report_folder
@@ -212,7 +221,7 @@ def _run_run(args: argparse.Namespace) -> int:
             topology=topology.shape if topology is not None else None, monitor=monitor,
             max_steps=args.max_steps, max_cycles=_max_cycles(args),
         )  # fmt: skip
-        result = dataclasses.replace(result, compile_seconds=compiled_in)
+        result = dataclasses.replace(result, compile_seconds=compiled_in, xla=xla)
     wall = time.perf_counter() - began
     checks = _check(module, result, per_device, many, args.max_steps) if args.check and not args.timing_only else None
     print(format_summary(result, wall, checks))
@@ -291,9 +300,13 @@ def _run_compile(args: argparse.Namespace) -> int:
     from tpusim.config import load_config
     from tpusim.isa.text import print_program
 
-    compiled = compile_module(
-        load_program(args.program), load_config(args.config, overrides=args.overrides), _options(args)
-    )
+    config = load_config(args.config, overrides=args.overrides)
+    module = load_program(args.program)
+    if args.compiler == "xla":
+        from tpusim.api import through_xla
+
+        module, _ = through_xla(args.program, config)
+    compiled = compile_module(module, config, _options(args))
     if args.emit == "layouts":
         print(print_module(compiled.module))
         for r in compiled.relayouts:

@@ -29,6 +29,28 @@ def _table(header: list[str], rows: list[list[str]], align: str) -> list[str]:
     ]
 
 
+def _xla_section(x: dict[str, Any]) -> list[str]:
+    """XLA:TPU's estimates beside tpusim's (the module was compiled by XLA:TPU)."""
+    lines = ["## Beside XLA:TPU's estimates", "", f"XLA's numbers are {x['caveat']}.", ""]
+    program = x.get("program")
+    if program:
+        lines += [
+            f"Program: XLA's `optimal_seconds` {program['optimal_seconds'] * 1e6:,.2f} us, tpusim "
+            f"{program['tpusim_seconds'] * 1e6:,.2f} us (tpusim / XLA = {program['ratio']:.2f}).",
+            "",
+        ]
+    rows = [
+        [f"`{k['name']}`", k["opcode"], f"{k['xla_cycles']:,}", fmt.percent(k["xla_share"]),
+         fmt.cycles(k["tpusim_cycles"]), fmt.percent(k["tpusim_share"]),
+         f"{k['ratio']:.2f}" if k["ratio"] is not None else ""]
+        for k in x["kernels"][:MAX_OP_ROWS]
+    ]  # fmt: skip
+    if rows:
+        header = ["kernel", "opcode", "XLA estimated cycles", "XLA share", "tpusim span", "tpusim share", "ratio"]
+        lines += [*_table(header, rows, "llrrrrr"), ""]
+    return lines
+
+
 def render_markdown(s: dict[str, Any], plots: dict[str, str]) -> str:
     """The report for a person from the ``summary.json`` document; ``plots`` maps a figure's kind
     (``timeline``, ``utilisation``, ``roofline``, ``memory``) to its file name next to the report."""
@@ -130,6 +152,8 @@ def render_markdown(s: dict[str, Any], plots: dict[str, str]) -> str:
     lines += [_BOUND_MEANING, ""]
     if "roofline" in plots:
         lines += [f"![roofline]({plots['roofline']})", ""]
+    if s.get("xla"):
+        lines += _xla_section(s["xla"])
     if s["fallbacks"]:
         lines += ["## Fallbacks", "", "Run as reference kernels on device bytes, with a declared cost:", ""]
         lines += [f"- `{x['computation']}/{x['instruction']}` ({x['opcode']}): {x['reason']}" for x in s["fallbacks"]]

@@ -61,6 +61,16 @@ _OP = _obj({
 _STEPS = _obj({"cycles": {"type": "array", "items": _INT}, "bytes": {"type": "array", "items": _INT}})
 _SERIES_MAP = {"type": "object", "additionalProperties": {"type": "array", "items": _NUM}}
 
+_XLA = {"oneOf": [{"type": "null"}, _obj({
+    "caveat": _STR,
+    "program": {"oneOf": [{"type": "null"}, _obj({
+        "optimal_seconds": _NUM, "tpusim_seconds": _NUM, "ratio": _NUM, "flops": _NUM, "bytes_accessed": _NUM})]},
+    "kernels": {"type": "array", "items": _obj({
+        "name": _STR, "opcode": _STR, "xla_cycles": _INT, "xla_share": _NUM, "tpusim_cycles": _INT,
+        "tpusim_share": _NUM, "ratio": _NUM_OR_NULL})},
+})]}
+"""XLA:TPU's estimates beside tpusim's, for a module XLA:TPU compiled (tpusim.report.xla_compare)."""
+
 _TOP = _obj({
     "schema": {"const": SCHEMA_ID},
     "schema_version": {"const": SCHEMA_VERSION},
@@ -101,7 +111,7 @@ _TOP = _obj({
     }),
     "notes": {"type": "array", "items": _STR},
     "host": _obj({"wall_seconds": _NUM_OR_NULL, "instructions_per_s": _NUM_OR_NULL}),
-}, {"collectives": {"type": "array", "items": _COLLECTIVE}})  # fmt: skip
+}, {"collectives": {"type": "array", "items": _COLLECTIVE}, "xla": _XLA})  # fmt: skip
 
 SUMMARY_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from tpusim.check import OutputCheck
 from tpusim.isa import MxuMatmul
 from tpusim.report.stats import UnitStats, op_stats, unit_stats
+from tpusim.report.xla_compare import format_xla
 
 if TYPE_CHECKING:
     from tpusim.api import SimulationResult
@@ -55,6 +56,7 @@ def format_summary(
     lines += ["", "HLO instructions by span (first issue to last completion):"]
     for op in op_stats(result.trace)[:10]:
         lines.append(f"  {op.hlo:32} {op.span:10,} cycles {op.span / cycles:6.1%}  {op.instructions:5,} instructions")
+    lines += format_xla(result)
     if compiled.fallbacks:
         lines += ["", "fallbacks (reference semantics on device bytes, with a declared cost):"]
         lines += [f"  {comp}/{name} ({opcode}): {why}" for comp, name, opcode, why in compiled.fallbacks]

@@ -106,6 +106,19 @@ def _series(a: RunAnalysis) -> dict[str, Any]:
     }
 
 
+def _xla(result: Any) -> dict[str, Any] | None:
+    """XLA:TPU's estimates beside tpusim's (tpusim.report.xla_compare), or None for a module without them."""
+    from dataclasses import asdict
+
+    from tpusim.report.xla_compare import CAVEAT, xla_kernels, xla_program
+
+    program, kernels = xla_program(result), xla_kernels(result)
+    if program is None and not kernels:
+        return None
+    rows = [asdict(k) | {"ratio": k.ratio} for k in kernels]
+    return {"caveat": CAVEAT, "program": program, "kernels": rows}
+
+
 def summary_from_analysis(
     a: RunAnalysis, *, program_path: str | None = None, wall_seconds: float | None = None
 ) -> dict[str, Any]:
@@ -185,6 +198,7 @@ def summary_from_analysis(
         "links": a.links,
         "collectives": a.collectives,
         "ops": a.ops,
+        "xla": _xla(r),
         "fallbacks": [
             {"computation": c, "instruction": n, "opcode": o, "reason": why} for c, n, o, why in compiled.fallbacks
         ],

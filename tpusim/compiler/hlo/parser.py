@@ -33,7 +33,7 @@ from tpusim.compiler.hlo.shape_rules import compatible
 from tpusim.errors import LayoutError
 from tpusim.memory import AnyShape, ShapeReader
 
-__all__ = ["decode_text", "load_module", "parse_module"]
+__all__ = ["decode_text", "load_module", "parse_module", "read_hlo_text"]
 
 _HEADER = re.compile(r"\s*HloModule\b\s*")
 _ATTR = re.compile(r"\s*,\s*([A-Za-z_][A-Za-z0-9_\-]*)\s*=")
@@ -110,6 +110,15 @@ def parse_module(text: str, source: str | None = None, *, verify: bool = True) -
 def load_module(path: str | Path, *, verify: bool = True) -> Module:
     """Read and parse the HLO text file at ``path`` (verified by default); a ``.gz`` file is read through gzip."""
     path = Path(path)
+    return parse_module(read_hlo_text(path), str(path), verify=verify)
+
+
+def read_hlo_text(path: Path) -> str:
+    """The text of an HLO file (through gzip for a ``.gz`` file), as UTF-8.
+
+    Raises:
+        HloParseError: not gzip (for ``.gz``) or not UTF-8, saying where.
+    """
     data = path.read_bytes()
     if path.suffix == ".gz":
         import gzip
@@ -118,7 +127,7 @@ def load_module(path: str | Path, *, verify: bool = True) -> Module:
             data = gzip.decompress(data)
         except (OSError, EOFError) as err:
             raise HloParseError(f"{path} is not a readable gzip file ({err})", "", 0, str(path)) from None
-    return parse_module(decode_text(data, str(path)), str(path), verify=verify)
+    return decode_text(data, str(path))
 
 
 def decode_text(data: bytes, source: str) -> str:

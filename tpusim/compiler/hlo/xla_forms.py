@@ -5,14 +5,20 @@ the compiler read.
   text's operand order need not be their order in the result (:func:`concat_bitcast_order`).
 - Async slices (``slice-start`` / ``slice-done``): the sliced array and where a slice starts
   (:func:`slice_source`).
+- XLA's cost model's estimate of an instruction, ``"estimated_cycles"`` in its ``backend_config``
+  (:func:`estimated_cycles`).
 """
 
 from __future__ import annotations
 
+import re
+
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.memory import Shape, TupleShape
 
-__all__ = ["CONCAT_BITCAST", "concat_bitcast_order", "slice_source"]
+__all__ = ["CONCAT_BITCAST", "concat_bitcast_order", "estimated_cycles", "slice_source"]
+
+_ESTIMATE = re.compile(r'"estimated_cycles"\s*:\s*"?(\d+)')
 
 CONCAT_BITCAST = "ConcatBitcast"
 
@@ -64,3 +70,13 @@ def slice_source(comp: Computation, name: str, dimension: int) -> tuple[str, int
     if wrapped.opcode != "slice":
         return None
     return wrapped.operands[0], wrapped.attr("slice")[dimension].start
+
+
+def estimated_cycles(instr: Instruction) -> int | None:
+    """XLA:TPU's ``estimated_cycles`` for ``instr`` from its ``backend_config`` (XLA's cost model, in its own
+    cycles), or None when the text has none."""
+    config = instr.attributes.get("backend_config")
+    if config is None:
+        return None
+    found = _ESTIMATE.search(str(getattr(config, "text", config)))
+    return int(found.group(1)) if found else None

@@ -1,0 +1,96 @@
+"""XLA's own TPU compiler as a front end (tpusim/xla_tpu.py, ``compiler="xla"``) and XLA's estimates in the
+reports. Compiling needs libtpu (``pip install 'jax[tpu]'``, Google's licence: optional); the tests that
+compile are skipped without it. The corpus's compiled modules carry XLA's per-kernel estimates in their text,
+so the reports' comparison is tested without libtpu."""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+
+import pytest
+from corpus import load
+
+import tpusim
+from tpusim.report.summary import format_summary
+from tpusim.report.xla_compare import xla_kernels
+from tpusim.xla_tpu import LibtpuMissingError, XlaCompileError, chip_topology
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed (pip install 'jax[tpu]')")
+
+MLP = """HloModule mlp
+ENTRY main {
+  x = bf16[256,512] parameter(0)
+  w = bf16[512,1024] parameter(1)
+  d = bf16[256,1024] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  z = bf16[] constant(0)
+  zs = bf16[256,1024] broadcast(z), dimensions={}
+  ROOT r = bf16[256,1024] maximum(d, zs)
+}
+"""
+
+
+def test_topologies_of_the_shipped_chips() -> None:
+    assert chip_topology("tpu_v5e", 1) == "v5e:1x1"
+    assert chip_topology("tpu_v6e", 4) == "v6e:2x2"
+    assert chip_topology("tpu_v5p", 8) == "v5p:2x2x2"
+    assert chip_topology("tpu_v5p", 4, (4, 1)) == "v5p:4x1x1"
+    with pytest.raises(XlaCompileError, match=r"teaching.*none of them"):
+        chip_topology("teaching", 1)
+
+
+def test_without_libtpu_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def no_libtpu(name: str, *args: object, **kwargs: object) -> object:
+        if name == "libtpu":
+            raise ImportError("No module named 'libtpu'")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_libtpu)
+    with pytest.raises(LibtpuMissingError, match=r"pip install 'jax\[tpu\]'.*compiler='tpusim'"):
+        tpusim.simulate(MLP, config="tpu_v5e", compiler="xla", timing_only=True)
+
+
+def test_an_unknown_compiler_is_refused() -> None:
+    with pytest.raises(tpusim.InputError, match="compiler must be one of tpusim, xla"):
+        tpusim.simulate(MLP, compiler="gcc")
+
+
+def test_reports_put_xla_kernel_estimates_beside_tpusim_for_a_compiled_module() -> None:
+    program = load("decoder_block_bf16")
+    result = tpusim.simulate(program.hlo("v5e"), config="tpu_v5e", timing_only=True)
+    kernels = xla_kernels(result)
+    assert len(kernels) > 10
+    assert abs(sum(k.xla_share for k in kernels) - 1) < 1e-9
+    assert all(k.tpusim_cycles > 0 for k in kernels[:5])  # tpusim ran (its parts of) each big kernel
+    text = format_summary(result)
+    assert "XLA:TPU's estimates (XLA's cost model, not a measurement):" in text
+    assert kernels[0].name in text
+
+
+@needs_libtpu
+def test_simulate_with_xla_runs_xlas_compiled_module_and_reports_its_estimate() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((256, 512)) / 8).astype("bfloat16")
+    w = (rng.standard_normal((512, 1024)) / 8).astype("bfloat16")
+    result = tpusim.simulate(MLP, [x, w], config="tpu_v5e", compiler="xla")
+    assert result.xla is not None and result.xla.topology == "v5e:1x1" and result.xla.optimal_seconds > 0
+    assert "is_scheduled=true" in result.xla.text
+    assert result.compiled.source.attributes.get("entry_computation_layout") is not None
+    assert not result.fallbacks
+    want = np.maximum(x.astype(np.float32) @ w.astype(np.float32), 0)
+    np.testing.assert_allclose(np.asarray(result.outputs[0], np.float32), want, atol=0.05, rtol=0.02)
+    assert "program: XLA optimal_seconds" in format_summary(result)
+
+
+@needs_libtpu
+def test_simulate_jax_with_xla() -> None:
+    import jax.numpy as jnp
+
+    result = tpusim.simulate_jax(lambda a: jnp.tanh(a) * 2, jnp.ones((8, 128)), compiler="xla", config="tpu_v6e")
+    assert result.xla is not None and result.xla.topology == "v6e:1x1"
+    assert float(result.tree[0, 0]) == pytest.approx(2 * 0.7615941559557649, rel=1e-3)

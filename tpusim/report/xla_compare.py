@@ -1,0 +1,105 @@
+"""tpusim beside XLA:TPU's own estimates, for a module XLA:TPU compiled.
+
+XLA:TPU's compiled modules carry, per fusion (and other kernels), ``"estimated_cycles"`` from its cost model,
+and its ``cost_analysis()`` gives ``optimal_seconds`` for the program (:mod:`tpusim.xla_tpu`). Both are XLA's
+model, not measurements of a TPU: where tpusim and XLA disagree, neither is known to be right, but the
+disagreement says where to look. XLA's cycles are in its model's own unit (their sum is not
+``optimal_seconds`` times the clock), so per kernel the comparison is of shares: the kernel's part of all of
+XLA's estimated cycles beside its part of tpusim's run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tpusim.compiler.buffer_assignment import sequential_computations
+from tpusim.compiler.hlo.xla_forms import estimated_cycles
+
+if TYPE_CHECKING:
+    from tpusim.api import SimulationResult
+
+__all__ = ["XlaKernel", "format_xla", "xla_kernels", "xla_program"]
+
+CAVEAT = "XLA's cost model, not a measurement"
+
+
+@dataclass(frozen=True)
+class XlaKernel:
+    """One kernel of the compiled module: XLA's estimate and tpusim's span of the same instruction (and the
+    instructions tpusim made of it, named ``NAME.*``)."""
+
+    name: str
+    opcode: str
+    xla_cycles: int
+    xla_share: float
+    tpusim_cycles: int
+    tpusim_share: float
+
+    @property
+    def ratio(self) -> float | None:
+        """tpusim's share over XLA's (1: the two agree on how much of the program this kernel is)."""
+        return self.tpusim_share / self.xla_share if self.xla_share else None
+
+
+def xla_kernels(result: SimulationResult) -> list[XlaKernel]:
+    """Every instruction of the source module's sequential computations with an XLA estimate, largest first
+    (empty for a module without them)."""
+    module = result.compiled.source
+    found = []
+    for name in sequential_computations(module):
+        for instr in module[name].instructions:
+            cycles = estimated_cycles(instr)
+            if cycles is not None:
+                found.append((instr.name, instr.opcode, cycles))
+    if not found:
+        return []
+    trace = result.trace
+    names = trace.hlo
+    total_xla = sum(c for _, _, c in found) or 1
+    total = max(result.cycles, 1)
+    out = []
+    for name, opcode, cycles in found:
+        mine = np.fromiter((n == name or n.startswith(name + ".") for n in names), bool, len(names))
+        span = int(trace.end[mine].max() - trace.start[mine].min()) if mine.any() else 0
+        out.append(XlaKernel(name, opcode, cycles, cycles / total_xla, span, span / total))
+    return sorted(out, key=lambda k: -k.xla_cycles)
+
+
+def xla_program(result: SimulationResult) -> dict[str, float] | None:
+    """tpusim's time beside XLA's ``optimal_seconds`` when the run compiled with XLA:TPU (else None)."""
+    xla = result.xla
+    if xla is None or xla.optimal_seconds <= 0:
+        return None
+    return {
+        "optimal_seconds": xla.optimal_seconds,
+        "tpusim_seconds": result.seconds,
+        "ratio": result.seconds / xla.optimal_seconds,
+        "flops": xla.flops,
+        "bytes_accessed": xla.bytes_accessed,
+    }
+
+
+def format_xla(result: SimulationResult, rows: int = 10) -> list[str]:
+    """The summary's lines comparing tpusim with XLA's estimates (none when there are none)."""
+    program = xla_program(result)
+    kernels = xla_kernels(result)
+    if program is None and not kernels:
+        return []
+    lines = ["", f"XLA:TPU's estimates ({CAVEAT}):"]
+    if program is not None:
+        lines.append(
+            f"  program: XLA optimal_seconds {program['optimal_seconds'] * 1e6:,.2f} us, tpusim "
+            f"{program['tpusim_seconds'] * 1e6:,.2f} us (tpusim / XLA = {program['ratio']:.2f})"
+        )
+    if kernels:
+        lines.append(f"  {'kernel':32} {'XLA cycles':>12} {'XLA share':>9}  {'tpusim cycles':>13} {'share':>6}  ratio")
+        for k in kernels[:rows]:
+            ratio = f"{k.ratio:5.2f}" if k.ratio is not None else "    -"
+            lines.append(
+                f"  {k.name[:32]:32} {k.xla_cycles:12,} {k.xla_share:9.1%}  {k.tpusim_cycles:13,} {k.tpusim_share:6.1%}"
+                f"  {ratio}"
+            )
+    return lines
