@@ -19,21 +19,16 @@ from dataclasses import replace
 
 from tpusim.compiler.buffer_assignment import sequential_computations
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
-from tpusim.memory import Layout, Shape
+from tpusim.compiler.passes import on_chip_shape
+from tpusim.memory import Shape
 
-__all__ = ["keep_on_chip", "on_chip"]
+__all__ = ["keep_on_chip"]
 
 _NOT_RESIDENT = frozenset(
     {"parameter", "constant", "tuple", "get-tuple-element", "while", "conditional", "call", "opt-barrier"}
     | {"infeed", "outfeed", "send", "send-done", "recv", "recv-done", "custom-call", "after-all"}
     | {"copy-start", "copy-done", "add-dependency", "domain", "rng-get-and-update-state"}
 )
-
-
-def on_chip(shape: Shape) -> Shape:
-    """``shape`` with its layout's memory space set to VMEM (``S(1)``)."""
-    layout = shape.layout or Layout.default(shape.rank)
-    return shape.with_layout(replace(layout, memory_space=1))
 
 
 def keep_on_chip(module: Module) -> Module:
@@ -62,7 +57,7 @@ def _resident(instr: Instruction, returned: set[str]) -> Instruction:
         or instr.name in returned
     ):
         return instr
-    return replace(instr, shape=on_chip(shape))
+    return replace(instr, shape=on_chip_shape(shape))
 
 
 def _returned(comp: Computation) -> set[str]:
@@ -77,4 +72,3 @@ def _returned(comp: Computation) -> set[str]:
         if instr.opcode == "tuple":
             work += list(instr.operands)
     return out
-

@@ -32,7 +32,8 @@ from tpusim.compiler.lowering.blocks import NEED_RULES, plan_needs
 from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.lowering.registry import NotLowerable
 from tpusim.compiler.rewrite import rewrite_instructions, unique_name
-from tpusim.memory import Shape
+from tpusim.memory import Shape, TupleShape
+from tpusim.memory.shape import Layout
 
 __all__ = [
     "drop_annotations",
@@ -45,6 +46,13 @@ __all__ = [
     "unfuse",
     "zero_sized",
 ]
+
+
+def on_chip_shape(shape: Shape) -> Shape:
+    """``shape`` kept in VMEM: its layout's memory space ``S(1)``."""
+    layout = shape.layout or Layout.default(shape.rank)
+    return shape.with_layout(replace(layout, memory_space=1))
+
 
 # Operations a fusion may hold (those with a block rule); parameters are a fusion's inputs.
 FUSIBLE = frozenset(NEED_RULES) - {"parameter"}
@@ -219,10 +227,12 @@ def _without_empty(comp: Computation, instr: Instruction, taken: set[str]) -> li
 
 # --------------------------------------------------------------------------------------------- inlining
 def inline_instruction(
-    comp: Computation, instr: Instruction, callee: Computation, taken: set[str]
+    comp: Computation, instr: Instruction, callee: Computation, taken: set[str], on_chip: bool = False
 ) -> list[Instruction]:
     """The instructions of ``callee`` renamed into ``comp``, its parameters replaced by ``instr``'s operands and
-    its root renamed to ``instr.name``; the other names get ``instr.name`` as prefix."""
+    its root renamed to ``instr.name`` (with ``instr``'s shape: the caller's layout and memory space); the other
+    names get ``instr.name`` as prefix. With ``on_chip`` (a dissolved fusion), the other values are kept in
+    VMEM (``S(1)``): they were a kernel's intermediates, which never leave the chip."""
     rename: dict[str, str] = {}
     for inner in callee.instructions:
         if inner.opcode == "parameter":
@@ -239,13 +249,29 @@ def inline_instruction(
     for inner in callee.instructions:
         if inner.opcode == "parameter":
             continue
-        out.append(replace(inner, name=rename[inner.name], operands=tuple(rename[o] for o in inner.operands)))
+        shape = inner.shape
+        if inner.name == callee.root and _same_dims(shape, instr.shape):
+            shape = instr.shape
+        elif on_chip and isinstance(shape, Shape) and shape.rank > 0 and inner.name != callee.root:
+            shape = on_chip_shape(shape)
+        operands = tuple(rename[o] for o in inner.operands)
+        out.append(replace(inner, name=rename[inner.name], operands=operands, shape=shape))
     if callee.root_instruction.opcode == "parameter":  # the callee returns a parameter unchanged
         out.append(Instruction(instr.name, "copy", instr.shape, (rename[callee.root],), Attributes(), instr.loc))
     return out
 
 
-def _rewrite(module: Module, should_inline) -> Module:  # type: ignore[no-untyped-def]
+def _same_dims(a: object, b: object) -> bool:
+    if isinstance(a, TupleShape) and isinstance(b, TupleShape):
+        return len(a.elements) == len(b.elements) and all(_same_dims(x, y) for x, y in zip(a.elements, b.elements))
+    return (
+        isinstance(a, Shape)
+        and isinstance(b, Shape)
+        and (a.element_type, a.dimensions) == (b.element_type, b.dimensions)
+    )
+
+
+def _rewrite(module: Module, should_inline, on_chip: bool = False) -> Module:  # type: ignore[no-untyped-def]
     comps = []
     changed = False
     for comp in module.computations:
@@ -256,7 +282,7 @@ def _rewrite(module: Module, should_inline) -> Module:  # type: ignore[no-untype
             if callee is None:
                 body.append(instr)
                 continue
-            body += inline_instruction(comp, instr, module[callee], taken)
+            body += inline_instruction(comp, instr, module[callee], taken, on_chip)
             changed = True
         comps.append(replace(comp, instructions=tuple(body)) if changed else comp)
     return drop_unused(replace(module, computations=tuple(comps))) if changed else module
@@ -289,7 +315,7 @@ def inline_calls(module: Module) -> Module:
 
 
 def unfuse(module: Module) -> Module:
-    """Dissolve fusions that hold operations without a vector block rule."""
+    """Dissolve fusions that hold operations without a vector block rule; their intermediates stay in VMEM."""
 
     def target(instr: Instruction) -> str | None:
         if instr.opcode != "fusion":
@@ -301,7 +327,7 @@ def unfuse(module: Module) -> Module:
             return None
         return fused.name
 
-    return _rewrite(module, target)
+    return _rewrite(module, target, on_chip=True)
 
 
 # --------------------------------------------------------------------------------------------- fusion

@@ -49,11 +49,13 @@ def xla_kernels(result: SimulationResult) -> list[XlaKernel]:
     (empty for a module without them)."""
     module = result.compiled.source
     found = []
+    inner: dict[str, set[str]] = {}  # a fusion's instructions: tpusim names what it makes of them NAME.INNER
     for name in sequential_computations(module):
         for instr in module[name].instructions:
             cycles = estimated_cycles(instr)
             if cycles is not None:
                 found.append((instr.name, instr.opcode, cycles))
+                inner[instr.name] = {i.name for c in instr.called_computations() for i in module[c].instructions}
     if not found:
         return []
     trace = result.trace
@@ -61,8 +63,14 @@ def xla_kernels(result: SimulationResult) -> list[XlaKernel]:
     total_xla = sum(c for _, _, c in found) or 1
     total = max(result.cycles, 1)
     out = []
+    def part_of(n: str, name: str) -> bool:
+        if n == name:
+            return True
+        rest = n[len(name) + 1 :] if n.startswith(name + ".") else ""
+        return any(rest == i or rest.startswith(i + ".") for i in inner[name])
+
     for name, opcode, cycles in found:
-        mine = np.fromiter((n == name or n.startswith(name + ".") for n in names), bool, len(names))
+        mine = np.fromiter((part_of(n, name) for n in names), bool, len(names))
         span = int(trace.end[mine].max() - trace.start[mine].min()) if mine.any() else 0
         out.append(XlaKernel(name, opcode, cycles, cycles / total_xla, span, span / total))
     return sorted(out, key=lambda k: -k.xla_cycles)
