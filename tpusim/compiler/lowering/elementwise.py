@@ -39,6 +39,7 @@ from tpusim.isa import (
     Operand,
     Reg,
     SemWait,
+    Space,
     VpuBroadcast,
     VpuCopy,
     VpuFused,
@@ -143,6 +144,12 @@ class _Emitter:
         instr = self.comp[name]
         return instr.opcode == "parameter" or (instr.opcode == "constant" and instr.array_shape.rank > 0)
 
+    def _in_place(self, name: str) -> bool:
+        """An input already in VMEM (a resident value): the vector unit reads its block where it is, with no
+        DMA into a block buffer (a TPU kernel's vector loads read VMEM at any sublane)."""
+        ref = self.inputs.get(name)
+        return ref is not None and ref.space is Space.VMEM and self.comp[name].opcode == "parameter"
+
     def allocate(self) -> tuple[list[dict[str, MemRef]], dict[str, MemRef]]:
         """VMEM buffers: two sets for per-block inputs and outputs, one for everything else."""
         sets: list[dict[str, MemRef]] = [{}, {}]
@@ -150,7 +157,7 @@ class _Emitter:
         roots = {r for r, _ in self.outputs}
         for name in self.plan.order:
             instr = self.comp[name]
-            if name in self.scalars or name in self.inlined:
+            if name in self.scalars or name in self.inlined or self._in_place(name):
                 continue
             if self._constant_scalar(name) is not None and name not in roots:
                 continue
@@ -330,6 +337,9 @@ class _Emitter:
                 values[name] = self.scalars[name]
                 continue
             if name in self.inlined or (name in self.plan.after and not self.last):
+                continue
+            if self._in_place(name):
+                values[name] = self._window(self.inputs[name], self.plan.needs[name], start, size)
                 continue
             dst = self._block_ref(buffers[name], name, start, size)
             if self._loaded(name):
