@@ -499,6 +499,10 @@ class Lowering:
         self.scope.semaphores.append(sem)
         return sem
 
+    def free_semaphores(self) -> int:
+        """How many semaphores are free."""
+        return len(self._free_sems)
+
     def reserve_semaphores(self, numbers: Sequence[int], why: str) -> None:
         """Take ``numbers`` out of the semaphore pool for the rest of the program (e.g. semaphores other chips
         signal by number).

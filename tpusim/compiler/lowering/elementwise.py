@@ -61,6 +61,12 @@ DMA_FIRST = frozenset({"copy", "bitcast", "reshape", "slice", "concatenate", "pa
 # Ops that run as "a fusion of one" when they appear outside a fusion.
 _SINGLE_OPS = sorted(set(NEED_RULES) - {"parameter", "constant", "dynamic-slice"} - DMA_FIRST)
 _BLOCK_TARGET_BYTES = 1 << 19
+RING = 4
+"""VMEM buffer sets per blocked input and output: two blocks' inputs are in flight while one block computes,
+and the spare set lets a refill start although the compute of the block before it (on another XLU or VPU
+slot) may still read its buffer. Two sets in lockstep (both refilled only after both computed) left HBM idle
+for a latency and a compute every other block: a row sum streamed at 58% of HBM's bandwidth, 93% so. A core
+with few semaphores (each set takes two) gets two sets, one block in flight."""
 """Largest output block aimed for: big enough to amortise DMA set-up, small enough to pipeline."""
 
 
@@ -106,7 +112,7 @@ class _Emitter:
     hoisted: dict[str, MemRef] = field(default_factory=dict)
     scalars: dict[str, Reg] = field(default_factory=dict)
     inlined: frozenset[str] = frozenset()
-    sems: tuple[int, int, int, int] | None = None  # (in, in, out, out); None: taken from the context
+    sems: tuple[int, ...] = ()  # one per buffer set for inputs, then one per set for outputs
     index: int = 0  # the block being emitted
     last: bool = True  # it is the last block
     at: tuple[int, int] = (0, 0)  # its (start, size)
@@ -151,8 +157,8 @@ class _Emitter:
         return ref is not None and ref.space is Space.VMEM and self.comp[name].opcode == "parameter"
 
     def allocate(self) -> tuple[list[dict[str, MemRef]], dict[str, MemRef]]:
-        """VMEM buffers: two sets for per-block inputs and outputs, one for everything else."""
-        sets: list[dict[str, MemRef]] = [{}, {}]
+        """VMEM buffers: one set per semaphore pair for per-block inputs and outputs, one for everything else."""
+        sets: list[dict[str, MemRef]] = [{} for _ in range(len(self.sems) // 2)]
         single: dict[str, MemRef] = {}
         roots = {r for r, _ in self.outputs}
         for name in self.plan.order:
@@ -164,7 +170,8 @@ class _Emitter:
             shape, _ = block_shape(instr.array_shape, self.plan.needs[name], 0, self.block)
             varies = self.plan.needs[name][0] is not None
             if (self._loaded(name) or name in roots) and varies and self.plan.extent > self.block:
-                sets[0][name], sets[1][name] = self.ctx.vmem(shape), self.ctx.vmem(shape)
+                for buffers in sets:
+                    buffers[name] = self.ctx.vmem(shape)
             else:
                 single[name] = self.ctx.vmem(shape)
         return sets, single
@@ -194,20 +201,23 @@ class _Emitter:
             self.partials = (ctx.share[0], self._partial_homes())
         self.first = mine[0]
         sets, single = self.allocate()
-        sems = self.sems or (ctx.semaphore(), ctx.semaphore(), ctx.semaphore(), ctx.semaphore())
-        sem_in, sem_out = list(sems[:2]), list(sems[2:])
+        ring = len(self.sems) // 2
+        ahead = max(1, ring - 2)
+        sem_in, sem_out = self.sems[:ring], self.sems[ring:]
         self._hoist(single)
-        pending_out = [0, 0]
-        issued = [self._issue_inputs(mine[0], sets[0], single, sem_in[0])]
+        pending_out = [0] * ring
+        issued = [self._issue_inputs(k, sets[j], single, sem_in[j]) for j, k in enumerate(mine[:ahead])]
         for i, k in enumerate(mine):
-            if i + 1 < len(mine):
-                issued.append(self._issue_inputs(mine[i + 1], sets[(i + 1) % 2], single, sem_in[(i + 1) % 2]))
+            r = i % ring
+            if i + ahead < len(mine):
+                j = (i + ahead) % ring
+                issued.append(self._issue_inputs(mine[i + ahead], sets[j], single, sem_in[j]))
             if issued[i]:
-                ctx.emit(SemWait, sem=sem_in[i % 2], count=issued[i])
-            if pending_out[i % 2]:
-                ctx.emit(SemWait, sem=sem_out[i % 2], count=pending_out[i % 2])
-                pending_out[i % 2] = 0
-            buffers = {**single, **sets[i % 2]}
+                ctx.emit(SemWait, sem=sem_in[r], count=issued[i])
+            if pending_out[r]:
+                ctx.emit(SemWait, sem=sem_out[r], count=pending_out[r])
+                pending_out[r] = 0
+            buffers = {**single, **sets[r]}
             start, size = k * self.block, min(self.block, self.plan.extent - k * self.block)
             self.index, self.last = k, k == nblocks - 1
             if self.partials is not None:  # core 0 finishes the reduction after its own last block
@@ -222,9 +232,9 @@ class _Emitter:
                 if not isinstance(src, MemRef):
                     src = self._materialize(root, buffers, start, size, src)
                 dst = self._window(hbm, (self.plan.tiled, 0), start, size)
-                ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[i % 2])
-            pending_out[i % 2] += len(self.outputs)
-        for i in (0, 1):
+                ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[r])
+            pending_out[r] += len(self.outputs)
+        for i in range(ring):
             if pending_out[i]:
                 ctx.emit(SemWait, sem=sem_out[i], count=pending_out[i])
 
@@ -604,7 +614,8 @@ def lower_fused(ctx: Lowering, comp: Computation, inputs: dict[str, MemRef], out
                 plans.insert(0, accumulating)  # one output block: stream the operand instead
             else:
                 plans.append(accumulating)  # only when the outputs' blocks do not fit
-    sems = (ctx.semaphore(), ctx.semaphore(), ctx.semaphore(), ctx.semaphore())
+    ring = RING if ctx.free_semaphores() >= 2 * RING + 4 else 2
+    sems = tuple(ctx.semaphore() for _ in range(2 * ring))
     for plan in plans:
         if _lower_plan(ctx, comp, plan, inputs, outputs, sems):
             return
@@ -690,7 +701,7 @@ def _lower_plan(
     plan: Plan,
     inputs: dict[str, MemRef],
     outputs: list[tuple[str, MemRef]],
-    sems: tuple[int, int, int, int],
+    sems: tuple[int, ...],
 ) -> bool:
     """Emit ``plan`` with the largest block that fits VMEM; False (nothing emitted) when none does."""
     extent = plan.extent
@@ -707,8 +718,13 @@ def _lower_plan(
     else:
         first = comp[outputs[0][0]].array_shape
         granule = tile_granule(first, plan.tiled) if plan.tiled is not None else 1
-        row_bytes = max(1, sum(comp[r].array_shape.byte_size for r, _ in outputs) // max(1, extent))
+        row_bytes = max(1, _blocked_bytes(comp, plan, [r for r, _ in outputs]) // max(1, extent))
         target = _BLOCK_TARGET_BYTES
+    # Part-tile output blocks rather than too few to pipeline (a row sum's T(1024) result), never below the
+    # tiles of the inputs cut along the same dimension (a block of part of their tiles moves whole tiles).
+    floor = _input_granule(comp, plan)
+    while granule > floor and granule % 2 == 0 and 2 * granule * row_bytes > target:
+        granule //= 2
     block = min(extent, max(granule, min(extent, target // row_bytes) // granule * granule))
     if ctx.share is not None and plan.accumulate is None:  # megacore: at least one block per core
         per_core = -(-extent // ctx.share[1])
@@ -725,6 +741,30 @@ def _lower_plan(
                 return False
             # whole tiles while possible, then fewer rows than a tile holds
             block = block // 2 // granule * granule if block >= 2 * granule else max(1, block // 2)
+
+
+def _blocked_bytes(comp: Computation, plan: Plan, roots: list[str]) -> int:
+    """Bytes one pass over ``plan`` moves in blocks: its outputs and every input cut along the blocked
+    dimension (a row sum reads 4 KB per 4-byte result: sizing its blocks by the outputs alone made the whole
+    16 MB input one block, with nothing to overlap its transfer)."""
+    total = sum(comp[r].array_shape.byte_size for r in roots)
+    for instr in comp.instructions:
+        need = plan.needs.get(instr.name)
+        if instr.opcode != "parameter" or need is None or need[0] is None or not isinstance(instr.shape, Shape):
+            continue
+        shape = instr.shape
+        total += shape.byte_size * plan.extent // max(1, shape.dimensions[need[0]])
+    return total
+
+
+def _input_granule(comp: Computation, plan: Plan) -> int:
+    """The largest first-level tile size along the blocked dimension among the inputs cut along it."""
+    out = 1
+    for instr in comp.instructions:
+        need = plan.needs.get(instr.name)
+        if instr.opcode == "parameter" and need is not None and need[0] is not None and isinstance(instr.shape, Shape):
+            out = max(out, tile_granule(instr.shape, need[0]))
+    return out
 
 
 def _scalar_inputs(ctx: Lowering, comp: Computation, plan: Plan, inputs: dict[str, MemRef]) -> dict[str, Reg]:
