@@ -321,13 +321,23 @@ def unfuse(module: Module) -> Module:
         if instr.opcode != "fusion":
             return None
         fused = module[instr.attr("calls")]
-        if all(i.opcode in FUSIBLE or i.opcode == "parameter" for i in fused.instructions) and isinstance(
-            fused.root_instruction.shape, Shape
-        ):
+        body = [i for i in fused.instructions if i.name != fused.root or i.opcode != "tuple"]
+        if all(i.opcode in FUSIBLE or i.opcode == "parameter" for i in body) and _array_results(fused):
             return None
         return fused.name
 
     return _rewrite(module, target, on_chip=True)
+
+
+def _array_results(fused: Computation) -> bool:
+    """The fusion's result is an array, or a tuple of arrays each computed inside it (a multi-output
+    fusion: one kernel reads its operands once for all of them)."""
+    root = fused.root_instruction
+    if isinstance(root.shape, Shape):
+        return True
+    return root.opcode == "tuple" and all(
+        isinstance(fused[o].shape, Shape) and fused[o].opcode != "parameter" for o in root.operands
+    )
 
 
 # --------------------------------------------------------------------------------------------- fusion
@@ -383,19 +393,152 @@ def _fuse_computation(comp: Computation, taken: set[str]) -> tuple[Computation, 
         group[name] = name
         members[name] = [name]
     made: list[Computation] = []
-    replaced: dict[str, Instruction] = {}
+    replaced: dict[str, list[Instruction]] = {}
     drop: set[str] = set()
+    siblings = _siblings(comp, members, users)
     for leader, names in members.items():
+        partner = siblings.get(leader)
+        if partner is not None:
+            if partner in replaced:
+                continue  # (made with its partner)
+            instrs, fused = _make_sibling_fusion(comp, (leader, partner), members, taken)
+            made.append(fused)
+            replaced[leader], replaced[partner] = instrs, []
+            drop.update(n for n in names + members[partner] if n not in (leader, partner))
+            continue
         if len(names) < 2:
             continue
         fusion, fused = _make_fusion(comp, leader, names, unique_name(f"fused.{leader}", taken))
         made.append(fused)
-        replaced[leader] = fusion
+        replaced[leader] = [fusion]
         drop.update(n for n in names if n != leader)
     if not made:
         return comp, []
-    body = tuple(replaced.get(i.name, i) for i in comp.instructions if i.name not in drop)
-    return replace(comp, instructions=body), made
+    body = [r for i in comp.instructions if i.name not in drop for r in replaced.get(i.name, [i])]
+    if siblings:
+        body = _topological(body)
+    return replace(comp, instructions=tuple(body)), made
+
+
+_SIBLING_BYTES = 1 << 16
+"""A shared operand must be at least this big for two kernels to become one multi-output fusion."""
+
+
+def _siblings(comp: Computation, members: dict[str, list[str]], users: dict[str, list[str]]) -> dict[str, str]:
+    """Pairs of fusions (by leader, both ways) to make one multi-output fusion, as XLA's multi-output fusion
+    does for siblings: both read the same large array, neither needs the other's result, their results have
+    the same dimensions (so one blocking serves both) cut into more than one block, and the pair still
+    plans. One kernel then reads the shared array once (a row sum and a row maximum of ``x`` stream ``x``
+    once, not twice)."""
+    group = {n: leader for leader, names in members.items() for n in names}
+    reads: dict[str, set[str]] = {}  # leader -> arrays its fusion reads from outside
+    for leader, names in members.items():
+        inside = set(names)
+        reads[leader] = {o for n in names for o in comp[n].operands if o not in inside}
+    order = {i.name: k for k, i in enumerate(comp.instructions)}
+    depends = _dependencies(comp, group)
+    pairs: dict[str, str] = {}
+    for a in sorted(members, key=order.__getitem__):
+        if a in pairs or not _multi_output_candidate(comp, a):
+            continue
+        for b in sorted(members, key=order.__getitem__):
+            if b == a or b in pairs or not _multi_output_candidate(comp, b):
+                continue
+            shared = [o for o in reads[a] & reads[b] if _byte_size(comp[o].shape) >= _SIBLING_BYTES]
+            if not shared or a in depends[b] or b in depends[a]:
+                continue
+            if comp[a].array_shape.dimensions != comp[b].array_shape.dimensions:
+                continue
+            if _plannable_pair(comp, members, (a, b)):
+                pairs[a], pairs[b] = b, a
+                break
+    return pairs
+
+
+def _byte_size(shape: Shape | TupleShape) -> int:
+    return shape.byte_size if isinstance(shape, Shape) else 0
+
+
+def _multi_output_candidate(comp: Computation, leader: str) -> bool:
+    shape = comp[leader].shape
+    return isinstance(shape, Shape) and any(d > 1 for d in shape.dimensions) and leader != comp.root
+
+
+def _dependencies(comp: Computation, group: dict[str, str]) -> dict[str, set[str]]:
+    """For every fusion leader, the leaders whose results it needs, directly or through others."""
+    before: dict[str, set[str]] = {}
+    for instr in comp.instructions:
+        mine: set[str] = set()
+        for o in instr.operands:
+            mine |= before.get(o, set())
+            if o in group and group[o] == o and group.get(instr.name) != o:
+                mine.add(o)
+        before[instr.name] = mine
+    out: dict[str, set[str]] = {}
+    for name, leader in group.items():
+        out.setdefault(leader, set()).update(before.get(name, set()) - {leader})
+    return out
+
+
+def _plannable_pair(comp: Computation, members: dict[str, list[str]], pair: tuple[str, str]) -> bool:
+    _, fused = _make_fusion(comp, pair[0], members[pair[0]] + members[pair[1]])
+    roots = list(pair)
+    first = fused[roots[0]].array_shape
+    tiled = next((d for d in reversed(first.effective_layout.minor_to_major) if first.dimensions[d] > 1), None)
+    try:
+        plan_needs(fused, roots, tiled)
+    except NotLowerable:
+        return False
+    return True
+
+
+def _make_sibling_fusion(
+    comp: Computation, pair: tuple[str, str], members: dict[str, list[str]], taken: set[str]
+) -> tuple[list[Instruction], Computation]:
+    """One fusion computing both leaders of ``pair`` (a tuple of their results), and each leader's name
+    given to the get-tuple-element of its result (its users need no change)."""
+    name = unique_name(f"fusion.{pair[0]}", taken)
+    fusion, fused = _make_fusion(
+        comp, pair[0], members[pair[0]] + members[pair[1]], unique_name(f"fused.{name}", taken)
+    )
+    root = Instruction(
+        unique_name(f"{name}.tuple", taken), "tuple", TupleShape((comp[pair[0]].shape, comp[pair[1]].shape)), pair
+    )
+    fused = replace(fused, instructions=(*fused.instructions, root), root=root.name)
+    fusion = replace(fusion, name=name, shape=root.shape)
+    gtes = [
+        Instruction(
+            leader, "get-tuple-element", comp[leader].shape, (name,), Attributes({"index": k}), comp[leader].loc
+        )
+        for k, leader in enumerate(pair)
+    ]
+    return [fusion, *gtes], fused
+
+
+def _topological(body: list[Instruction]) -> list[Instruction]:
+    """``body`` in an order where every operand comes before its users, as close to the given order as that
+    allows (a multi-output fusion takes the place of the first of its two kernels, whose operands may come
+    later)."""
+    import heapq
+
+    position = {i.name: k for k, i in enumerate(body)}
+    waiting = {i.name: {o for o in i.operands if o in position} for i in body}
+    users: dict[str, list[str]] = {}
+    for i in body:
+        for o in waiting[i.name]:
+            users.setdefault(o, []).append(i.name)
+    ready = [position[n] for n, w in waiting.items() if not w]
+    heapq.heapify(ready)
+    out: list[Instruction] = []
+    while ready:
+        instr = body[heapq.heappop(ready)]
+        out.append(instr)
+        for u in users.get(instr.name, []):
+            waiting[u].discard(instr.name)
+            if not waiting[u]:
+                heapq.heappush(ready, position[u])
+    assert len(out) == len(body), "a cycle among fused instructions"
+    return out
 
 
 def _fusible(instr: Instruction) -> bool:
