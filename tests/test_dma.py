@@ -111,6 +111,23 @@ def test_transfer_plan_counts_runs_on_both_sides():
     assert len(relayout.src_runs[0]) == 1 and len(relayout.dst_runs[0]) == 1  # each side alone is contiguous
 
 
+def test_runs_step_over_padding_both_sides_share_when_the_destination_is_whole():
+    # bf16 (4,128)(2,1) tiles of 3 rows: the third row shares each 32-bit word with a padding half, so
+    # element by element every value of that row is a run of its own.
+    src = parse_shape("bf16[16,3,512]{2,1,0:T(4,128)(2,1)}")
+    dst = parse_shape("bf16[16,3,256]{2,1,0:T(4,128)(2,1)}")
+    strict = transfer_plan(src, (0, 0, 0), dst, None, (16, 3, 256))
+    assert strict.runs >= 16 * 256
+    # A burst-moving engine copies the padding halves with the run: one run per [3,256] slab (two whole
+    # tiles, contiguous on both sides), sixteen in all.
+    burst = transfer_plan(src, (0, 0, 0), dst, None, (16, 3, 256), 32)
+    assert burst.runs == 16
+    assert burst.payload == strict.payload  # the payload is the window's elements either way
+    # Into a window of a bigger destination the gaps may hold other values: no stepping over them.
+    bigger = parse_shape("bf16[16,3,512]{2,1,0:T(4,128)(2,1)}")
+    assert transfer_plan(src, (0, 0, 0), bigger, (0, 0, 0), (16, 3, 256), 32).runs == strict.runs
+
+
 def test_engine_count_limits_concurrency():
     cfg = with_overrides(TEACH, {"dma.engines": 2})
     shape = "f32[64]{0}"  # 256 bytes: 4 + 256 / 16 = 20 cycles of engine time, then 20 of latency
