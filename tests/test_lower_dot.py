@@ -160,3 +160,18 @@ def test_views_do_not_change_bytes() -> None:
     inputs = random_inputs(m, 9)[0]
     result = tpusim.simulate(m, inputs, config="teaching")
     np.testing.assert_array_equal(result.outputs[0], evaluate(m, inputs)[0])
+
+
+def test_a_declined_dot_falls_back_when_its_scope_cannot_grow() -> None:
+    # An instruction already given all of VMEM (vmem_fraction=1) cannot retry in a wider scope; its rule's
+    # refusal must still become a fallback with the rule's reason (it was an UnboundLocalError).
+    text = """HloModule m
+ENTRY e {
+  a = f16[256,256]{1,0} parameter(0)
+  b = f16[256,256]{1,0} parameter(1)
+  ROOT d = f16[256,256]{1,0} dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+    result = tpusim.simulate(text, config="tpu_v5e", timing_only=True, options=CompileOptions(vmem_fraction=1.0))
+    ((_, name, opcode, why),) = result.fallbacks
+    assert (name, opcode) == ("d", "dot") and "f16" in why

@@ -82,8 +82,9 @@ def _lower(ctx: Lowering, comp: Computation, instr: Instruction, rule: LowerFn |
     mark = ctx.checkpoint()
     try:
         rule(ctx, comp, instr)
-    except NotLowerable:
+    except NotLowerable as declined:
         ctx.rollback(mark)
+        why = declined
         if ctx.widen_scope():  # declined in its half of the free VMEM: try again with all of it
             try:
                 rule(ctx, comp, instr)
