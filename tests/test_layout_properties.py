@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpusim.memory import COMBINE, Layout, Shape, Tile, pack, parse_shape, unpack
+from tpusim.memory.reinterpret import bytes_agree, merged_shape
 
 # (type name, E(n) choices: 0 means "the type's default width")
 TYPES = [
@@ -148,3 +149,32 @@ def test_printing_round_trips(shape: Shape) -> None:
         ),
     )
     assert str(reparsed) == text
+
+
+@COMMON
+@given(tiled_shapes(), st.data())
+def test_a_merged_shape_holds_every_element_at_its_byte(shape: Shape, data: st.DataObject) -> None:
+    """:func:`merged_shape` (a free dimension folded into its physical neighbour, as the dot lowering's views
+    use it) against the element-by-element oracle: whenever it gives a shape, reading the original bytes as
+    that shape is what the fold means (a bitcast of the dimension orders)."""
+    if shape.rank < 2 or 0 in shape.dimensions:
+        return
+    order = shape.effective_layout.minor_to_major
+    at = data.draw(st.integers(0, shape.rank - 2))
+    merged = merged_shape(shape, order[at + 1], order[at])
+    if merged is not None:
+        assert merged.element_count == shape.element_count
+        assert bytes_agree(shape, merged) is True
+
+
+def test_merged_shape_folds_heads_into_rows_only_along_whole_tiles() -> None:
+    heads = parse_shape("bf16[8,64,512]{2,1,0:T(8,128)(2,1)}")
+    assert str(merged_shape(heads, 0, 1)) == "bf16[512,512]{1,0:T(8,128)(2,1)}"
+    # The sequence-minor result of a head projection: the heads fold into the 64 rows of each.
+    projected = parse_shape("bf16[4,256,8,64]{1,3,2,0:T(8,128)(2,1)}")
+    assert str(merged_shape(projected, 2, 3)) == "bf16[4,256,512]{1,2,0:T(8,128)(2,1)}"
+    # 60 rows per head: each head's last tile is padded, no 480-row shape has that padding.
+    assert merged_shape(parse_shape("bf16[8,60,512]{2,1,0:T(8,128)(2,1)}"), 0, 1) is None
+    # Not physical neighbours, or the major one cut by a tile.
+    assert merged_shape(parse_shape("f32[4,8,256]{2,1,0:T(8,128)}"), 1, 2) is None
+    assert merged_shape(parse_shape("f32[4,8,256]{2,0,1:T(8,128)}"), 0, 2) is None

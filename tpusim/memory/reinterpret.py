@@ -19,6 +19,7 @@ __all__ = [
     "LayoutViewError",
     "bytes_agree",
     "free_transpose",
+    "merged_shape",
     "same_tiling",
     "untiled",
     "view_shape",
@@ -53,6 +54,46 @@ def view_shape(shape: Shape, order: tuple[int | None, ...]) -> Shape:
     minor_to_major = tuple(position[d] for d in layout.minor_to_major) + tuple(reversed(units))
     dims = tuple(1 if o is None else shape.dimensions[o] for o in order)
     return Shape(shape.element_type, dims, layout=replace(layout, minor_to_major=minor_to_major))
+
+
+def merged_shape(shape: Shape, major: int, minor: int) -> Shape | None:
+    """``shape`` with logical dimension ``major`` folded into ``minor`` (``minor``'s size multiplied by
+    ``major``'s, ``major`` removed, later dimensions renumbered), describing the same bytes; None when no such
+    shape does.
+
+    It does when ``major`` is the next physical dimension out from ``minor`` (``minor_to_major`` lists them
+    side by side), no tile cuts ``major`` and the tile cutting ``minor`` (if any) divides its size: the
+    elements of ``minor``'s successive indices of ``major`` then follow one another in whole tiles, as
+    one dimension of the product of their sizes would. ``bf16[8,64,512]{2,1,0:T(8,128)(2,1)}`` folding 0
+    into 1 is ``bf16[512,512]{1,0:T(8,128)(2,1)}``; with 60 rows instead of 64 each head's last tile would be
+    padded, and no shape of 480 rows has that padding.
+    """
+    layout = shape.effective_layout
+    if layout.padded_dimensions is not None or layout.dim_level_types or layout.split_configs or any(shape.dynamic):
+        return None
+    order = list(layout.minor_to_major)
+    if major == minor or order.index(major) != order.index(minor) + 1:
+        return None
+    physical = list(reversed(order))  # major to minor
+    tile = layout.tiles[0].dimensions if layout.tiles else ()
+    if any(t <= 0 for level in layout.tiles for t in level.dimensions) or any(
+        len(level.dimensions) > len(tile) for level in layout.tiles
+    ):  # combined dimensions, or later levels reaching past the first tile: not this simple picture
+        return None
+    covered = shape.rank - len(tile)  # the first physical position a tile dimension applies to
+
+    def tile_of(d: int) -> int:
+        at = physical.index(d) - covered
+        return tile[at] if at >= 0 else 1
+
+    if physical.index(major) >= covered or shape.dimensions[minor] % tile_of(minor):
+        return None
+    dims = list(shape.dimensions)
+    dims[minor] *= dims[major]
+    del dims[major]
+    renumber = {d: d - (d > major) for d in range(shape.rank) if d != major}
+    minor_to_major = tuple(renumber[d] for d in order if d != major)
+    return Shape(shape.element_type, tuple(dims), layout=replace(layout, minor_to_major=minor_to_major))
 
 
 def free_transpose(src: Shape, permutation: tuple[int, ...], dst: Shape) -> bool:

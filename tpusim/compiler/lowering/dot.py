@@ -50,6 +50,7 @@ from tpusim.isa import (
     Window,
 )
 from tpusim.memory import Shape, element_type
+from tpusim.memory.reinterpret import merged_shape
 
 __all__ = ["emit_product", "lower_dot", "matmul_precision"]
 
@@ -135,6 +136,46 @@ def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef) -> _Views:
                 pairs = tuple(((*b, *li, *c, *lu), (*b, *ri, *c, *ru)) for c in itertools.product(*cloops))
                 products.append(((*b, *li, *ri, *ou), pairs))
     return _Views(view_ref(lhs, lhs_order), view_ref(rhs, rhs_order), view_ref(out, out_order), tuple(products))
+
+
+def _folded(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef) -> tuple[DotDims, MemRef, MemRef, MemRef]:
+    """The product with further free dimensions of an operand folded into its M (or N) wherever the operand
+    and the result both hold the pair as one dimension (:func:`~tpusim.memory.reinterpret.merged_shape`):
+    the heads of a projection ``[4,256,512] x [512,8,64]`` are 8 leading products of 64 rows each, which
+    stream 64 rows through every weight tile the MXU loads in 128 cycles; folded, one product of 512 rows
+    streams them all. The arrays are the same bytes, seen with fewer dimensions."""
+    side = 0
+    while side < 2:
+        free, out_free, ref = (d.lhs_free, d.out_lhs_free, lhs) if side == 0 else (d.rhs_free, d.out_rhs_free, rhs)
+        folded = None
+        if len(free) >= 2 and ref.window is None and out.window is None:
+            for j in range(len(free) - 1):
+                shape = merged_shape(ref.shape, free[j], free[-1])
+                result = merged_shape(out.shape, out_free[j], out_free[-1])
+                if shape is not None and result is not None:
+                    folded = j, shape, result
+                    break
+        if folded is None:
+            side += 1
+            continue
+        j, shape, result = folded
+        gone, out_gone = free[j], out_free[j]
+        ref = MemRef(ref.space, ref.address, shape, base=ref.base)
+        out = MemRef(out.space, out.address, result, base=out.base)
+        o = {f: _drop(getattr(d, f), out_gone) for f in ("out_batch", "out_lhs_free", "out_rhs_free", "out_units")}
+        if side == 0:
+            lhs = ref
+            a = {f: _drop(getattr(d, f), gone) for f in ("lhs_batch", "lhs_contracting", "lhs_free", "lhs_units")}
+        else:
+            rhs = ref
+            a = {f: _drop(getattr(d, f), gone) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
+        d = replace(d, **a, **o)
+    return d, lhs, rhs, out
+
+
+def _drop(dims: tuple[int, ...], gone: int) -> tuple[int, ...]:
+    """``dims`` without dimension ``gone``, the later ones renumbered as in a shape without it."""
+    return tuple(x - (x > gone) for x in dims if x != gone)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -241,6 +282,7 @@ def emit_product(
     dims, swap = oriented(dims, lhs_ref.shape, rhs_ref.shape, out_ref.shape)
     if swap:
         lhs_ref, rhs_ref = rhs_ref, lhs_ref
+    dims, lhs_ref, rhs_ref, out_ref = _folded(dims, lhs_ref, rhs_ref, out_ref)
     views = _core_share(ctx, _views(dims, lhs_ref, rhs_ref, out_ref))
     if views is not None:
         _DotEmitter(ctx, views, precision).run()
