@@ -29,6 +29,7 @@ from tpusim.isa import (
     Window,
     XluTranspose,
 )
+from tpusim.isa.operands import IsaError
 from tpusim.memory import pack, parse_shape
 
 BF16 = ml_dtypes.bfloat16
@@ -133,12 +134,38 @@ def test_fused_chain_pays_vmem_once():
     assert res_fused.trace.flops[0] == 3 * 512
 
 
+def test_a_fused_source_of_size_one_broadcasts_in_registers():
+    """A per-row value subtracted from every element of its row, as a softmax kernel does: the same values as
+    a broadcast into a block then a subtraction, for one ALU op per result register instead of a stored
+    block (8 stores) and its reload."""
+    x = vm(0x0, shape("f32", (64, 8)))  # 8 registers
+    m = vm(0x1000, "f32[64,1]{0,1:T(8)}")  # one value per row: 64 values, in 8 registers of a (8) tile
+    b = vm(0x2000, shape("f32", (64, 8)))
+    y = vm(0x3000, shape("f32", (64, 8)))
+    xs = np.linspace(-2, 2, 512, dtype=np.float32).reshape(64, 8)
+    ms = np.arange(64, dtype=np.float32).reshape(64, 1)
+    syms = [Symbol("x", x), Symbol("m", m), Symbol("y", y)]
+    m_row = MemRef(Space.VMEM, 0x1000, parse_shape("f32[64]{0:T(8)}"))
+    apart = [VpuBroadcast(b, m_row, (0,)), VpuMap("subtract", y, (x, b))]
+    fused = [VpuFused(y, (x, m), (FusedOp("subtract", "f32", (0, 1)),))]
+    res_apart = Chip(TEACH).run(Program.single(apart, symbols=syms), {"x": xs, "m": ms})
+    res_fused = Chip(TEACH).run(Program.single(fused, symbols=syms), {"x": xs, "m": ms})
+    np.testing.assert_array_equal(res_fused.read("y"), xs - ms)
+    np.testing.assert_array_equal(res_apart.read("y"), xs - ms)
+    # 8 subtract + 8 broadcast register ops at one per cycle, then the latency of the one step.
+    assert rows(res_fused) == [(0, "vpu", 16 + 2)]
+    with pytest.raises(IsaError, match="does not broadcast"):
+        VpuFused(y, (vm(0x1000, "f32[32,1]{0,1:T(8)}"),), (FusedOp("negate", "f32", (0,)),))
+
+
 def test_reductions_cost_by_dimension():
     src = vm(0x0, shape("f32", (4, 16, 16)))  # 4 x 2 x 2 = 16 registers; lanes = dim 2, sublanes = dim 1
     cases = {
         (0,): (vm(0x8000, shape("f32", (16, 16))), "vpu", 16 + 2),  # major: one op per source register
         (1,): (vm(0x8000, "f32[4,16]{1,0:T(8)}"), "vpu", 16 + 3 * 1 + 2),  # sublane: + log2(8) per output reg
-        (2,): (vm(0x8000, shape("f32", (4, 16))), "xlu0", 16 * 2 + 4),  # lane: cross-lane unit, 2 cycles/reg
+        # lane: a row spans 2 registers, added on the ALUs (8 ops); the 8 sums cross the lanes on an XLU at
+        # 2 cycles each
+        (2,): (vm(0x8000, shape("f32", (4, 16))), "xlu0", 8 * 2 + 4),
     }
     for dims, (dst, unit, end) in cases.items():
         res = Chip(TEACH).run(Program.single([VpuReduce("add", dst, src, dims)]), timing_only=True)

@@ -17,6 +17,7 @@ cross lanes: they run on an XLU at its per-vreg cost instead. Numerics: see
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import ceil, log2
 from typing import TYPE_CHECKING, Any
 
@@ -164,7 +165,9 @@ def _cost_fused(cfg: ChipConfig, ins: VpuFused, reads: tuple[Access, ...], write
     v_out = _v(cfg, writes[0])
     v_in = sum(_v(cfg, a) for a in reads)
     n = ins.dst.element_count
-    work = {"alu": 0, "transcendental": 0}
+    # a source of fewer elements is replicated in registers: one op per register of the result
+    broadcast = sum(1 for a in reads if a.dims != ins.dst.dims)
+    work = {"alu": broadcast * v_out, "transcendental": 0}
     depth: list[int] = [0] * len(ins.srcs)
     for step in ins.ops:
         cls = VPU_FUNCTIONS[step.fn].cost_class
@@ -201,8 +204,16 @@ def _cost_reduce(cfg: ChipConfig, ins: VpuReduce, reads: tuple[Access, ...], wri
     if ins.accumulate:
         v_in += v_out
     flops = ins.src.element_count
-    if lane_dim(ins.src.shape) in ins.dims:
-        return _xlu_cost(cfg, cfg.xlu.lane_reduce_cycles_per_vreg, _v(cfg, reads[0]), v_in, v_out, flops)
+    lane = lane_dim(ins.src.shape)
+    if lane is not None and lane in ins.dims:
+        # The registers a row spans along the lanes are first combined elementwise on the ALUs, then each
+        # register left is reduced across its lanes on an XLU (as Mosaic lowers a row reduction).
+        v_src = _v(cfg, reads[0])
+        across = max(1, ceil(reads[0].dims[lane] / cfg.vpu.lanes))
+        v_lane = ceil(v_src / across)
+        cost = _xlu_cost(cfg, cfg.xlu.lane_reduce_cycles_per_vreg, v_lane, v_in, v_out, flops)
+        alu = ceil((v_src - v_lane) / cfg.vpu.alu.issue_vregs_per_cycle)
+        return replace(cost, occupancy=max(cost.occupancy, alu))
     ops = _v(cfg, reads[0]) + (v_out if ins.accumulate else 0)
     if sublane_dim(ins.src.shape) in ins.dims:
         ops += v_out * max(1, round(log2(cfg.vpu.sublanes)))

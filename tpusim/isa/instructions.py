@@ -360,14 +360,17 @@ class FusedOp:
 class VpuFused:
     """A chain of elementwise ops on one block, intermediates kept in vector registers (an XLA loop fusion).
 
-    Effect: value ``k`` of the chain is source ``k`` (blocks with ``dst``'s dimensions, constants or
-    registers), then each step of ``ops`` appends ``fn(values[args])`` rounded to its ``etype`` with the
-    numbers of :class:`VpuMap`; the last value is written to ``dst``.
+    Effect: value ``k`` of the chain is source ``k`` (blocks with ``dst``'s rank whose dimensions are
+    ``dst``'s or 1, constants or registers), then each step of ``ops`` appends ``fn(values[args])`` rounded
+    to its ``etype`` with the numbers of :class:`VpuMap`, a source of size 1 along a dimension standing for
+    every index of it (a per-row maximum subtracted from every element of its row); the last value is
+    written to ``dst``.
 
     Timing: the sources are loaded and ``dst`` stored once: occupancy ``max(ALU vreg ops / alu issue,
     transcendental vreg ops / transcendental issue, V(sources) / load ports, V(dst) / store ports)``, where a
-    step costs the registers its result type needs for the block; the result is ready after the latencies
-    along the longest dependency path.
+    step costs the registers its result type needs for the block, and a source broadcast so costs one ALU
+    op per register of ``dst`` (replicating it in registers); the result is ready after the latencies along
+    the longest dependency path.
     """
 
     dst: MemRef
@@ -385,7 +388,10 @@ class VpuFused:
         for s in self.srcs:
             _vector_src(s, "vpu.fused source")
             if isinstance(s, MemRef):
-                _need(s.dims == self.dst.dims, f"vpu.fused source {s.dims} and destination {self.dst.dims} differ")
+                _need(
+                    len(s.dims) == len(self.dst.dims) and all(a in (b, 1) for a, b in zip(s.dims, self.dst.dims)),
+                    f"vpu.fused source {s.dims} does not broadcast to the destination {self.dst.dims}",
+                )
         n = len(self.srcs)
         for k, step in enumerate(self.ops):
             for a in step.args:

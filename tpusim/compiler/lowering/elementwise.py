@@ -10,7 +10,7 @@ computes. A single HLO op outside a fusion is lowered the same way, as a fusion 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 
@@ -51,7 +51,7 @@ from tpusim.isa import (
     XluTranspose,
 )
 from tpusim.memory import ElementType, Shape
-from tpusim.memory.reinterpret import bytes_agree, free_transpose
+from tpusim.memory.reinterpret import LayoutViewError, bytes_agree, free_transpose, view_shape
 
 __all__ = ["DMA_FIRST", "combiner", "lower_vector", "reduce_identity"]
 
@@ -137,13 +137,24 @@ class _Emitter:
             mine = users.get(name, [])
             if (
                 name not in roots
-                and _chainable(self, self.comp[name])
+                and (_chainable(self, self.comp[name]) or self._register_broadcast(name))
                 and len(mine) == 1
                 and _chainable(self, self.comp[mine[0]])
                 and self.comp[mine[0]].operands.count(name) == 1
             ):
                 out.add(name)
         return frozenset(out)
+
+    def _register_broadcast(self, name: str) -> bool:
+        """A broadcast its elementwise user can read as a ``vpu.fused`` source of size 1 along the new
+        dimensions (replicated in registers, as a fused kernel does, not stored as a whole block): its
+        dimensions in order, from a value computed or loaded in the block."""
+        instr = self.comp[name]
+        if instr.opcode != "broadcast" or not isinstance(instr.shape, Shape):
+            return False
+        dims = tuple(instr.attr("dimensions", ()))
+        operand = self.comp[instr.operands[0]]
+        return list(dims) == sorted(dims) and operand.opcode != "constant" and not self._in_place(operand.name)
 
     # ------------------------------------------------------------------ buffers
     def _loaded(self, name: str) -> bool:
@@ -374,13 +385,14 @@ class _Emitter:
 
         def collect(name: str) -> None:
             for o in self.comp[name].operands:
-                if o in self.inlined:
+                if o in self.inlined and self.comp[o].opcode != "broadcast":
                     collect(o)
                 elif o not in leaves:
                     leaves.append(o)
             steps.append(name)
 
         collect(head)
+        srcs = tuple(self._broadcast_source(n, values, dst) if n in self.inlined else values[n] for n in leaves)
         number = {n: i for i, n in enumerate(leaves)} | {n: len(leaves) + i for i, n in enumerate(steps)}
         ops = tuple(
             FusedOp(
@@ -391,7 +403,27 @@ class _Emitter:
             )
             for n in steps
         )
-        self.ctx.emit(VpuFused, dst=dst, srcs=tuple(values[n] for n in leaves), ops=ops)
+        self.ctx.emit(VpuFused, dst=dst, srcs=srcs, ops=ops)
+
+    def _broadcast_source(self, name: str, values: dict[str, Operand], dst: MemRef) -> Operand:
+        """The block of broadcast ``name``'s operand seen with ``dst``'s rank, size 1 along the dimensions the
+        broadcast adds (a view: the same bytes); the broadcast itself into a block when the operand's block
+        is a window of a bigger array, which no view describes."""
+        instr = self.comp[name]
+        value = values[instr.operands[0]]
+        if not isinstance(value, MemRef):
+            return value  # a scalar: every step broadcasts it
+        dims = tuple(instr.attr("dimensions", ()))
+        order = tuple(dims.index(d) if d in dims else None for d in range(dst.shape.rank))
+        if value.window is None:
+            try:
+                return MemRef(value.space, value.address, view_shape(value.shape, order), base=value.base)
+            except LayoutViewError:
+                pass
+        like, _ = block_shape(instr.array_shape, self.plan.needs[name], *self.at)
+        block = self.ctx.vmem(like)
+        self.ctx.emit(VpuBroadcast, dst=block, src=value, dims=dims)
+        return block
 
     def operand_ref(self, value: Operand, operand: str) -> MemRef:
         """A VMEM block for ``operand`` when its value is a splatted constant (ops other than VpuMap need
@@ -444,13 +476,28 @@ def _free_view(instr: Instruction, dst: MemRef, srcs: list[Operand]) -> MemRef |
     (a transpose whose layouts permute with it, a reshape of unit or major dimensions): then it costs
     nothing, as on the TPU, where such an op is a bitcast of the buffer."""
     src = srcs[0] if srcs else None
-    if instr.opcode not in ("transpose", "reshape") or not isinstance(src, MemRef) or src.window is not None:
+    if instr.opcode not in ("transpose", "reshape", "broadcast") or not isinstance(src, MemRef) or src.window is not None:
         return None
-    if instr.opcode == "transpose":
+    if instr.opcode == "broadcast":  # of every dimension in order: the identity (JAX's broadcast_in_dim)
+        identity = tuple(instr.attr("dimensions", ())) == tuple(range(dst.shape.rank)) and src.dims == dst.dims
+        same = identity and _unit_free(src.shape) == _unit_free(dst.shape)
+    elif instr.opcode == "transpose":
         same = free_transpose(src.shape, tuple(instr.attr("dimensions")), dst.shape)
     else:
         same = src.dims != dst.dims and bytes_agree(src.shape, dst.shape, row_major=True) is True
     return MemRef(src.space, src.address, dst.shape, base=src.base) if same else None
+
+
+def _unit_free(shape: Shape) -> tuple[object, ...]:
+    """What places a shape's elements, size-1 dimensions aside when no tile cuts them: two shapes of the same
+    dimensions with equal keys hold every element at the same byte (``{3,2,0,1}`` and ``{3,2,1,0}`` when
+    dimension 1 has size 1)."""
+    layout = shape.effective_layout
+    tiled = len(layout.tiles[0].dimensions) if layout.tiles else 0
+    physical = list(reversed(layout.minor_to_major))
+    untiled = physical[: max(0, shape.rank - tiled)]
+    kept = tuple(d for d in physical if shape.dimensions[d] > 1 or d not in untiled)
+    return shape.dimensions, kept, replace(layout, minor_to_major=())
 
 
 def _emit_reshape(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
