@@ -313,7 +313,9 @@ def test_reductions(text: str, config: str) -> None:
 
 
 def test_full_sum_splits_across_cores() -> None:
-    """An f32 sum of 4096 x 4096 on v5p: both cores stream half the operand (faster than one core)."""
+    """An f32 sum of 4096 x 4096 on v5p: both cores stream half the operand, at the chip's HBM floor (the
+    cores share its HBM; one core alone reaches it too since a row's registers are added on the ALUs before
+    one cross-lane reduction, so the split buys nothing here but must not cost much either)."""
     text = (
         REDUCTIONS.split("ENTRY")[0]
         + """ENTRY main {
@@ -326,7 +328,9 @@ def test_full_sum_splits_across_cores() -> None:
     one = tpusim.simulate(text, config="tpu_v5p", timing_only=True, options=CompileOptions(megacore=False))
     streams = both.compiled.program.streams
     assert all(any(isinstance(i, Barrier) for i in s.instructions) for s in streams)
-    assert both.cycles < 0.85 * one.cycles
+    cfg = load_config("tpu_v5p")
+    floor = 4096 * 4096 * 4 / cfg.hbm_bytes_per_cycle
+    assert both.cycles <= 1.10 * floor and both.cycles <= 1.05 * one.cycles, (both.cycles, one.cycles, floor)
 
 
 def test_cores_that_plan_differently_run_the_instruction_whole(monkeypatch: pytest.MonkeyPatch) -> None:

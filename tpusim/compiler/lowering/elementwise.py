@@ -476,7 +476,11 @@ def _free_view(instr: Instruction, dst: MemRef, srcs: list[Operand]) -> MemRef |
     (a transpose whose layouts permute with it, a reshape of unit or major dimensions): then it costs
     nothing, as on the TPU, where such an op is a bitcast of the buffer."""
     src = srcs[0] if srcs else None
-    if instr.opcode not in ("transpose", "reshape", "broadcast") or not isinstance(src, MemRef) or src.window is not None:
+    if (
+        instr.opcode not in ("transpose", "reshape", "broadcast")
+        or not isinstance(src, MemRef)
+        or src.window is not None
+    ):
         return None
     if instr.opcode == "broadcast":  # of every dimension in order: the identity (JAX's broadcast_in_dim)
         identity = tuple(instr.attr("dimensions", ())) == tuple(range(dst.shape.rank)) and src.dims == dst.dims
