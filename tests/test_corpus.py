@@ -76,3 +76,30 @@ def test_device_matches_jax(name: str, form: str) -> None:
     check_outputs(name, list(result.outputs), f"tpusim on {name}/{form} ({config})")
     if form in CHIPS:
         assert not result.fallbacks, f"{name}/{form}: fallbacks {result.fallbacks}"
+
+
+def test_entry_layouts_agree_with_xla_tpu() -> None:
+    """tpusim's own layout assignment, from the unoptimised module, against the device layouts XLA:TPU gave
+    the same program's parameters and results on v5e (its compiled module's entry_computation_layout):
+    every one agrees but the result of ``x.T + 1``, whose order JAX's text gives as ``{0,1}``: tpusim keeps
+    an order the text states (only the default one is a placeholder it may replace), XLA:TPU under
+    ``jax.jit``'s default layout mode stores the result row-major and transposes into it."""
+    from tpusim.compiler.pipeline import compile_module
+    from tpusim.config import load_config
+
+    cfg = load_config(CHIPS["v5e"])
+    total, differ = 0, []
+    for name in program_names():
+        program = load(name)
+        own = compile_module(load_module(program.hlo("unoptimised")), cfg).module.entry_computation
+        xla = load_module(program.hlo("v5e")).attributes["entry_computation_layout"]
+        mine = [p.shape for p in own.parameters] + [own.root_instruction.shape]
+        for a, b in zip(mine, [*xla.parameters, xla.result]):
+            if getattr(a, "layout", None) is None or getattr(b, "layout", None) is None:
+                continue
+            total += 1
+            if (a.layout.minor_to_major, a.layout.tiles) != (b.layout.minor_to_major, b.layout.tiles):
+                differ.append(f"{name}: {a} against XLA's {b}")
+    assert total >= 170
+    transposed = "bf16[2048,2048]{0,1:T(8,128)(2,1)} against XLA's bf16[2048,2048]{1,0:T(8,128)(2,1)}"
+    assert differ == [f"transpose_bf16: {transposed}"]
