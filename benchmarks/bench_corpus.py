@@ -15,10 +15,11 @@ status is 0 whatever the ratios: this is a report, not a test.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
+
+from markers import write_between
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -72,13 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\n{summary}")
     if args.write is not None:
-        text = args.write.read_text()
         table = "\n".join([header, "| --- | --- | --- | --- | --- | --- | --- |", *rows, "", summary])
-        new, n = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
-        if n != 1:
-            print(f"{args.write}: no {BEGIN} ... {END} markers", file=sys.stderr)
-            return 1
-        args.write.write_text(new)
+        return write_between(args.write, BEGIN, END, table)
     return 0
 
 
