@@ -58,3 +58,20 @@ def test_an_op_nothing_can_run_is_a_compile_error_at_its_line(
     assert f"e/c ({path}:5): " in err
     assert expected in err
     assert "Traceback" not in err
+
+
+def test_help_loads_no_compiler_device_or_report_code() -> None:
+    """``tpusim --help`` (every subcommand's parser) imports only the command line (the report's and the
+    sweep's ``command`` modules included) and the config loader:
+    it took 1.1 s when building the parser loaded the HLO front end, the oracle, the sweep runner and the
+    report's statistics (issue 17). A fresh interpreter, so nothing earlier tests imported counts."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from tpusim.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in sys.modules if m.startswith(('tpusim.compiler', 'tpusim.devices', "
+        "'tpusim.report.', 'tpusim.sweep.', 'numpy')) and not m.endswith('.command')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -117,12 +117,10 @@ def _add_chip_options(p: argparse.ArgumentParser) -> None:
 
 
 def _configure_run(p: argparse.ArgumentParser) -> None:
-    from tpusim.compiler.hlo.reference.io import DEFAULT_SEED
-
     _add_chip_options(p)
     p.add_argument("--inputs", type=Path, help="inputs as .npz keyed arg0..argN-1 (default: seeded random inputs)")
     p.add_argument("--out", type=Path, help="write the outputs as .npz keyed out0..outM-1")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs")
+    p.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default 0)")
     p.add_argument("--timing-only", action="store_true", help="skip numeric work where timing does not need it")
     p.add_argument("--check", action="store_true", help="compare the outputs with the reference interpreter")
     p.add_argument("--reference", action="store_true", help="run only the reference interpreter (the numpy oracle)")
@@ -166,7 +164,13 @@ def _run_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from tpusim.api import load_program, simulate
-    from tpusim.compiler.hlo.reference.io import load_inputs, random_inputs, run_reference_command, save_outputs
+    from tpusim.compiler.hlo.reference.io import (
+        DEFAULT_SEED,
+        load_inputs,
+        random_inputs,
+        run_reference_command,
+        save_outputs,
+    )
     from tpusim.config import load_config
     from tpusim.devices import RunMonitor
     from tpusim.report.progress import Activity, run_status
@@ -214,7 +218,8 @@ def _run_run(args: argparse.Namespace) -> int:
         # compiled (HBM checked) before any input is read or drawn: a program that does not fit fails at once
         compiled = _compile_for_run(module, config, args, topology)
         compiled_in = time.perf_counter() - began
-        per_device = load_inputs(args.inputs, module, n) if args.inputs else random_inputs(module, args.seed, n)
+        seed = DEFAULT_SEED if args.seed is None else args.seed
+        per_device = load_inputs(args.inputs, module, n) if args.inputs else random_inputs(module, seed, n)
         inputs = [_stack([d[i] for d in per_device]) for i in range(len(per_device[0]))] if many else per_device[0]
         result = simulate(
             compiled, inputs, timing_only=args.timing_only, chips=n if many else None,
