@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
+import numpy as np
+
 from tpusim.config import ChipConfig
 from tpusim.errors import TpusimError
 
@@ -122,7 +124,8 @@ def compile_with_xla(
             build.num_replicas, build.num_partitions = 1, len(devices)
             if len(devices) > 1:
                 build.use_spmd_partitioning = True
-                build.device_assignment = xla_client.DeviceAssignment.create([[d.id for d in devices]])
+                ids = np.asarray([[d.id for d in devices]], dtype=np.int32)  # one replica, a partition per chip
+                build.device_assignment = xla_client.DeviceAssignment.create(ids)
             exe = devices[0].client.compile(
                 module, executable_devices=xla_client.DeviceList(tuple(devices)), compile_options=options
             )
