@@ -188,3 +188,29 @@ ENTRY e {
     result = tpusim.simulate(text, config="tpu_v5e", timing_only=True, options=CompileOptions(vmem_fraction=1.0))
     ((_, name, opcode, why),) = result.fallbacks
     assert (name, opcode) == ("d", "dot") and "f16" in why
+
+
+def test_an_activation_epilogue_runs_on_the_result_blocks() -> None:
+    """relu(x @ y) as JAX writes it: the ReLU fusion is applied to each result block on its way out of the
+    MXUs (one ``vpu.fused`` per block), not as a second kernel reading and writing the whole result through
+    HBM (+5.9% on an 8192^3 matmul before; XLA's fused epilogue measured +1.3%). Outputs equal the reference."""
+    n = 2048
+    plain = dot(f"bf16[{n},{n}]", f"bf16[{n},{n}]", f"bf16[{n},{n}]", MK)
+    relu = plain.replace("ROOT c =", "c =").replace(
+        "\n}",
+        f"\n  z = bf16[] constant(0)\n  zb = bf16[{n},{n}] broadcast(z), dimensions={{}}\n"
+        f"  ROOT r = bf16[{n},{n}] maximum(c, zb)\n}}",
+    )
+    base = tpusim.simulate(plain, config="tpu_v5e", timing_only=True)
+    fused = tpusim.simulate(relu, config="tpu_v5e", timing_only=True)
+    assert fused.cycles <= 1.02 * base.cycles, (fused.cycles, base.cycles)
+    ops = Counter(type(i).__name__ for i in fused.compiled.program.streams[0].instructions)
+    assert ops["VpuFused"] >= 1 and not [n for n in fused.trace.hlo if n == "r"]
+    small = relu.replace(str(n), "256")
+    m = parse_module(small)
+    inputs = random_inputs(m, 3)[0]
+    got = np.asarray(tpusim.simulate(m, inputs, config="tpu_v5e").outputs[0], np.float32)
+    want = np.asarray(evaluate(m, inputs)[0], np.float32)
+    # one bf16 rounding apart at most (f32 sums in another order, docs/model.md, MXU numerics)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2**-8 * np.abs(want).max())
+    assert (got >= 0).all() and ((got == 0) == (want == 0)).mean() > 0.99

@@ -18,6 +18,7 @@ import numpy as np
 from tpusim.compiler.buffer_assignment import ALIGNMENT, BufferAssignment, leaf_paths
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.lowering.epilogue import find_epilogues
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.isa import Barrier, DmaStart, Fallback, FallbackKernel, MemRef, Reg, Space, StreamBuilder
@@ -163,6 +164,10 @@ class Lowering:
         # State a family of rules keeps from one instruction to the next (e.g. the collectives' reserved
         # semaphores), keyed by a name of the family's choosing.
         self.rule_state: dict[str, Any] = {}
+        # (computation, dot) -> the elementwise fusion its rule applies to each result block (one core only:
+        # see epilogue.py); the fusions whose code a dot emitted, which then emit nothing themselves.
+        self.epilogues: dict[tuple[str, str], str] = find_epilogues(module) if cores == 1 else {}
+        self.epilogued: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ emission
     @property

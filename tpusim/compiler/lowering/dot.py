@@ -35,17 +35,21 @@ from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
+from tpusim.compiler.lowering.epilogue import epilogue_chain
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.views import view_ref, view_shape
 from tpusim.isa import (
     PRECISION_PASSES,
     DmaStart,
+    FusedOp,
     MemRef,
     MxuLoadWeights,
     MxuMatmul,
     MxuPop,
+    Operand,
     SemWait,
     VpuCopy,
+    VpuFused,
     VpuMap,
     Window,
 )
@@ -83,6 +87,7 @@ class _Views:
     products: tuple[tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]], ...]
     rows: tuple[int, int] | None = None  # the band of M this lowering computes (megacore), None: all
     cols: tuple[int, int] | None = None  # the band of N
+    epi: MemRef | None = None  # an epilogue's result, viewed as ``out`` (see epilogue.py), None: none
 
     @property
     def m_range(self) -> tuple[int, int]:
@@ -107,7 +112,7 @@ class _Views:
         return hi - lo
 
 
-def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef) -> _Views:
+def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef, epi: MemRef | None = None) -> _Views:
     """The ``[lead..., M, K]``, ``[lead..., K, N]`` and ``[lead..., M, N]`` views of a product with dimension
     roles ``d``: M is the last lhs free dimension, N the last rhs free one, K the last contracting pair; the
     other free and contracting dimensions, the batch pairs and the unit dimensions lead (units at index 0)."""
@@ -135,10 +140,15 @@ def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef) -> _Views:
             for ri in itertools.product(*rloops):
                 pairs = tuple(((*b, *li, *c, *lu), (*b, *ri, *c, *ru)) for c in itertools.product(*cloops))
                 products.append(((*b, *li, *ri, *ou), pairs))
-    return _Views(view_ref(lhs, lhs_order), view_ref(rhs, rhs_order), view_ref(out, out_order), tuple(products))
+    epi_view = view_ref(epi, out_order) if epi is not None else None
+    return _Views(
+        view_ref(lhs, lhs_order), view_ref(rhs, rhs_order), view_ref(out, out_order), tuple(products), epi=epi_view
+    )
 
 
-def _folded(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef) -> tuple[DotDims, MemRef, MemRef, MemRef]:
+def _folded(
+    d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef, epi: MemRef | None = None
+) -> tuple[DotDims, MemRef, MemRef, MemRef, MemRef | None]:
     """The product with further free dimensions of an operand folded into its M (or N) wherever the operand
     and the result both hold the pair as one dimension (:func:`~tpusim.memory.reinterpret.merged_shape`):
     the heads of a projection ``[4,256,512] x [512,8,64]`` are 8 leading products of 64 rows each, which
@@ -152,16 +162,19 @@ def _folded(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef) -> tuple[DotDims,
             for j in range(len(free) - 1):
                 shape = merged_shape(ref.shape, free[j], free[-1])
                 result = merged_shape(out.shape, out_free[j], out_free[-1])
-                if shape is not None and result is not None:
-                    folded = j, shape, result
+                also = merged_shape(epi.shape, out_free[j], out_free[-1]) if epi is not None else None
+                if shape is not None and result is not None and (epi is None or also is not None):
+                    folded = j, shape, result, also
                     break
         if folded is None:
             side += 1
             continue
-        j, shape, result = folded
+        j, shape, result, also = folded
         gone, out_gone = free[j], out_free[j]
         ref = MemRef(ref.space, ref.address, shape, base=ref.base)
         out = MemRef(out.space, out.address, result, base=out.base)
+        if epi is not None and also is not None:
+            epi = MemRef(epi.space, epi.address, also, base=epi.base)
         o = {f: _drop(getattr(d, f), out_gone) for f in ("out_batch", "out_lhs_free", "out_rhs_free", "out_units")}
         if side == 0:
             lhs = ref
@@ -170,7 +183,7 @@ def _folded(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef) -> tuple[DotDims,
             rhs = ref
             a = {f: _drop(getattr(d, f), gone) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
         d = replace(d, **a, **o)
-    return d, lhs, rhs, out
+    return d, lhs, rhs, out, epi
 
 
 def _drop(dims: tuple[int, ...], gone: int) -> tuple[int, ...]:
@@ -254,11 +267,35 @@ class _Block:
 @lowering("dot")
 def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     lhs, rhs = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.operands[1])
-    emit_product(ctx, instr, dot_dims(instr, lhs.shape.rank, rhs.shape.rank), lhs, rhs, ctx.home(comp.name, instr.name))
+    dims = dot_dims(instr, lhs.shape.rank, rhs.shape.rank)
+    user = ctx.epilogues.get((comp.name, instr.name))
+    epilogue = None
+    if user is not None:
+        consts, steps = epilogue_chain(ctx.module[comp[user].attr("calls")])
+        epilogue = Epilogue(ctx.home(comp.name, user), consts, steps)
+    emit_product(ctx, instr, dims, lhs, rhs, ctx.home(comp.name, instr.name), epilogue)
+    if user is not None:
+        ctx.epilogued.add((comp.name, user))
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """An elementwise kernel applied to every result block (see epilogue.py): where its result lives, and the
+    ``vpu.fused`` sources after the block and steps that compute it."""
+
+    home: MemRef
+    consts: tuple[Operand, ...]
+    steps: tuple[FusedOp, ...]
 
 
 def emit_product(
-    ctx: Lowering, instr: Instruction, dims: DotDims, lhs_ref: MemRef, rhs_ref: MemRef, out_ref: MemRef
+    ctx: Lowering,
+    instr: Instruction,
+    dims: DotDims,
+    lhs_ref: MemRef,
+    rhs_ref: MemRef,
+    out_ref: MemRef,
+    epilogue: Epilogue | None = None,
 ) -> None:
     """Emit the matrix product ``instr`` (a dot, or a convolution that is one) of ``lhs_ref`` and ``rhs_ref``
     into ``out_ref``, its dimensions playing the roles ``dims``.
@@ -282,10 +319,12 @@ def emit_product(
     dims, swap = oriented(dims, lhs_ref.shape, rhs_ref.shape, out_ref.shape)
     if swap:
         lhs_ref, rhs_ref = rhs_ref, lhs_ref
-    dims, lhs_ref, rhs_ref, out_ref = _folded(dims, lhs_ref, rhs_ref, out_ref)
-    views = _core_share(ctx, _views(dims, lhs_ref, rhs_ref, out_ref))
+    epi = epilogue.home if epilogue is not None else None
+    dims, lhs_ref, rhs_ref, out_ref, epi = _folded(dims, lhs_ref, rhs_ref, out_ref, epi)
+    views = _core_share(ctx, _views(dims, lhs_ref, rhs_ref, out_ref, epi))
     if views is not None:
-        _DotEmitter(ctx, views, precision).run()
+        steps = (epilogue.consts, epilogue.steps) if epilogue is not None else None
+        _DotEmitter(ctx, views, precision, steps).run()
 
 
 def _core_share(ctx: Lowering, v: _Views) -> _Views | None:
@@ -314,8 +353,14 @@ def _core_share(ctx: Lowering, v: _Views) -> _Views | None:
 
 
 class _DotEmitter:
-    def __init__(self, ctx: Lowering, views: _Views, precision: str) -> None:
-        self.ctx, self.v, self.precision = ctx, views, precision
+    def __init__(
+        self,
+        ctx: Lowering,
+        views: _Views,
+        precision: str,
+        epilogue: tuple[tuple[Operand, ...], tuple[FusedOp, ...]] | None = None,
+    ) -> None:
+        self.ctx, self.v, self.precision, self.epilogue = ctx, views, precision, epilogue
         self.cfg = ctx.config.mxu
         lhs, rhs, out = views.lhs.shape, views.rhs.shape, views.out.shape
         self.a_stream = _minor(lhs) == lhs.rank - 1  # K in lanes: windows stream as loaded
@@ -344,6 +389,8 @@ class _DotEmitter:
             shapes["convert"] = Shape(out.element_type, c_dims, layout=c_layout)
         if not c_natural:
             shapes["store"] = Shape(out.element_type, c_dims, layout=out.layout)
+        if self.epilogue is not None and self.v.epi is not None:
+            shapes["epilogue"] = Shape(self.v.epi.element_type, c_dims, layout=self.v.epi.shape.layout)
         return shapes
 
     def _footprint(self, tm: int, tn: int, tk: int) -> tuple[int, int, int, int, int]:
@@ -352,7 +399,7 @@ class _DotEmitter:
         size = {k: vmem_size(v, vb) for k, v in s.items()}
         a_stage = 0 if self.a_stream else 2 * size["a_raw"]
         b_stage = 0 if self.b_mode else 2 * size["b_raw"]
-        c = 2 * size["pop"] + size.get("convert", 0) + size.get("store", 0)
+        c = 2 * size["pop"] + size.get("convert", 0) + size.get("store", 0) + 2 * size.get("epilogue", 0)
         return size["a"], size["b"], a_stage, b_stage, c
 
     # ---------------------------------------------------------------- planning
@@ -397,6 +444,7 @@ class _DotEmitter:
         pops = [ctx.vmem(shapes["pop"]) for _ in range(2)]
         convert = ctx.vmem(shapes["convert"]) if "convert" in shapes else None
         store = ctx.vmem(shapes["store"]) if "store" in shapes else None
+        finish = [ctx.vmem(shapes["epilogue"]) for _ in range(2)] if self.epilogue is not None else []
         # One semaphore counts every operand load: a wait may be satisfied by a later step's load, but the
         # scoreboard still holds back any instruction reading a window whose DMA is in flight.
         sem_in, sem_out = ctx.semaphore(), [ctx.semaphore(), ctx.semaphore()]
@@ -470,7 +518,13 @@ class _DotEmitter:
                 out_block = _resized(store, src.dims)
                 ctx.emit(VpuCopy, dst=out_block, src=src)
                 src = out_block
-            dst = _window(v.out, block.lead, (block.m0, block.n0), (block.ms, block.ns))
+            target = v.out
+            if self.epilogue is not None and v.epi is not None:  # the user's kernel, in registers, on the way out
+                consts, chain = self.epilogue
+                done = _resized(finish[slot], src.dims)
+                ctx.emit(VpuFused, dst=done, srcs=(src, *consts), ops=chain)
+                src, target = done, v.epi
+            dst = _window(target, block.lead, (block.m0, block.n0), (block.ms, block.ns))
             ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[slot])
             pending_out[slot] += 1
         for slot in (0, 1):

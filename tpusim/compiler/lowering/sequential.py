@@ -44,8 +44,8 @@ def lower_computation(ctx: Lowering, name: str) -> None:
 
 def lower_instruction(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     """Lower one instruction with its registered rule, or as a fallback when it has none or declines."""
-    if instr.opcode in NO_CODE:
-        return
+    if instr.opcode in NO_CODE or (comp.name, instr.name) in ctx.epilogued:
+        return  # (an epilogue: the dot that feeds it computed it, see epilogue.py)
     rule = rule_for(ctx, comp, instr)
     with ctx.op(comp, instr):
         if ctx.cores == 1:
