@@ -46,6 +46,7 @@ from functools import partial
 from itertools import permutations, product
 from math import ceil
 from math import prod as _prod
+from typing import Any
 
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
@@ -134,7 +135,8 @@ class _Problem:
         self.edges: list[_Edge] = []
         self.fusions: list[tuple[Computation, Instruction, int]] = []
         self.dots: list[tuple[int, int | None, int | None, DotDims, Shape, Shape, Shape]] = []
-        self._dot_cache: dict[tuple[int, Order, Order, Order], float] = {}
+        self._dot_cache: dict[Any, float] = {}  # (dot, orders) and (roles, sized operands) -> MXU cycles
+        self._sized_cache: dict[tuple[Shape, Order], tuple[Shape, Order]] = {}
         self.touching: dict[int, list[_Edge]] = {}
         self.dots_at: dict[int, list[int]] = {}
 
@@ -377,12 +379,23 @@ class _Problem:
         key = (n, ao, bo, ro)
         cost = self._dot_cache.get(key)
         if cost is None:
-            sized = [self._sized(s, o) for s, o in ((lhs, ao), (rhs, bo), (out, ro))]
-            cost = self._dot_cache[key] = dot_cost(dims, sized[0], sized[1], sized[2], self.config)
+            sized = tuple(self._sized(s, o) for s, o in ((lhs, ao), (rhs, bo), (out, ro)))
+            same = (dims, sized)  # products of the same shapes in the same orders (the heads of a block) cost alike
+            cost = self._dot_cache.get(same)
+            if cost is None:
+                cost = self._dot_cache[same] = dot_cost(dims, sized[0], sized[1], sized[2], self.config)
+            self._dot_cache[key] = cost
         return cost
 
     def _sized(self, shape: Shape, order: Order) -> tuple[Shape, Order]:
-        return shape.with_layout(self.rules.layout_for(shape, tuple(reversed(order)))), order
+        key = (shape, order)
+        sized = self._sized_cache.get(key)
+        if sized is None:
+            sized = self._sized_cache[key] = (
+                shape.with_layout(self.rules.layout_for(shape, tuple(reversed(order)))),
+                order,
+            )
+        return sized
 
     # ------------------------------------------------------------------ result
     def result(self) -> dict[Key, Order]:
