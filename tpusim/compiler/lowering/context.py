@@ -166,7 +166,12 @@ class Lowering:
         self.rule_state: dict[str, Any] = {}
         # (computation, dot) -> the elementwise fusion its rule applies to each result block (one core only:
         # see epilogue.py); the fusions whose code a dot emitted, which then emit nothing themselves.
-        self.epilogues: dict[tuple[str, str], str] = find_epilogues(module) if cores == 1 else {}
+        # Not for values control flow reads: an epilogue's code carries the dot's control flag.
+        self.epilogues: dict[tuple[str, str], str] = {
+            dot: user
+            for dot, user in (find_epilogues(module) if cores == 1 else {}).items()
+            if dot not in self.control_slice.values and (dot[0], user) not in self.control_slice.values
+        }
         self.epilogued: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ emission

@@ -272,7 +272,7 @@ def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     epilogue = None
     if user is not None:
         consts, steps = epilogue_chain(ctx.module[comp[user].attr("calls")])
-        epilogue = Epilogue(ctx.home(comp.name, user), consts, steps)
+        epilogue = Epilogue(user, ctx.home(comp.name, user), consts, steps)
     emit_product(ctx, instr, dims, lhs, rhs, ctx.home(comp.name, instr.name), epilogue)
     if user is not None:
         ctx.epilogued.add((comp.name, user))
@@ -280,9 +280,11 @@ def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
 
 @dataclass(frozen=True)
 class Epilogue:
-    """An elementwise kernel applied to every result block (see epilogue.py): where its result lives, and the
+    """An elementwise kernel applied to every result block (see epilogue.py): its HLO instruction (the code is
+    stamped with its name, so reports count its work as its own), where its result lives, and the
     ``vpu.fused`` sources after the block and steps that compute it."""
 
+    name: str
     home: MemRef
     consts: tuple[Operand, ...]
     steps: tuple[FusedOp, ...]
@@ -323,8 +325,7 @@ def emit_product(
     dims, lhs_ref, rhs_ref, out_ref, epi = _folded(dims, lhs_ref, rhs_ref, out_ref, epi)
     views = _core_share(ctx, _views(dims, lhs_ref, rhs_ref, out_ref, epi))
     if views is not None:
-        steps = (epilogue.consts, epilogue.steps) if epilogue is not None else None
-        _DotEmitter(ctx, views, precision, steps).run()
+        _DotEmitter(ctx, views, precision, epilogue).run()
 
 
 def _core_share(ctx: Lowering, v: _Views) -> _Views | None:
@@ -358,7 +359,7 @@ class _DotEmitter:
         ctx: Lowering,
         views: _Views,
         precision: str,
-        epilogue: tuple[tuple[Operand, ...], tuple[FusedOp, ...]] | None = None,
+        epilogue: Epilogue | None = None,
     ) -> None:
         self.ctx, self.v, self.precision, self.epilogue = ctx, views, precision, epilogue
         self.cfg = ctx.config.mxu
@@ -520,9 +521,10 @@ class _DotEmitter:
                 src = out_block
             target = v.out
             if self.epilogue is not None and v.epi is not None:  # the user's kernel, in registers, on the way out
-                consts, chain = self.epilogue
                 done = _resized(finish[slot], src.dims)
-                ctx.emit(VpuFused, dst=done, srcs=(src, *consts), ops=chain)
+                own, ctx.hlo = ctx.hlo, self.epilogue.name
+                ctx.emit(VpuFused, dst=done, srcs=(src, *self.epilogue.consts), ops=self.epilogue.steps)
+                ctx.hlo = own
                 src, target = done, v.epi
             dst = _window(target, block.lead, (block.m0, block.n0), (block.ms, block.ns))
             ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[slot])
