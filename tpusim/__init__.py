@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING
 
 from tpusim.errors import TpusimError
+from tpusim.lazy import lazy_attribute
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time these are imported on first use
     from tpusim.api import InputError, SimulationResult, compile_program, simulate, simulate_jax
@@ -32,11 +33,7 @@ __all__ = [
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'tpusim' has no attribute {name!r}")
+    return lazy_attribute(__name__, _LAZY, name)
 
 
 def __dir__() -> list[str]:

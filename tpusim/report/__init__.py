@@ -8,21 +8,18 @@ command line's ``tpusim.report.command``) does not load the statistics and plots
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Any
 
+from tpusim.lazy import lazy_attribute
+
 _WHERE = {
-    "OpStats": "stats", "UnitStats": "stats", "op_stats": "stats", "unit_stats": "stats",
-    "ReportError": "writer", "render_report": "writer", "write_report": "writer",
+    "OpStats": "tpusim.report.stats", "UnitStats": "tpusim.report.stats", "op_stats": "tpusim.report.stats",
+    "unit_stats": "tpusim.report.stats", "ReportError": "tpusim.report.writer",
+    "render_report": "tpusim.report.writer", "write_report": "tpusim.report.writer",
 }  # fmt: skip
 
 __all__ = ["OpStats", "ReportError", "UnitStats", "op_stats", "render_report", "unit_stats", "write_report"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"tpusim.report.{_WHERE[name]}"), name)
-    if importlib.util.find_spec(f"tpusim.report.{name}") is not None:  # a submodule, as an eager import set it
-        return importlib.import_module(f"tpusim.report.{name}")
-    raise AttributeError(f"module 'tpusim.report' has no attribute {name!r}")
+    return lazy_attribute(__name__, _WHERE, name, submodules=True)

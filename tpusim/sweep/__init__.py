@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Any
 
+from tpusim.lazy import lazy_attribute
+
 _WHERE = {
-    "SweepInterrupted": "runner", "SweepResult": "runner", "run_sweep": "runner",
-    "Point": "spec", "SweepError": "spec", "SweepSpec": "spec", "load_spec": "spec", "SweepWarning": "store",
+    "SweepInterrupted": "tpusim.sweep.runner", "SweepResult": "tpusim.sweep.runner", "run_sweep": "tpusim.sweep.runner",
+    "Point": "tpusim.sweep.spec", "SweepError": "tpusim.sweep.spec", "SweepSpec": "tpusim.sweep.spec",
+    "load_spec": "tpusim.sweep.spec", "SweepWarning": "tpusim.sweep.store",
 }  # fmt: skip
 
 __all__ = [
@@ -22,8 +23,4 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """The names above, imported when first used (``tpusim sweep --help`` needs none of them)."""
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"tpusim.sweep.{_WHERE[name]}"), name)
-    if importlib.util.find_spec(f"tpusim.sweep.{name}") is not None:  # a submodule, as an eager import set it
-        return importlib.import_module(f"tpusim.sweep.{name}")
-    raise AttributeError(f"module 'tpusim.sweep' has no attribute {name!r}")
+    return lazy_attribute(__name__, _WHERE, name, submodules=True)
