@@ -26,6 +26,7 @@ from tpusim.compiler.lowering.blocks import (
 )
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
+from tpusim.compiler.lowering.immediates import scalar_constant
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.reinterpret import emit_reduce_precision
 from tpusim.isa import (
@@ -190,11 +191,10 @@ class _Emitter:
     def _constant_scalar(self, name: str) -> Const | None:
         instr = self.comp[name]
         if instr.opcode == "constant" and instr.array_shape.rank == 0:
-            value = instr.attr("literal").value
-            et = instr.array_shape.element_type
-            if et.is_complex or et.dtype is None:
-                raise NotLowerable(f"a {et} constant on the VPU")
-            return Const(value.item() if et.is_float or et.name == "pred" else int(value), et)
+            const = scalar_constant(instr)
+            if const is None:
+                raise NotLowerable(f"a {instr.array_shape.element_type} constant on the VPU")
+            return const
         if instr.opcode == "broadcast" and self._constant_scalar(instr.operands[0]) is not None:
             return self._constant_scalar(instr.operands[0])
         return None

@@ -16,7 +16,8 @@ pairing) leaves its user to run as before.
 from __future__ import annotations
 
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
-from tpusim.isa import VPU_FUNCTIONS, Const, FusedOp, Operand
+from tpusim.compiler.lowering.immediates import scalar_constant
+from tpusim.isa import VPU_FUNCTIONS, FusedOp, Operand
 from tpusim.memory import Shape
 
 __all__ = ["epilogue_chain", "find_epilogues"]
@@ -80,10 +81,10 @@ def epilogue_chain(fused: Computation) -> tuple[tuple[Operand, ...], tuple[Fused
                 raise ValueError("a second parameter")
             number[instr.name] = 0
         elif instr.opcode == "constant" and shape.rank == 0:
-            et, literal = shape.element_type, instr.attr("literal").value
-            if et.is_complex or et.dtype is None:
-                raise ValueError(f"a {et} constant")
-            consts.append(Const(literal.item() if et.is_float or et.name == "pred" else int(literal), et))
+            const = scalar_constant(instr)
+            if const is None:
+                raise ValueError(f"a {shape.element_type} constant")
+            consts.append(const)
             number[instr.name] = len(consts)
         elif instr.opcode == "broadcast" and instr.operands[0] in number and number[instr.operands[0]] > 0:
             number[instr.name] = number[instr.operands[0]]  # a scalar stays an immediate

@@ -30,6 +30,7 @@ from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.hlo.reference.combiners import exact_identity as reference_identity
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.elementwise import combiner, reduce_identity
+from tpusim.compiler.lowering.immediates import scalar_constant
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.staging import (
     Axis,
@@ -66,17 +67,6 @@ _BLOCK_BYTES = 1 << 18
 _F32 = element_type("f32")
 
 
-def _constant(comp: Computation, name: str) -> Const | None:
-    instr = comp[name]
-    if instr.opcode != "constant" or not isinstance(instr.shape, Shape) or instr.shape.rank != 0:
-        return None
-    et = instr.shape.element_type
-    value = np.asarray(instr.attr("literal").value).reshape(())
-    if et.is_float:
-        return Const(float(value), et)
-    return Const(bool(value) if et.name == "pred" else int(value), et)
-
-
 def canonical_order(shape: Shape, axes: Sequence[Axis]) -> tuple[list[int], bool]:
     """The canonical axis order of an all-windowed operand: its physical order with the lane axis last; the
     lane axis is the most minor dimension whose windows need no split view (then tiled ``T(lanes)``), or,
@@ -94,7 +84,7 @@ def lower_reduce_window(ctx: Lowering, comp: Computation, instr: Instruction) ->
     fn = combiner(ctx, instr.attr("to_apply"))
     if fn is None:
         raise NotLowerable("a reduce-window whose computation is not one add/multiply/maximum/minimum/and/or/xor")
-    init = _constant(comp, instr.operands[1])
+    init = scalar_constant(comp[instr.operands[1]])
     if init is None:
         raise NotLowerable("a reduce-window whose init value is not a constant")
     src = ctx.home(comp.name, instr.operands[0])
@@ -283,7 +273,7 @@ def lower_select_and_scatter(ctx: Lowering, comp: Computation, instr: Instructio
     if selector is None:
         raise NotLowerable("a select computation that is not one comparison of its two parameters")
     fn = combiner(ctx, instr.attr("scatter"))
-    init = _constant(comp, instr.operands[2])
+    init = scalar_constant(comp[instr.operands[2]])
     operand, source = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.operands[1])
     out = ctx.home(comp.name, instr.name)
     et = operand.element_type
