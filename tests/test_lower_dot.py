@@ -216,3 +216,84 @@ def test_an_activation_epilogue_runs_on_the_result_blocks() -> None:
     # one bf16 rounding apart at most (f32 sums in another order, docs/model.md, MXU numerics)
     np.testing.assert_allclose(got, want, rtol=0, atol=2**-8 * np.abs(want).max())
     assert (got >= 0).all() and ((got == 0) == (want == 0)).mean() > 0.99
+
+
+def dense(b: int, s: int, d: int, f: int, residual: bool = False) -> str:
+    """A flax ``Dense`` with bias then GELU (tanh form) as JAX writes it, or (``residual``) bias then a
+    residual add of the layer's input: the bias reaches the sum through reshape, broadcast and reshape."""
+    out = f"bf16[{b},{s},{f}]"
+    lines = [
+        "HloModule dense\nENTRY main {",
+        f"  x = bf16[{b},{s},{d}] parameter(0)",
+        f"  w = bf16[{d},{f}] parameter(1)",
+        f"  bias = bf16[{f}] parameter(2)",
+        f"  y = {out} dot(x, w), lhs_contracting_dims={{2}}, rhs_contracting_dims={{0}}",
+        f"  r1 = bf16[1,1,{f}] reshape(bias)",
+        f"  b1 = bf16[1,1,{f}] broadcast(r1), dimensions={{0,1,2}}",
+        f"  r2 = bf16[{f}] reshape(b1)",
+        f"  bb = {out} broadcast(r2), dimensions={{2}}",
+        f"  h = {out} add(y, bb)",
+    ]
+    if residual:
+        lines += [f"  res = {out} parameter(3)", f"  ROOT o = {out} add(res, h)"]
+    else:
+        lines += [
+            f"  c = bf16[] constant(0.7969)\n  cb = {out} broadcast(c), dimensions={{}}",
+            f"  h3 = {out} multiply(h, h)\n  m = {out} multiply(h3, cb)",
+            f"  t = {out} tanh(m)\n  ROOT o = {out} multiply(h, t)",
+        ]
+    return "\n".join(lines) + "\n}"
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["bias_gelu", "bias_residual"])
+def test_epilogues_with_operands_of_their_own_run_on_the_result_blocks(residual: bool) -> None:
+    """A bias (a vector broadcast along the result's rows) and a residual (an array of the result's shape)
+    are operands of the epilogue fusion besides the dot: each result block's windows of them are loaded
+    into VMEM while the block accumulates and combined in registers on the way out, as XLA:TPU's output
+    fusions do, instead of a second kernel reading and writing the whole result. The flax MLP's bias+GELU
+    pass was 174 us of the d1024 decoder's 2771 us on v5e. Outputs equal the reference."""
+    big = dense(4, 1024, 1024, 2048, residual)
+    plain = dot("bf16[4,1024,1024]", "bf16[1024,2048]", "bf16[4,1024,2048]", K2)
+    base = tpusim.simulate(plain, config="tpu_v5e", timing_only=True)
+    fused = tpusim.simulate(big, config="tpu_v5e", timing_only=True)
+    assert fused.cycles <= 1.05 * base.cycles, (fused.cycles, base.cycles)
+    code = fused.compiled.program.streams[0].instructions
+    ops = Counter(type(i).__name__ for i in code if i.hlo == "o")
+    # the epilogue's own code: one vpu.fused per result block and the loads of its operands' windows
+    assert ops["VpuFused"] >= 4 and set(ops) <= {"VpuFused", "DmaStart", "SemWait"}, ops
+    loaded = sum(np.prod(i.src.dims) * 2 for i in code if i.hlo == "o" and isinstance(i, DmaStart))
+    extra = 4 * 1024 * 2048 * 2 if residual else 0
+    assert loaded <= extra + 4 * 2048 * 2 * 64, loaded  # the residual once, the bias once per row block
+    m = parse_module(dense(2, 40, 64, 200, residual))
+    inputs = random_inputs(m, 5)[0]
+    want = np.asarray(evaluate(m, inputs)[0], np.float32)
+    for chip in ("tpu_v5e", "tpu_v5p"):  # v5p: each TensorCore applies it to its share of the blocks
+        run = tpusim.simulate(m, inputs, config=chip)
+        assert all(any(i.hlo == "o" for i in s.instructions) for s in run.compiled.program.streams), chip
+        got = np.asarray(run.outputs[0], np.float32)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2**-6 * np.abs(want).max())
+
+
+def test_an_epilogue_of_two_products_pairs_only_with_the_second() -> None:
+    """SwiGLU's gate ``silu(x @ w1) * (x @ w3)``: the fusion is the only user of both products, but it can
+    run on the result blocks of the second only (the first's whole result must exist by then; paired with
+    the first it would read the second's before any instruction wrote it). Outputs equal the reference."""
+    text = """HloModule swiglu
+ENTRY main {
+  x = bf16[256,128] parameter(0)
+  w1 = bf16[128,384] parameter(1)
+  w3 = bf16[128,384] parameter(2)
+  a = bf16[256,384] dot(x, w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  b = bf16[256,384] dot(x, w3), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  s = bf16[256,384] logistic(a)
+  g = bf16[256,384] multiply(a, s)
+  ROOT o = bf16[256,384] multiply(g, b)
+}"""
+    m = parse_module(text)
+    inputs = random_inputs(m, 7)[0]
+    want = np.asarray(evaluate(m, inputs)[0], np.float32)
+    run = tpusim.simulate(m, inputs, config="tpu_v5e")
+    fused = [i for i in run.compiled.program.streams[0].instructions if i.hlo == "o"]
+    assert any(type(i).__name__ == "VpuFused" for i in fused) and any(isinstance(i, DmaStart) for i in fused)
+    got = np.asarray(run.outputs[0], np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2**-6 * np.abs(want).max())

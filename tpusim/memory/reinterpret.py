@@ -66,15 +66,22 @@ def merged_shape(shape: Shape, major: int, minor: int) -> Shape | None:
     elements of ``minor``'s successive indices of ``major`` then follow one another in whole tiles, as
     one dimension of the product of their sizes would. ``bf16[8,64,512]{2,1,0:T(8,128)(2,1)}`` folding 0
     into 1 is ``bf16[512,512]{1,0:T(8,128)(2,1)}``; with 60 rows instead of 64 each head's last tile would be
-    padded, and no shape of 480 rows has that padding.
+    padded, and no shape of 480 rows has that padding. A ``major`` of size 1 that no tile level reaches folds
+    into any ``minor``: it is dropped (an epilogue's bias seen as ``[1,1,N]`` folds with the result's rows).
     """
     layout = shape.effective_layout
     if layout.padded_dimensions is not None or layout.dim_level_types or layout.split_configs or any(shape.dynamic):
         return None
     order = list(layout.minor_to_major)
-    if major == minor or order.index(major) != order.index(minor) + 1:
+    if major == minor:
         return None
     physical = list(reversed(order))  # major to minor
+    reach = max((len(level.dimensions) for level in layout.tiles), default=0)
+    combined = any(t <= 0 for level in layout.tiles for t in level.dimensions)
+    if shape.dimensions[major] == 1 and physical.index(major) < shape.rank - reach and not combined:
+        return _without(shape, major)  # a size-1 dimension outside every tile: nothing to fold, wherever it is
+    if order.index(major) != order.index(minor) + 1:
+        return None
     tile = layout.tiles[0].dimensions if layout.tiles else ()
     if any(t <= 0 for level in layout.tiles for t in level.dimensions) or any(
         len(level.dimensions) > len(tile) for level in layout.tiles
@@ -88,11 +95,18 @@ def merged_shape(shape: Shape, major: int, minor: int) -> Shape | None:
 
     if physical.index(major) >= covered or shape.dimensions[minor] % tile_of(minor):
         return None
+    return _without(shape, major, minor)
+
+
+def _without(shape: Shape, major: int, minor: int | None = None) -> Shape:
+    """``shape`` without dimension ``major``, its size multiplied into ``minor``'s (if any)."""
+    layout = shape.effective_layout
     dims = list(shape.dimensions)
-    dims[minor] *= dims[major]
+    if minor is not None:
+        dims[minor] *= dims[major]
     del dims[major]
     renumber = {d: d - (d > major) for d in range(shape.rank) if d != major}
-    minor_to_major = tuple(renumber[d] for d in order if d != major)
+    minor_to_major = tuple(renumber[d] for d in layout.minor_to_major if d != major)
     return Shape(shape.element_type, tuple(dims), layout=replace(layout, minor_to_major=minor_to_major))
 
 

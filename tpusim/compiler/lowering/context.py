@@ -81,6 +81,7 @@ class Mark:
     registers: int
     streams: tuple[tuple[int, int], ...] = ()  # (instructions, labels) of every core's stream
     claimed: bool = False
+    epilogued: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass
@@ -164,12 +165,13 @@ class Lowering:
         # State a family of rules keeps from one instruction to the next (e.g. the collectives' reserved
         # semaphores), keyed by a name of the family's choosing.
         self.rule_state: dict[str, Any] = {}
-        # (computation, dot) -> the elementwise fusion its rule applies to each result block (one core only:
-        # see epilogue.py); the fusions whose code a dot emitted, which then emit nothing themselves.
+        # (computation, dot) -> the elementwise fusion its rule applies to each result block (see
+        # epilogue.py); the fusions whose code a dot emitted, which then emit nothing themselves (rolled back
+        # with the dot's code).
         # Not for values control flow reads: an epilogue's code carries the dot's control flag.
         self.epilogues: dict[tuple[str, str], str] = {
             dot: user
-            for dot, user in (find_epilogues(module) if cores == 1 else {}).items()
+            for dot, user in find_epilogues(module).items()
             if dot not in self.control_slice.values and (dot[0], user) not in self.control_slice.values
         }
         self.epilogued: set[tuple[str, str]] = set()
@@ -234,6 +236,7 @@ class Lowering:
             len(scope.registers),
             tuple((len(b.instructions), len(b.labels)) for b in self.streams),
             self.claimed,
+            frozenset(self.epilogued),
         )
 
     def rollback(self, mark: Mark) -> None:
@@ -243,6 +246,7 @@ class Lowering:
             del b.labels[labels:]
         del self.kernels[mark.kernels :]
         self.claimed = mark.claimed
+        self.epilogued = set(mark.epilogued)
         self.release_since(mark)
 
     def release_since(self, mark: Mark) -> None:

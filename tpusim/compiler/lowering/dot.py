@@ -35,18 +35,16 @@ from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
-from tpusim.compiler.lowering.epilogue import epilogue_chain
+from tpusim.compiler.lowering.epilogue import Chain, Side, epilogue_chain
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.views import view_ref, view_shape
 from tpusim.isa import (
     PRECISION_PASSES,
     DmaStart,
-    FusedOp,
     MemRef,
     MxuLoadWeights,
     MxuMatmul,
     MxuPop,
-    Operand,
     SemWait,
     VpuCopy,
     VpuFused,
@@ -87,7 +85,9 @@ class _Views:
     products: tuple[tuple[tuple[int, ...], tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]], ...]
     rows: tuple[int, int] | None = None  # the band of M this lowering computes (megacore), None: all
     cols: tuple[int, int] | None = None  # the band of N
-    epi: MemRef | None = None  # an epilogue's result, viewed as ``out`` (see epilogue.py), None: none
+    # An epilogue's result and its side operands (see epilogue.py), viewed as ``out`` (sides with size 1
+    # along the dimensions they are broadcast along); empty: no epilogue.
+    riders: tuple[MemRef, ...] = ()
 
     @property
     def m_range(self) -> tuple[int, int]:
@@ -112,7 +112,7 @@ class _Views:
         return hi - lo
 
 
-def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef, epi: MemRef | None = None) -> _Views:
+def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef, riders: tuple[MemRef, ...] = ()) -> _Views:
     """The ``[lead..., M, K]``, ``[lead..., K, N]`` and ``[lead..., M, N]`` views of a product with dimension
     roles ``d``: M is the last lhs free dimension, N the last rhs free one, K the last contracting pair; the
     other free and contracting dimensions, the batch pairs and the unit dimensions lead (units at index 0)."""
@@ -140,20 +140,27 @@ def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef, epi: MemRef | None
             for ri in itertools.product(*rloops):
                 pairs = tuple(((*b, *li, *c, *lu), (*b, *ri, *c, *ru)) for c in itertools.product(*cloops))
                 products.append(((*b, *li, *ri, *ou), pairs))
-    epi_view = view_ref(epi, out_order) if epi is not None else None
     return _Views(
-        view_ref(lhs, lhs_order), view_ref(rhs, rhs_order), view_ref(out, out_order), tuple(products), epi=epi_view
+        view_ref(lhs, lhs_order),
+        view_ref(rhs, rhs_order),
+        view_ref(out, out_order),
+        tuple(products),
+        riders=tuple(view_ref(r, out_order) for r in riders),
     )
 
 
 def _folded(
-    d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef, epi: MemRef | None = None
-) -> tuple[DotDims, MemRef, MemRef, MemRef, MemRef | None]:
+    d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef, riders: tuple[MemRef, ...] = ()
+) -> tuple[DotDims, MemRef, MemRef, MemRef, tuple[MemRef, ...] | None]:
     """The product with further free dimensions of an operand folded into its M (or N) wherever the operand
     and the result both hold the pair as one dimension (:func:`~tpusim.memory.reinterpret.merged_shape`):
     the heads of a projection ``[4,256,512] x [512,8,64]`` are 8 leading products of 64 rows each, which
     stream 64 rows through every weight tile the MXU loads in 128 cycles; folded, one product of 512 rows
-    streams them all. The arrays are the same bytes, seen with fewer dimensions."""
+    streams them all. The arrays are the same bytes, seen with fewer dimensions.
+
+    ``riders`` (an epilogue's arrays at the result's shape) fold with the result; they come back None when
+    one of them cannot where the operands can: the fold is worth more than the epilogue."""
+    kept: list[MemRef] | None = list(riders)
     side = 0
     while side < 2:
         free, out_free, ref = (d.lhs_free, d.out_lhs_free, lhs) if side == 0 else (d.rhs_free, d.out_rhs_free, rhs)
@@ -162,19 +169,21 @@ def _folded(
             for j in range(len(free) - 1):
                 shape = merged_shape(ref.shape, free[j], free[-1])
                 result = merged_shape(out.shape, out_free[j], out_free[-1])
-                also = merged_shape(epi.shape, out_free[j], out_free[-1]) if epi is not None else None
-                if shape is not None and result is not None and (epi is None or also is not None):
-                    folded = j, shape, result, also
+                if shape is not None and result is not None:
+                    folded = j, shape, result
                     break
         if folded is None:
             side += 1
             continue
-        j, shape, result, also = folded
+        j, shape, result = folded
         gone, out_gone = free[j], out_free[j]
         ref = MemRef(ref.space, ref.address, shape, base=ref.base)
         out = MemRef(out.space, out.address, result, base=out.base)
-        if epi is not None and also is not None:
-            epi = MemRef(epi.space, epi.address, also, base=epi.base)
+        if kept is not None:
+            merged = [merged_shape(r.shape, out_free[j], out_free[-1]) for r in kept]
+            kept = [MemRef(r.space, r.address, m, base=r.base) for r, m in zip(kept, merged) if m is not None]
+            if len(kept) != len(merged):
+                kept = None
         o = {f: _drop(getattr(d, f), out_gone) for f in ("out_batch", "out_lhs_free", "out_rhs_free", "out_units")}
         if side == 0:
             lhs = ref
@@ -183,7 +192,7 @@ def _folded(
             rhs = ref
             a = {f: _drop(getattr(d, f), gone) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
         d = replace(d, **a, **o)
-    return d, lhs, rhs, out, epi
+    return d, lhs, rhs, out, None if kept is None else tuple(kept)
 
 
 def _drop(dims: tuple[int, ...], gone: int) -> tuple[int, ...]:
@@ -269,25 +278,54 @@ def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     lhs, rhs = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.operands[1])
     dims = dot_dims(instr, lhs.shape.rank, rhs.shape.rank)
     user = ctx.epilogues.get((comp.name, instr.name))
-    epilogue = None
-    if user is not None:
-        consts, steps = epilogue_chain(ctx.module[comp[user].attr("calls")])
-        epilogue = Epilogue(user, ctx.home(comp.name, user), consts, steps)
-    emit_product(ctx, instr, dims, lhs, rhs, ctx.home(comp.name, instr.name), epilogue)
-    if user is not None:
+    epilogue = _epilogue(ctx, comp, instr.name, user) if user is not None else None
+    if emit_product(ctx, instr, dims, lhs, rhs, ctx.home(comp.name, instr.name), epilogue) and user is not None:
         ctx.epilogued.add((comp.name, user))
 
 
 @dataclass(frozen=True)
 class Epilogue:
     """An elementwise kernel applied to every result block (see epilogue.py): its HLO instruction (the code is
-    stamped with its name, so reports count its work as its own), where its result lives, and the
-    ``vpu.fused`` sources after the block and steps that compute it."""
+    stamped with its name, so reports count its work as its own), where its result lives, the ``vpu.fused``
+    sources and steps that compute it, and its side operands seen at the result's rank (in the order of
+    the chain's :class:`~tpusim.compiler.lowering.epilogue.Side` sources)."""
 
     name: str
     home: MemRef
-    consts: tuple[Operand, ...]
-    steps: tuple[FusedOp, ...]
+    chain: Chain
+    sides: tuple[MemRef, ...]
+
+
+def _epilogue(ctx: Lowering, comp: Computation, dot: str, user: str) -> Epilogue | None:
+    """The epilogue fusion ``user`` as the dot's rule applies it; None when a side operand has no view at
+    the result's rank, or when the fusion's result shares bytes with what the dot still reads (buffer
+    assignment may give it the home of an operand that dies at the dot, which the epilogue's stores would
+    overwrite before the dot has read it; a residual updated in place is fine: each block's window of it
+    is loaded before the block is stored). The fusion then runs as its own kernel."""
+    fusion = comp[user]
+    chain = epilogue_chain(ctx.module[fusion.attr("calls")], fusion.operands.index(dot))
+    home = ctx.home(comp.name, user)
+    read = [ctx.home(comp.name, o) for o in comp[dot].operands]
+    sides = []
+    for s in chain.sources:
+        if isinstance(s, Side):
+            ref = ctx.home(comp.name, fusion.operands[s.parameter])
+            if ref.shape != home.shape or ref.address != home.address:
+                read.append(ref)
+            try:
+                sides.append(view_ref(ref, s.order))
+            except (NotLowerable, ValueError):
+                return None
+    if any(_overlap(home, r) for r in read):
+        return None
+    return Epilogue(user, home, chain, tuple(sides))
+
+
+def _overlap(a: MemRef, b: MemRef) -> bool:
+    """Two whole arrays share a byte."""
+    return (
+        a.space == b.space and a.address < b.address + b.shape.byte_size and b.address < a.address + a.shape.byte_size
+    )
 
 
 def emit_product(
@@ -298,9 +336,10 @@ def emit_product(
     rhs_ref: MemRef,
     out_ref: MemRef,
     epilogue: Epilogue | None = None,
-) -> None:
+) -> bool:
     """Emit the matrix product ``instr`` (a dot, or a convolution that is one) of ``lhs_ref`` and ``rhs_ref``
-    into ``out_ref``, its dimensions playing the roles ``dims``.
+    into ``out_ref``, its dimensions playing the roles ``dims``, and ``epilogue`` on its result blocks when
+    the blocking allows (whether it did: otherwise the epilogue's fusion runs as its own kernel).
 
     Raises:
         NotLowerable: operand or result types the MXU does not multiply, or blocks that do not fit VMEM.
@@ -321,11 +360,14 @@ def emit_product(
     dims, swap = oriented(dims, lhs_ref.shape, rhs_ref.shape, out_ref.shape)
     if swap:
         lhs_ref, rhs_ref = rhs_ref, lhs_ref
-    epi = epilogue.home if epilogue is not None else None
-    dims, lhs_ref, rhs_ref, out_ref, epi = _folded(dims, lhs_ref, rhs_ref, out_ref, epi)
-    views = _core_share(ctx, _views(dims, lhs_ref, rhs_ref, out_ref, epi))
+    riders = (epilogue.home, *epilogue.sides) if epilogue is not None else ()
+    dims, lhs_ref, rhs_ref, out_ref, folded = _folded(dims, lhs_ref, rhs_ref, out_ref, riders)
+    if folded is None:
+        epilogue, folded = None, ()
+    views = _core_share(ctx, _views(dims, lhs_ref, rhs_ref, out_ref, folded))
     if views is not None:
         _DotEmitter(ctx, views, precision, epilogue).run()
+    return epilogue is not None
 
 
 def _core_share(ctx: Lowering, v: _Views) -> _Views | None:
@@ -390,8 +432,12 @@ class _DotEmitter:
             shapes["convert"] = Shape(out.element_type, c_dims, layout=c_layout)
         if not c_natural:
             shapes["store"] = Shape(out.element_type, c_dims, layout=out.layout)
-        if self.epilogue is not None and self.v.epi is not None:
-            shapes["epilogue"] = Shape(self.v.epi.element_type, c_dims, layout=self.v.epi.shape.layout)
+        if self.epilogue is not None:
+            epi, *sides = self.v.riders
+            shapes["epilogue"] = Shape(epi.element_type, c_dims, layout=epi.shape.layout)
+            for k, side in enumerate(sides):  # the block's window of it (size 1 where it is broadcast), as stored
+                dims = tuple(1 if n == 1 else c for n, c in zip(side.dims, c_dims))
+                shapes[f"side{k}"] = Shape(side.element_type, dims, layout=side.shape.layout)
         return shapes
 
     def _footprint(self, tm: int, tn: int, tk: int) -> tuple[int, int, int, int, int]:
@@ -401,6 +447,7 @@ class _DotEmitter:
         a_stage = 0 if self.a_stream else 2 * size["a_raw"]
         b_stage = 0 if self.b_mode else 2 * size["b_raw"]
         c = 2 * size["pop"] + size.get("convert", 0) + size.get("store", 0) + 2 * size.get("epilogue", 0)
+        c += 2 * sum(n for k, n in size.items() if k.startswith("side"))
         return size["a"], size["b"], a_stage, b_stage, c
 
     # ---------------------------------------------------------------- planning
@@ -425,6 +472,7 @@ class _DotEmitter:
             block_bytes=self._footprint,
             rows_major=v.out.shape.effective_layout.minor_to_major.index(v.out.shape.rank - 2)
             > v.out.shape.effective_layout.minor_to_major.index(v.out.shape.rank - 1),
+            side_bytes=sum(s.shape.byte_size / v.out.shape.element_count for s in v.riders[1:]),
         )
         plans = plan_dot(problem, cfg, self.ctx.vmem_free_bytes())
         if not plans:
@@ -446,6 +494,9 @@ class _DotEmitter:
         convert = ctx.vmem(shapes["convert"]) if "convert" in shapes else None
         store = ctx.vmem(shapes["store"]) if "store" in shapes else None
         finish = [ctx.vmem(shapes["epilogue"]) for _ in range(2)] if self.epilogue is not None else []
+        sides = v.riders[1:]
+        side_slots = [[ctx.vmem(shapes[f"side{k}"]) for _ in range(2)] for k in range(len(sides))]
+        sem_side = [ctx.semaphore(), ctx.semaphore()] if sides else []
         # One semaphore counts every operand load: a wait may be satisfied by a later step's load, but the
         # scoreboard still holds back any instruction reading a window whose DMA is in flight.
         sem_in, sem_out = ctx.semaphore(), [ctx.semaphore(), ctx.semaphore()]
@@ -502,6 +553,10 @@ class _DotEmitter:
             for src, dst in relayouts[i]:
                 ctx.emit(VpuCopy, dst=dst, src=src)
             block = blocks[st.block]
+            if st.first and sides:  # the epilogue's windows of its side operands: the next block's while this
+                # one accumulates (its slots held the block before this one, whose epilogue has been issued)
+                for j in range(0 if st.block == 0 else st.block + 1, min(st.block + 2, len(blocks))):
+                    self._load_sides(blocks[j], [slots[j % 2] for slots in side_slots], sem_side[j % 2])
             self._multiply(st, block, a_cache.slots[where[i][0]], b_cache.slots[where[i][1]], plan, acc_half, half)
             if not st.last:
                 continue
@@ -520,18 +575,44 @@ class _DotEmitter:
                 ctx.emit(VpuCopy, dst=out_block, src=src)
                 src = out_block
             target = v.out
-            if self.epilogue is not None and v.epi is not None:  # the user's kernel, in registers, on the way out
+            if self.epilogue is not None:  # the user's kernel, in registers, on the way out
                 done = _resized(finish[slot], src.dims)
                 own, ctx.hlo = ctx.hlo, self.epilogue.name
-                ctx.emit(VpuFused, dst=done, srcs=(src, *self.epilogue.consts), ops=self.epilogue.steps)
+                windows = iter(self._side_windows(block, [slots[slot] for slots in side_slots]))
+                if sides:
+                    ctx.emit(SemWait, sem=sem_side[slot], count=len(sides))
+                chain = self.epilogue.chain
+                srcs = tuple(next(windows) if isinstance(s, Side) else s for s in chain.sources)
+                ctx.emit(VpuFused, dst=done, srcs=(src, *srcs), ops=chain.steps)
                 ctx.hlo = own
-                src, target = done, v.epi
+                src, target = done, v.riders[0]
             dst = _window(target, block.lead, (block.m0, block.n0), (block.ms, block.ns))
             ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[slot])
             pending_out[slot] += 1
         for slot in (0, 1):
             if pending_out[slot]:
                 ctx.emit(SemWait, sem=sem_out[slot], count=pending_out[slot])
+
+    def _side_windows(self, block: _Block, slots: list[MemRef]) -> list[MemRef]:
+        """The VMEM blocks that hold ``block``'s windows of the epilogue's side operands."""
+        dims = (*(1,) * len(block.lead), block.ms, block.ns)
+        return [
+            _resized(slot, tuple(1 if n == 1 else c for n, c in zip(side.dims, dims)))
+            for side, slot in zip(self.v.riders[1:], slots)
+        ]
+
+    def _load_sides(self, block: _Block, slots: list[MemRef], sem: int) -> None:
+        """DMAs of ``block``'s windows of the epilogue's side operands into ``slots`` (code of the epilogue's
+        fusion)."""
+        ctx = self.ctx
+        assert self.epilogue is not None
+        own, ctx.hlo = ctx.hlo, self.epilogue.name
+        offsets = (*block.lead, block.m0, block.n0)
+        for side, dst in zip(self.v.riders[1:], self._side_windows(block, slots)):
+            at = tuple(0 if n == 1 else o for n, o in zip(side.dims, offsets))
+            src = side if dst.dims == side.dims else MemRef(side.space, side.address, side.shape, Window(at, dst.dims))
+            ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
+        ctx.hlo = own
 
     def _steps(self, plan: DotPlan) -> tuple[list[_Block], list[_Step]]:
         v = self.v

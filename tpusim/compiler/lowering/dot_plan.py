@@ -76,6 +76,8 @@ class Problem:
         block_bytes: callable giving the VMEM bytes of the blocks for ``(tm, tn, tk)``:
             ``(A window, B window, A staging, B staging, result blocks)``.
         rows_major: the result's M dimension is physically major to N (row-major results).
+        side_bytes: HBM bytes per result element an epilogue's side operands add (a residual of the
+            result's shape: its element size; a bias along the rows: almost nothing).
     """
 
     m: int
@@ -91,6 +93,7 @@ class Problem:
     speedup: int
     block_bytes: object
     rows_major: bool = True
+    side_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
             lag = ceil(config.core.instruction_queue_depth / (2 * ceil(min(tk, p.k) / cfg.rows))) + 1
             a_all = p.m * p.k * p.a_bytes * p.contracts
             b_all = p.k * p.n * p.b_bytes * p.contracts
-            c_all = p.m * p.n * p.c_bytes
+            c_all = p.m * p.n * (p.c_bytes + p.side_bytes)
             for order in ("mn", "nm"):
                 # (slots, loads of the operand over one product) for each residency choice
                 if order == "mn":
@@ -198,7 +201,7 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
                         need = a_slots * a_win + b_slots * b_win + stages + c_blocks
                         if need > vmem_bytes:
                             continue
-                        hbm = p.products * (a_all * a_loads + b_all * b_loads) + p.products * c_all
+                        hbm = round(p.products * (a_all * a_loads + b_all * b_loads) + p.products * c_all)
                         # fill: the first step's operands arrive before any MXU work; drain: the last
                         # block's pop and store
                         store = c_blocks / 2 / bpc + config.cycles(config.hbm.latency_ns)
