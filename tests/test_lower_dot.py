@@ -294,6 +294,6 @@ ENTRY main {
     want = np.asarray(evaluate(m, inputs)[0], np.float32)
     run = tpusim.simulate(m, inputs, config="tpu_v5e")
     fused = [i for i in run.compiled.program.streams[0].instructions if i.hlo == "o"]
-    assert any(type(i).__name__ == "VpuFused" for i in fused) and any(isinstance(i, DmaStart) for i in fused)
+    assert any(type(i).__name__ == "VpuFused" for i in fused)  # (the first product's result read where it is)
     got = np.asarray(run.outputs[0], np.float32)
     np.testing.assert_allclose(got, want, rtol=0, atol=2**-6 * np.abs(want).max())

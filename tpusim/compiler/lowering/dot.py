@@ -46,6 +46,7 @@ from tpusim.isa import (
     MxuMatmul,
     MxuPop,
     SemWait,
+    Space,
     VpuCopy,
     VpuFused,
     VpuMap,
@@ -57,6 +58,10 @@ from tpusim.memory.reinterpret import merged_shape
 __all__ = ["emit_product", "lower_dot", "matmul_precision"]
 
 _MXU_INPUTS = {"bf16": "bf16", "f32": "f32", "s8": "int8", "u8": "int8"}
+WHOLE_SIDE_BYTES = 1 << 20
+"""An epilogue's side operand in HBM of at most this many bytes (a bias) is loaded into VMEM whole before the
+first block; a bigger one (a residual) streams each block's window, one block ahead. One resident in VMEM is
+read where it is."""
 _PASSES = {"default": "bf16", "high": "bf16_3x", "highest": "bf16_6x"}
 
 
@@ -364,10 +369,38 @@ def emit_product(
     dims, lhs_ref, rhs_ref, out_ref, folded = _folded(dims, lhs_ref, rhs_ref, out_ref, riders)
     if folded is None:
         epilogue, folded = None, ()
-    views = _core_share(ctx, _views(dims, lhs_ref, rhs_ref, out_ref, folded))
+    whole = _views(dims, lhs_ref, rhs_ref, out_ref, folded)
+    if epilogue is not None and not _pays(ctx, whole, precision, epilogue):
+        epilogue, whole = None, replace(whole, riders=())
+    views = _core_share(ctx, whole)
     if views is not None:
         _DotEmitter(ctx, views, precision, epilogue).run()
     return epilogue is not None
+
+
+def _pays(ctx: Lowering, v: _Views, precision: str, epilogue: Epilogue) -> bool:
+    """Whether the product with ``epilogue`` on its blocks is planned to take less time than without it plus
+    the epilogue as a kernel of its own (reading the product and the side operands, writing its result:
+    at HBM bandwidth, or VMEM's load and store rates for arrays resident there): its buffers and side
+    windows take VMEM, and smaller blocks can cost more than the pass they save. Decided on the whole
+    product, so that every TensorCore of a megacore chip decides alike."""
+    try:
+        fused = _DotEmitter(ctx, v, precision, epilogue).plan().cycles
+    except NotLowerable:
+        return False
+    plain = _DotEmitter(ctx, replace(v, riders=()), precision).plan().cycles
+    cfg = ctx.config
+
+    def moved(ref: MemRef, vregs_per_cycle: int) -> float:  # cycles to read or write ``ref`` once
+        if ref.space == Space.HBM:
+            return ref.shape.byte_size / cfg.hbm_bytes_per_cycle
+        return ref.shape.byte_size / (vregs_per_cycle * ctx.vreg_bytes)
+
+    reads = moved(v.out, cfg.vmem.load_vregs_per_cycle) + sum(
+        moved(r, cfg.vmem.load_vregs_per_cycle) for r in v.riders[1:]
+    )
+    alone = max(reads, moved(v.riders[0], cfg.vmem.store_vregs_per_cycle))
+    return fused <= plain + alone
 
 
 def _core_share(ctx: Lowering, v: _Views) -> _Views | None:
@@ -411,6 +444,11 @@ class _DotEmitter:
         et = out.element_type.name
         integer = lhs.element_type.name in ("s8", "u8")
         self.pop_type = et if et in ("f32", "bf16", "s32") else ("s32" if integer else "f32")
+        # how each side operand of an epilogue reaches its blocks: "vmem" (read in place), "whole", "streamed"
+        self.side_kind = tuple(
+            "vmem" if side.space == Space.VMEM else "whole" if side.shape.byte_size <= WHOLE_SIDE_BYTES else "streamed"
+            for side in views.riders[1:]
+        )
 
     # ---------------------------------------------------------------- shapes of the VMEM blocks
     def _natural(self, like: Shape, dims: tuple[int, ...]) -> Shape:
@@ -434,10 +472,17 @@ class _DotEmitter:
             shapes["store"] = Shape(out.element_type, c_dims, layout=out.layout)
         if self.epilogue is not None:
             epi, *sides = self.v.riders
-            shapes["epilogue"] = Shape(epi.element_type, c_dims, layout=epi.shape.layout)
-            for k, side in enumerate(sides):  # the block's window of it (size 1 where it is broadcast), as stored
-                dims = tuple(1 if n == 1 else c for n, c in zip(side.dims, c_dims))
-                shapes[f"side{k}"] = Shape(side.element_type, dims, layout=side.shape.layout)
+            last = shapes.get("store") or shapes.get("convert") or shapes["pop"]
+            a, b = last.effective_layout, epi.shape.effective_layout
+            if last.element_type != epi.element_type or (a.minor_to_major, a.tiles) != (b.minor_to_major, b.tiles):
+                shapes["epilogue"] = Shape(epi.element_type, c_dims, layout=epi.shape.layout)
+            # (else the epilogue overwrites the block it reads: no buffers of its own)
+            for k, side in enumerate(sides):  # whole, or the block's window (size 1 where broadcast), as stored
+                if self.side_kind[k] == "whole":
+                    shapes[f"side{k}"] = Shape(side.element_type, side.dims, layout=side.shape.layout)
+                elif self.side_kind[k] == "streamed":
+                    dims = tuple(1 if n == 1 else c for n, c in zip(side.dims, c_dims))
+                    shapes[f"side{k}"] = Shape(side.element_type, dims, layout=side.shape.layout)
         return shapes
 
     def _footprint(self, tm: int, tn: int, tk: int) -> tuple[int, int, int, int, int]:
@@ -447,7 +492,7 @@ class _DotEmitter:
         a_stage = 0 if self.a_stream else 2 * size["a_raw"]
         b_stage = 0 if self.b_mode else 2 * size["b_raw"]
         c = 2 * size["pop"] + size.get("convert", 0) + size.get("store", 0) + 2 * size.get("epilogue", 0)
-        c += 2 * sum(n for k, n in size.items() if k.startswith("side"))
+        c += sum(size.get(f"side{k}", 0) * (2 if kind == "streamed" else 1) for k, kind in enumerate(self.side_kind))
         return size["a"], size["b"], a_stage, b_stage, c
 
     # ---------------------------------------------------------------- planning
@@ -493,10 +538,16 @@ class _DotEmitter:
         pops = [ctx.vmem(shapes["pop"]) for _ in range(2)]
         convert = ctx.vmem(shapes["convert"]) if "convert" in shapes else None
         store = ctx.vmem(shapes["store"]) if "store" in shapes else None
-        finish = [ctx.vmem(shapes["epilogue"]) for _ in range(2)] if self.epilogue is not None else []
-        sides = v.riders[1:]
-        side_slots = [[ctx.vmem(shapes[f"side{k}"]) for _ in range(2)] for k in range(len(sides))]
-        sem_side = [ctx.semaphore(), ctx.semaphore()] if sides else []
+        finish = [ctx.vmem(shapes["epilogue"]) for _ in range(2)] if "epilogue" in shapes else []
+        # The epilogue's side operands: those in VMEM where they are, small ones whole (loaded now), the others
+        # a block's window in one of two slots each.
+        side_slots = [
+            [side] if kind == "vmem" else [ctx.vmem(shapes[f"side{k}"]) for _ in range(1 if kind == "whole" else 2)]
+            for k, (side, kind) in enumerate(zip(v.riders[1:], self.side_kind))
+        ]
+        streamed = self.side_kind.count("streamed")
+        sem_side = [ctx.semaphore(), ctx.semaphore()] if streamed else []
+        whole_pending = self._load_whole(side_slots)
         # One semaphore counts every operand load: a wait may be satisfied by a later step's load, but the
         # scoreboard still holds back any instruction reading a window whose DMA is in flight.
         sem_in, sem_out = ctx.semaphore(), [ctx.semaphore(), ctx.semaphore()]
@@ -553,10 +604,10 @@ class _DotEmitter:
             for src, dst in relayouts[i]:
                 ctx.emit(VpuCopy, dst=dst, src=src)
             block = blocks[st.block]
-            if st.first and sides:  # the epilogue's windows of its side operands: the next block's while this
-                # one accumulates (its slots held the block before this one, whose epilogue has been issued)
+            if st.first and streamed:  # the streamed side windows: the next block's while this one accumulates
+                # (its slots held the block before this one, whose epilogue has been issued)
                 for j in range(0 if st.block == 0 else st.block + 1, min(st.block + 2, len(blocks))):
-                    self._load_sides(blocks[j], [slots[j % 2] for slots in side_slots], sem_side[j % 2])
+                    self._load_sides(blocks[j], side_slots, j % 2, sem_side[j % 2])
             self._multiply(st, block, a_cache.slots[where[i][0]], b_cache.slots[where[i][1]], plan, acc_half, half)
             if not st.last:
                 continue
@@ -576,11 +627,14 @@ class _DotEmitter:
                 src = out_block
             target = v.out
             if self.epilogue is not None:  # the user's kernel, in registers, on the way out
-                done = _resized(finish[slot], src.dims)
+                done = _resized(finish[slot], src.dims) if finish else src
                 own, ctx.hlo = ctx.hlo, self.epilogue.name
-                windows = iter(self._side_windows(block, [slots[slot] for slots in side_slots]))
-                if sides:
-                    ctx.emit(SemWait, sem=sem_side[slot], count=len(sides))
+                windows = iter(self._side_windows(block, side_slots, slot))
+                if whole_pending:
+                    ctx.emit(SemWait, sem=whole_pending[0], count=whole_pending[1])
+                    whole_pending = None
+                if streamed:
+                    ctx.emit(SemWait, sem=sem_side[slot], count=streamed)
                 chain = self.epilogue.chain
                 srcs = tuple(next(windows) if isinstance(s, Side) else s for s in chain.sources)
                 ctx.emit(VpuFused, dst=done, srcs=(src, *srcs), ops=chain.steps)
@@ -593,22 +647,47 @@ class _DotEmitter:
             if pending_out[slot]:
                 ctx.emit(SemWait, sem=sem_out[slot], count=pending_out[slot])
 
-    def _side_windows(self, block: _Block, slots: list[MemRef]) -> list[MemRef]:
-        """The VMEM blocks that hold ``block``'s windows of the epilogue's side operands."""
+    def _side_windows(self, block: _Block, slots: list[list[MemRef]], parity: int) -> list[MemRef]:
+        """Where ``block``'s windows of the epilogue's side operands are in VMEM: in the slots of the
+        streamed ones (of ``parity``), windows of the whole ones and of those resident in VMEM."""
         dims = (*(1,) * len(block.lead), block.ms, block.ns)
-        return [
-            _resized(slot, tuple(1 if n == 1 else c for n, c in zip(side.dims, dims)))
-            for side, slot in zip(self.v.riders[1:], slots)
-        ]
+        offsets = (*block.lead, block.m0, block.n0)
+        found = []
+        for side, kind, held in zip(self.v.riders[1:], self.side_kind, slots):
+            want = tuple(1 if n == 1 else c for n, c in zip(side.dims, dims))
+            if kind == "streamed":
+                found.append(_resized(held[parity], want))
+                continue
+            at = tuple(0 if n == 1 else o for n, o in zip(side.dims, offsets))
+            slot = held[0]
+            found.append(slot if want == slot.dims else MemRef(slot.space, slot.address, slot.shape, Window(at, want)))
+        return found
 
-    def _load_sides(self, block: _Block, slots: list[MemRef], sem: int) -> None:
-        """DMAs of ``block``'s windows of the epilogue's side operands into ``slots`` (code of the epilogue's
-        fusion)."""
+    def _load_whole(self, slots: list[list[MemRef]]) -> tuple[int, int] | None:
+        """DMAs of the whole side operands into their slots (code of the epilogue's fusion): the semaphore
+        and count to wait for before the first epilogue, or None."""
+        ctx = self.ctx
+        whole = [(side, held[0]) for side, k, held in zip(self.v.riders[1:], self.side_kind, slots) if k == "whole"]
+        if not whole:
+            return None
+        assert self.epilogue is not None
+        sem = ctx.semaphore()
+        own, ctx.hlo = ctx.hlo, self.epilogue.name
+        for side, slot in whole:
+            ctx.emit(DmaStart, src=side, dst=slot, sem=sem)
+        ctx.hlo = own
+        return sem, len(whole)
+
+    def _load_sides(self, block: _Block, slots: list[list[MemRef]], parity: int, sem: int) -> None:
+        """DMAs of ``block``'s windows of the streamed side operands into their slots of ``parity`` (code of the
+        epilogue's fusion)."""
         ctx = self.ctx
         assert self.epilogue is not None
         own, ctx.hlo = ctx.hlo, self.epilogue.name
         offsets = (*block.lead, block.m0, block.n0)
-        for side, dst in zip(self.v.riders[1:], self._side_windows(block, slots)):
+        for side, kind, dst in zip(self.v.riders[1:], self.side_kind, self._side_windows(block, slots, parity)):
+            if kind != "streamed":
+                continue
             at = tuple(0 if n == 1 else o for n, o in zip(side.dims, offsets))
             src = side if dst.dims == side.dims else MemRef(side.space, side.address, side.shape, Window(at, dst.dims))
             ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
