@@ -154,3 +154,19 @@ def test_annotations_are_not_fallback_kernels() -> None:
     key = tpusim.simulate_jax(lambda k: jax.random.bits(k, (8,)), jax.random.key(0), config="teaching")
     assert "Sharding" in print_module(key.compiled.source)
     assert not key.fallbacks, key.fallbacks
+
+
+def _traced_step(x: Any, w: Any) -> Any:
+    h = jnp.tanh(x @ w)  # the line the summary must name
+    return h.sum()
+
+
+def test_reports_name_the_user_source_line() -> None:
+    """simulate_jax lowers with JAX's debug info, so the module carries each op's stack frame and the terminal
+    summary names the user's file and line beside each hot HLO instruction, not only ``dot_general.1``."""
+    from tpusim.report.summary import format_summary
+
+    result = tpusim.simulate_jax(_traced_step, jnp.ones((128, 256), jnp.float32), jnp.ones((256, 128), jnp.float32))
+    line = _traced_step.__code__.co_firstlineno + 1
+    text = format_summary(result, 0.0, None)
+    assert f"test_simulate_jax_api.py:{line}" in text, text

@@ -37,4 +37,4 @@ def __getattr__(name: str):  # type: ignore[no-untyped-def]
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted(__all__)

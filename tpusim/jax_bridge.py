@@ -109,6 +109,15 @@ def _parameter_count(hlo: str) -> int:
     return len(parse_module(hlo).entry_computation.parameters)
 
 
+def _hlo_text(lowered: Any) -> str:
+    """The lowered module as HLO text with its source locations (``metadata`` naming each op's JAX primitive and
+    a stack frame of the user's code), so that reports name ``model.py:42`` rather than ``dot_general.14``."""
+    try:
+        return str(lowered.as_text(dialect="hlo", debug_info=True))
+    except TypeError:  # a JAX without the keyword
+        return str(lowered.as_text(dialect="hlo"))
+
+
 def lower_for_tpu(fn: Callable[..., Any], args: Sequence[Any]) -> JaxProgram:
     """Lower ``fn(*args)`` as ``jax.jit(fn)`` would for a TPU and map ``args`` onto the module's parameters.
 
@@ -121,7 +130,7 @@ def lower_for_tpu(fn: Callable[..., Any], args: Sequence[Any]) -> JaxProgram:
     args = tuple(args)
     leaves = [_leaf_value(leaf) for leaf in jax.tree.leaves(args)]
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
-    hlo = lowered.as_text(dialect="hlo")
+    hlo = _hlo_text(lowered)
     out_dtypes = tuple(getattr(o, "dtype", None) for o in jax.tree.leaves(lowered.out_info))
     lowering = getattr(lowered, "_lowering", None)
     compile_args = getattr(lowering, "compile_args", None)
@@ -134,5 +143,5 @@ def lower_for_tpu(fn: Callable[..., Any], args: Sequence[Any]) -> JaxProgram:
         values = leaves
         if _parameter_count(hlo) != len(values):
             lowered = jax.jit(fn, keep_unused=True).trace(*args).lower(lowering_platforms=("tpu",))
-            hlo = lowered.as_text(dialect="hlo")
+            hlo = _hlo_text(lowered)
     return JaxProgram(hlo, tuple(values), lowered.out_tree, out_dtypes)

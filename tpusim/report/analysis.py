@@ -288,7 +288,7 @@ def _memory_row(
     }  # fmt: skip
 
 
-def _hlo_index(result: SimulationResult) -> dict[str, tuple[str, str, str | None]]:
+def hlo_index(result: SimulationResult) -> dict[str, tuple[str, str, str | None]]:
     """HLO name -> (computation, opcode, user source location) over the module as lowered. A fusion shares
     its name with its fused root, so the computations that run as code (entry, loop bodies ...) come first."""
     module = result.compiled.module
@@ -309,7 +309,7 @@ def _ops(result: SimulationResult, f: TraceFacts, critical: np.ndarray, total: i
     cfg = result.compiled.config
     peaks = _peaks(cfg)
     tr = f.trace
-    index = _hlo_index(result)
+    index = hlo_index(result)
     groups: dict[str, list[int]] = defaultdict(list)
     for i, h in enumerate(f.hlo):
         groups[h].append(i)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from tpusim.check import OutputCheck
 from tpusim.isa import MxuMatmul
+from tpusim.report.analysis import hlo_index
 from tpusim.report.stats import UnitStats, op_stats, unit_stats
 from tpusim.report.xla_compare import format_xla
 
@@ -54,8 +55,10 @@ def format_summary(
     ]
     lines += _unit_lines(unit_stats(result.trace), cycles)
     lines += ["", "HLO instructions by span (first issue to last completion):"]
+    where = {name: src for name, (_, _, src) in hlo_index(result).items() if src}
     for op in op_stats(result.trace)[:10]:
-        lines.append(f"  {op.hlo:32} {op.span:10,} cycles {op.span / cycles:6.1%}  {op.instructions:5,} instructions")
+        line = f"  {op.hlo:32} {op.span:10,} cycles {op.span / cycles:6.1%}  {op.instructions:5,} instructions"
+        lines.append(f"{line}  {where[op.hlo]}" if op.hlo in where else line)
     lines += format_xla(result)
     if compiled.fallbacks:
         lines += ["", "fallbacks (reference semantics on device bytes, with a declared cost):"]
