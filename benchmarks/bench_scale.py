@@ -1,0 +1,62 @@
+"""Scale (issue 17): a real program's cold run, as a user's first ``tpusim run --timing-only`` pays it.
+
+    python benchmarks/bench_scale.py            # the d1024 decoder block on v5e, bf16 and f32, fresh processes
+
+Each run is ``python -m tpusim run PROGRAM --timing-only`` in a fresh process; the benchmark prints its wall
+and CPU seconds, the phases the run reports (compile, decode, simulation), simulated instructions per CPU
+second end to end, and the process's peak resident memory (``getrusage`` of the child), side by side with the
+figures at filing (issue 17: the bf16 block took 15 s and 3.2 GB; on this tree before the closed-form transfer
+costs and the cached layout comparisons it took 61 CPU s and 5.0 GB). CPU rather than wall time because the
+machines are shared. The exit status is 0: a report, not a test.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = [ROOT / "benchmarks" / "programs" / f"decoder_d1024_{t}.hlo" for t in ("bf16", "f32")]
+
+
+def cold_run(program: Path, config: str = "tpu_v5e") -> dict[str, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "tpusim", "run", str(program), "--config", config, "--timing-only"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    facts = {"wall": wall, "cpu": cpu, "rss_gb": after.ru_maxrss / 2**20}
+    executed = re.search(r"([\d,]+) instructions executed", out)
+    facts["instructions"] = float(executed.group(1).replace(",", "")) if executed else 0.0
+    for phase in ("compiled in", "decode", "simulation"):
+        found = re.search(rf"{phase} ([\d.]+) s", out)
+        facts[phase] = float(found.group(1)) if found else float("nan")
+    return facts
+
+
+def main() -> int:
+    print("| program | instructions | wall (s) | CPU (s) | compile / decode / simulate (s) | instr/CPU s ", end="")
+    print("| peak RSS (GB) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for program in PROGRAMS:
+        f = cold_run(program)
+        phases = f"{f['compiled in']:.1f} / {f['decode']:.1f} / {f['simulation']:.1f}"
+        rate = f["instructions"] / f["cpu"] if f["cpu"] else 0.0
+        print(
+            f"| {program.stem} | {f['instructions']:,.0f} | {f['wall']:.1f} | {f['cpu']:.1f} | {phases} "
+            f"| {rate:,.0f} | {f['rss_gb']:.2f} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
