@@ -173,14 +173,12 @@ def strided_plan(
     per-element arrays, and the work grows with the runs, not the elements (the d1024 decoder block spent 42 of
     its 55 s of simulation sorting the slots of 4,200 block transfers). Falls back to :func:`transfer_plan`
     where the closed form does not apply (no strided form, digit systems that do not nest, too many runs)."""
-    form = _joint_digits(src, src_off, dst, dst_off, sizes)
-    if form is None:
-        return transfer_plan(src, src_off, dst, dst_off, sizes, gap_bytes)
-    s0, d0, radix, s_stride, d_stride = form
     n = int(np.prod(sizes))
     bits = geometry(src).element_bits
-    if n == 0 or bits != geometry(dst).element_bits:
+    form = _joint_digits(src, src_off, dst, dst_off, sizes) if n else None
+    if form is None or bits != geometry(dst).element_bits:  # (an empty window among them)
         return transfer_plan(src, src_off, dst, dst_off, sizes, gap_bytes)
+    s0, d0, radix, s_stride, d_stride = form
     # Digits from the smallest source stride: walking them in that order lists the elements by slot.
     order = sorted(range(len(radix)), key=lambda k: s_stride[k])
     r = [radix[k] for k in order]
