@@ -56,6 +56,8 @@ def test_block_loads_of_the_decoder_take_the_closed_form() -> None:
     act = parse_shape("bf16[8192,1024]{1,0:T(8,128)(2,1)}")
     block = parse_shape("bf16[128,512]{1,0:T(8,128)(2,1)}")
     bias = parse_shape("bf16[1,4096]{1,0:T(1024)(128)(2,1)}")
+    padded = parse_shape("f32[4]{0:T(128)}")
+    same_costs(padded, None, padded, None, (4,), 32)  # a whole array to its twin: the raw buffer, padding too
     for case in (
         (act, (2688, 256), block, None, (128, 512), 512),
         (act, (56, 192), act, (56, 384), (8, 128), 0),

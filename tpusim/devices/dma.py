@@ -173,6 +173,8 @@ def strided_plan(
     per-element arrays, and the work grows with the runs, not the elements (the d1024 decoder block spent 42 of
     its 55 s of simulation sorting the slots of 4,200 block transfers). Falls back to :func:`transfer_plan`
     where the closed form does not apply (no strided form, digit systems that do not nest, too many runs)."""
+    if src_off is None and dst_off is None and src == dst:
+        return transfer_plan(src, src_off, dst, dst_off, sizes, gap_bytes)  # a raw whole-buffer copy
     n = int(np.prod(sizes))
     bits = geometry(src).element_bits
     form = _joint_digits(src, src_off, dst, dst_off, sizes) if n else None
