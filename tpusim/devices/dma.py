@@ -185,12 +185,11 @@ def strided_plan(
     order = sorted(range(len(radix)), key=lambda k: s_stride[k])
     r = [radix[k] for k in order]
     gs, gd = [s_stride[k] for k in order], [d_stride[k] for k in order]
-    span_s = span_d = 0
+    span = 0
     for k in range(len(r)):  # each stride clears everything the smaller digits reach: slots ascend
-        if gs[k] <= span_s:
+        if gs[k] <= span:
             return transfer_plan(src, src_off, dst, dst_off, sizes, gap_bytes)
-        span_s += (r[k] - 1) * gs[k]
-        span_d += (r[k] - 1) * gd[k]
+        span += (r[k] - 1) * gs[k]
     whole = dst_off is None or (not any(dst_off) and sizes == dst.dimensions)
     joint, inner = 1, 1
     reset_s = reset_d = 0
@@ -236,19 +235,19 @@ def _joint_digits(
         return None  # boundaries that do not nest: no common digit system
     radix = [hi // lo for lo, hi in zip(cuts, [*cuts[1:], total])]
 
+    keep = [k for k, x in enumerate(radix) if x > 1]
+
     def strides(radices: tuple[int, ...], gaps: tuple[int, ...]) -> list[int]:
         # the stride of each common digit: that of the side's digit containing it, times the elements below
-        # it within that digit
-        own = list(zip(below(radices), gaps))
+        # it within that digit (digits of radix 1 contain nothing)
+        own = [(c, g) for c, g, x in zip(below(radices), gaps, radices) if x > 1]
         out = []
-        for lo in cuts:
-            base, g = max((c, g) for c, g in own if c <= lo)
-            out.append(g * (lo // base))
+        for k in keep:
+            base, g = max((c, g) for c, g in own if c <= cuts[k])
+            out.append(g * (cuts[k] // base))
         return out
 
-    keep = [k for k, x in enumerate(radix) if x > 1]
-    sa, sb = strides(ra, ga), strides(rb, gb)
-    return s0, d0, [radix[k] for k in keep], [sa[k] for k in keep], [sb[k] for k in keep]
+    return s0, d0, [radix[k] for k in keep], strides(ra, ga), strides(rb, gb)
 
 
 def _strided_runs(
