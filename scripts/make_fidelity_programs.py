@@ -5,7 +5,8 @@
 Writes ``benchmarks/programs/``: the flax GPT decoder block of the issue at d_model 1024, sequence 1024,
 batch 8, 16 heads, in bf16 and in f32 (default precision), as the unoptimised HLO text JAX hands a TPU, and
 ``decoder.json`` with XLA:TPU's own estimate of each (``optimal_seconds``, ConcatBitcast-corrected) for v5e
-and v6e. The matmul programs of the benchmark are written by the benchmark itself (one line of HLO each).
+and v6e; and four bf16 blocks in a row for the scale benchmark (``benchmarks/bench_scale.py``). The matmul
+programs of the benchmark are written by the benchmark itself (one line of HLO each).
 """
 
 from __future__ import annotations
@@ -40,6 +41,39 @@ def decoder(dtype: Any) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
     return fn, [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in flat] + [x]
 
 
+def stacked(dtype: Any, layers: int) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
+    """``layers`` blocks one after another (each with its own parameters), as a function of their flat
+    parameters and the input, and their shapes: the scale benchmark's bigger program (issue 17)."""
+    mods = [Decoder(H, dtype) for _ in range(layers)]
+    x = jax.ShapeDtypeStruct((B, S, D), dtype)
+    trees = []
+    specs: list[jax.ShapeDtypeStruct] = []
+    for mod in mods:
+        params = jax.eval_shape(lambda mod=mod: mod.init(jax.random.key(0), jnp.zeros(x.shape, x.dtype)))
+        flat, tree = jax.tree.flatten(params)
+        trees.append((tree, len(flat)))
+        specs += [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in flat]
+
+    def fn(*args: Any) -> Any:
+        h, at = args[-1], 0
+        for mod, (tree, n) in zip(mods, trees):
+            h = mod.apply(jax.tree.unflatten(tree, args[at : at + n]), h)
+            at += n
+        return h
+
+    return fn, [*specs, x]
+
+
+def write_stacked(layers: int = 4) -> Path:
+    """Write ``decoder_d1024_bf16_{layers}layers.hlo`` (no XLA estimate: the benchmark that runs it measures
+    tpusim's own speed and memory)."""
+    fn, specs = stacked(jnp.bfloat16, layers)
+    lowered = jax.jit(fn, keep_unused=True).trace(*specs).lower(lowering_platforms=("tpu",))
+    path = OUT / f"decoder_d1024_bf16_{layers}layers.hlo"
+    path.write_text(lowered.as_text(dialect="hlo"))
+    return path
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     facts: dict[str, Any] = {"about": f"flax GPT decoder block, d_model {D}, seq {S}, batch {B}, {H} heads"}
@@ -58,6 +92,7 @@ def main() -> int:
             facts[name]["xla"][chip] = xla["optimal_seconds"]
         print(f"{path}: XLA estimates {facts[name]['xla']}")
     (OUT / "decoder.json").write_text(json.dumps(facts, indent=1) + "\n")
+    print(write_stacked())
     return 0
 
 
