@@ -113,7 +113,7 @@ def transfer_plan(
     if s.size == 0:
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         return TransferPlan(0, 0, empty, empty, s, d)
-    whole = dst_off is None or (not any(dst_off) and sizes == dst.dimensions)
+    whole = _fills_destination(dst, dst_off, sizes)
     order = np.argsort(s, kind="stable")
     s_sorted, d_by_s = s[order], d[order]
     ds, dd = np.diff(s_sorted), np.diff(d_by_s)
@@ -172,44 +172,59 @@ def strided_plan(
     windows' strided forms (:func:`~tpusim.devices.memory.window_strides`): a timing-only run needs no
     per-element arrays, and the work grows with the runs, not the elements (the d1024 decoder block spent 42 of
     its 55 s of simulation sorting the slots of 4,200 block transfers). Falls back to :func:`transfer_plan`
-    where the closed form does not apply (no strided form, digit systems that do not nest, too many runs)."""
-    if src_off is None and dst_off is None and src == dst:
-        return transfer_plan(src, src_off, dst, dst_off, sizes, gap_bytes)  # a raw whole-buffer copy
+    where the closed form does not apply (a raw whole-buffer copy, an empty window, no strided form, digit
+    systems that do not nest, too many runs)."""
+    plan = (
+        None
+        if src_off is None and dst_off is None and src == dst
+        else _closed_form(src, src_off, dst, dst_off, sizes, gap_bytes)
+    )
+    return plan if plan is not None else transfer_plan(src, src_off, dst, dst_off, sizes, gap_bytes)
+
+
+def _closed_form(
+    src: Shape,
+    src_off: tuple[int, ...] | None,
+    dst: Shape,
+    dst_off: tuple[int, ...] | None,
+    sizes: tuple[int, ...],
+    gap_bytes: int,
+) -> TransferPlan | None:
+    """The body of :func:`strided_plan`; None where the closed form does not apply."""
     n = int(np.prod(sizes))
     bits = geometry(src).element_bits
     form = _joint_digits(src, src_off, dst, dst_off, sizes) if n else None
-    if form is None or bits != geometry(dst).element_bits:  # (an empty window among them)
-        return transfer_plan(src, src_off, dst, dst_off, sizes, gap_bytes)
+    if form is None or bits != geometry(dst).element_bits:
+        return None
     s0, d0, radix, s_stride, d_stride = form
-    # Digits from the smallest source stride: walking them in that order lists the elements by slot.
+    # Digits from the smallest source stride: when each stride clears everything the smaller digits reach
+    # (_strided_runs checks it), walking them in that order lists the elements by slot.
     order = sorted(range(len(radix)), key=lambda k: s_stride[k])
     r = [radix[k] for k in order]
     gs, gd = [s_stride[k] for k in order], [d_stride[k] for k in order]
-    span = 0
-    for k in range(len(r)):  # each stride clears everything the smaller digits reach: slots ascend
-        if gs[k] <= span:
-            return transfer_plan(src, src_off, dst, dst_off, sizes, gap_bytes)
-        span += (r[k] - 1) * gs[k]
-    whole = dst_off is None or (not any(dst_off) and sizes == dst.dimensions)
+    side_s = _strided_runs(src, s0, r, gs)
+    side_d = _strided_runs(dst, d0, r, gd)
+    if side_s is None or side_d is None:
+        return None
+    stepping = gap_bytes > 0 and _fills_destination(dst, dst_off, sizes)
     joint, inner = 1, 1
     reset_s = reset_d = 0
     for k in range(len(r)):
         # transitions that carry into digit k (resetting the smaller ones): their jumps on both sides
         jump_s, jump_d = gs[k] - reset_s, gd[k] - reset_d
-        count = n // (inner * r[k]) * (r[k] - 1)
-        if whole and gap_bytes > 0:
-            breaks = jump_s != jump_d or (jump_s - 1) * bits > 8 * gap_bytes
-        else:
-            breaks = jump_s != 1 or jump_d != 1
-        joint += count if breaks else 0
+        # (a run steps over a gap that is the same on both sides and at most gap_bytes when stepping)
+        stepped = jump_s == jump_d and (jump_s - 1) * bits <= 8 * gap_bytes
+        if not (stepped if stepping else jump_s == jump_d == 1):
+            joint += n // (inner * r[k]) * (r[k] - 1)
         reset_s += (r[k] - 1) * gs[k]
         reset_d += (r[k] - 1) * gd[k]
         inner *= r[k]
-    side_s = _strided_runs(src, s0, r, gs)
-    side_d = _strided_runs(dst, d0, r, gd)
-    if side_s is None or side_d is None:
-        return transfer_plan(src, src_off, dst, dst_off, sizes, gap_bytes)
     return TransferPlan(ceil(n * bits / 8), joint, side_s, side_d, None, None, None, timing_only=True)
+
+
+def _fills_destination(dst: Shape, dst_off: tuple[int, ...] | None, sizes: tuple[int, ...]) -> bool:
+    """The window is the whole destination array (so a run may step over equal gaps, :func:`transfer_plan`)."""
+    return dst_off is None or (not any(dst_off) and sizes == dst.dimensions)
 
 
 def _joint_digits(
