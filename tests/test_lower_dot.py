@@ -297,3 +297,35 @@ ENTRY main {
     assert any(type(i).__name__ == "VpuFused" for i in fused)  # (the first product's result read where it is)
     got = np.asarray(run.outputs[0], np.float32)
     np.testing.assert_allclose(got, want, rtol=0, atol=2**-6 * np.abs(want).max())
+
+
+def test_an_epilogue_result_never_takes_the_home_of_what_its_product_reads() -> None:
+    """``o = ((-x) @ w + r)^2``, then ``o @ w`` (1024^2 bf16 arrays): the negation dies at the first
+    product, and the epilogue's result has its size. Buffer assignment used to place the epilogue's
+    result (defined after the product) in the negation's bytes, and the pairing had to be refused (the
+    epilogue's stores would overwrite blocks the product had still to read), so the epilogue ran as a
+    kernel of its own (in the d1024 decoder, both residual adds). The epilogue's result is now live from
+    the product on. Outputs equal the reference."""
+    text = """HloModule residual
+ENTRY main {
+  x0 = bf16[1024,1024] parameter(0)
+  w = bf16[1024,1024] parameter(1)
+  r = bf16[1024,1024] parameter(2)
+  x = bf16[1024,1024] negate(x0)
+  y = bf16[1024,1024] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  h = bf16[1024,1024] add(y, r)
+  o = bf16[1024,1024] multiply(h, h)
+  ROOT z = bf16[1024,1024] dot(o, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}"""
+    m = parse_module(text)
+    inputs = random_inputs(m, 11)[0]
+    run = tpusim.simulate(m, inputs, config="tpu_v5e")
+    compiled = run.compiled
+    entry = compiled.module.entry_computation
+    x, o = (compiled.buffers.value_buffers(entry.name, v, entry[v].shape) for v in "xo")
+    assert not {(b.space, b.offset) for b in x} & {(b.space, b.offset) for b in o}
+    ops = Counter(type(i).__name__ for i in compiled.program.streams[0].instructions if i.hlo == "o")
+    assert ops["VpuFused"] >= 1 and set(ops) <= {"VpuFused", "DmaStart", "SemWait"}, ops
+    got = np.asarray(run.outputs[0], np.float32)
+    want = np.asarray(evaluate(m, inputs)[0], np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2**-5 * np.abs(want).max())

@@ -27,6 +27,7 @@ naming the buffer, the memory and the sizes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tpusim.compiler.errors import CompileError
@@ -191,9 +192,16 @@ class _Class:
 
 class _Planner:
     def __init__(
-        self, module: Module, hbm_capacity: int, smem_capacity: int, vmem_budget: int, vmem_alignment: int
+        self,
+        module: Module,
+        hbm_capacity: int,
+        smem_capacity: int,
+        vmem_budget: int,
+        vmem_alignment: int,
+        live_from: Mapping[tuple[str, str], str],
     ) -> None:
         self.module = module
+        self.live_from = live_from
         self.vmem_alignment = vmem_alignment
         self.capacity = hbm_capacity
         self.smem_capacity = smem_capacity
@@ -598,7 +606,7 @@ class _Planner:
             if cls.owner != comp_name or cls.buffer is not None or cls.space != space:
                 continue
             local = [k for k in cls.members if k[0] == comp_name]
-            start = min(self.position[(k[0], k[1])] for k in local)
+            start = min(self.position[(k[0], self.live_from.get((k[0], k[1]), k[1]))] for k in local)
             end = max(max(self.last_use.get((k[0], k[1]), 0), self.position[(k[0], k[1])]) for k in local)
             if cls.kind == "output":
                 end = len(comp.instructions)
@@ -646,26 +654,37 @@ def assign_buffers(
     smem_capacity_bytes: int = 0,
     vmem_budget_bytes: int = 0,
     vmem_alignment: int = 4096,
+    live_from: Mapping[tuple[str, str], str] | None = None,
 ) -> BufferAssignment:
     """Assign buffers to a layout-assigned module (every array shape must carry its final layout): HBM for
     arrays (aligned to :data:`ALIGNMENT`), VMEM for the arrays whose layout says ``S(1)`` as long as they fit
     ``vmem_budget_bytes`` (the largest move to HBM until they do; aligned to ``vmem_alignment``, one vector
-    register), SMEM (up to half of ``smem_capacity_bytes``) for integer scalars the program computes."""
-    planner = _Planner(module, hbm_capacity_bytes, smem_capacity_bytes, vmem_budget_bytes, vmem_alignment)
+    register), SMEM (up to half of ``smem_capacity_bytes``) for integer scalars the program computes.
+
+    ``live_from`` maps ``(computation, value)`` to an earlier instruction of that computation from whose
+    position the value's buffer is live: an epilogue fusion, whose code runs inside its matrix product's, so
+    its result must not share bytes with what the product reads."""
+    planner = _Planner(
+        module, hbm_capacity_bytes, smem_capacity_bytes, vmem_budget_bytes, vmem_alignment, live_from or {}
+    )
     planner.build()
     assignment = planner.allocate()
-    check_disjoint(module, assignment)
+    check_disjoint(module, assignment, live_from)
     return assignment
 
 
-def check_disjoint(module: Module, assignment: BufferAssignment) -> None:
+def check_disjoint(
+    module: Module, assignment: BufferAssignment, live_from: Mapping[tuple[str, str], str] | None = None
+) -> None:
     """Raise an internal :class:`CompileError` when two buffers that hold values live at the same time share
     bytes: a wrong answer caught at compile time instead of a silent one at run time.
 
     Liveness here is worked out afresh from the module, not from the planner's intervals: in each sequential
     computation a leaf is live from the instruction that defines it to the last one that names it (the
     root's leaves to the end), and everything live where a computation is run (its ``while``, ``call`` or
-    ``conditional`` in the caller, the loop state included) is live throughout it."""
+    ``conditional`` in the caller, the loop state included) is live throughout it; a value of ``live_from``
+    from its instruction's position (see :func:`assign_buffers`)."""
+    live_from = live_from or {}
     callers: dict[str, list[tuple[str, int]]] = {}
     for name in sequential_computations(module):
         for i, instr in enumerate(module[name].instructions):
@@ -679,14 +698,16 @@ def check_disjoint(module: Module, assignment: BufferAssignment) -> None:
         for i, instr in enumerate(comp.instructions):
             for o in instr.operands:
                 last[o] = max(last.get(o, i), i)
+        at = {instr.name: i for i, instr in enumerate(comp.instructions)}
         out: dict[int, tuple[int, int]] = {}
         for i, instr in enumerate(comp.instructions):
+            first = at[live_from.get((name, instr.name), instr.name)]
             for path, _ in leaf_paths(instr.shape):
                 b = assignment.leaves.get((name, instr.name, path))
                 if b is None:
                     continue
-                lo, hi = out.get(b, (i, i))
-                out[b] = (min(lo, i), max(hi, last.get(instr.name, i)))
+                lo, hi = out.get(b, (first, i))
+                out[b] = (min(lo, first), max(hi, last.get(instr.name, i)))
         return out
 
     def live(name: str) -> dict[int, tuple[int, int]]:

@@ -21,6 +21,7 @@ from tpusim.compiler.hlo.printer import print_module
 from tpusim.compiler.layout_assignment import Relayout, assign_layouts
 from tpusim.compiler.lowering import lower_module, megacore_cores
 from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.lowering.epilogue import find_epilogues
 from tpusim.compiler.memory_spaces import keep_on_chip
 from tpusim.compiler.passes import prepare_module
 from tpusim.compiler.precision import normalize_precision
@@ -103,7 +104,9 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     single = megacore_cores(module, config, options) == 1 and not talks_to_other_devices(module)
     resident = int(config.vmem.bytes * options.resident_vmem_fraction) if single else 0
     vreg = config.vpu.sublanes * config.vpu.lanes * 4
-    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes, resident, vreg)  # by liveness; in place
+    # An epilogue fusion's code runs inside its product's: its result is live from the product on.
+    early = {(comp, user): dot for (comp, dot), user in find_epilogues(module).items()}
+    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes, resident, vreg, early)  # by liveness
     lowered = lower_module(module, buffers, config, options, rules)  # tile loops of ISA instructions
     _debug("lowering", lambda: print_program(lowered.program))
     if checking:
