@@ -24,7 +24,7 @@ their local completion signal), so a receiver counting arrivals on one semaphore
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from math import ceil
@@ -40,8 +40,11 @@ __all__ = [
     "Ring",
     "RingWork",
     "all_gather_phase",
+    "all_gather_stages",
+    "interleave",
     "pieces",
     "reduce_scatter_phase",
+    "reduce_scatter_stages",
     "window",
     "zigzag_coordinate",
 ]
@@ -96,18 +99,42 @@ class RingWork:
         facts: the collective's per-chip registers.
         sent: the local semaphore pushes (and final writes) signal; default a fresh one (an async collective
             passes its bank's, which outlives the ``-start`` instruction).
+        share: ``(j, m)``: this work is part ``j`` of ``m`` running at once (:func:`interleave`), and takes
+            the ``j``-th of ``m`` equal slices of the instruction's VMEM arena.
     """
 
-    def __init__(self, facts: Facts, sent: int | None = None) -> None:
+    def __init__(self, facts: Facts, sent: int | None = None, share: tuple[int, int] = (0, 1)) -> None:
         ctx = facts.ctx
         self.facts = facts
+        self.share = share
         self.sent = sent if sent is not None else ctx.semaphore()
         self.load = [ctx.semaphore(), ctx.semaphore()]
         self.tmp = [facts.reg(), facts.reg()]
         self.c = {1: facts.reg(), -1: facts.reg()}
         self.cs = {1: facts.reg(), -1: facts.reg()}
-        self.k = facts.reg()
+        self._k: Reg | None = None
+        self._spare: Reg | None = None
         self._arena: MemRef | None = None
+
+    @property
+    def k(self) -> Reg:
+        """The stage counter of a phase whose middle stages are a loop (taken when first used)."""
+        if self._k is None:
+            self._k = self.facts.reg()
+        return self._k
+
+    @property
+    def spare(self) -> Reg:
+        """A third scratch register: the start of a chunk's later windows (taken when first used)."""
+        if self._spare is None:
+            self._spare = self.facts.reg()
+        return self._spare
+
+    def release(self) -> None:
+        """Give the registers back (the semaphores stay with the instruction)."""
+        for r in (*self.tmp, *self.c.values(), *self.cs.values(), self._k, self._spare):
+            if r is not None:
+                self.facts.ctx.release_register(r)
 
     def arena(self) -> MemRef:
         """The VMEM every reduce-scatter phase of this HLO instruction carves its blocks from (taken once per
@@ -122,6 +149,12 @@ class RingWork:
                 n = ctx.vmem_free_bytes() // vreg * vreg
                 self._arena = ctx.vmem(Shape(element_type("u8"), (max(n, vreg),), layout=Layout((0,))))
                 state.arena = (ctx.scope, self._arena)
+            j, m = self.share
+            if m > 1:
+                vreg = self.facts.ctx.vreg_bytes
+                part = self._arena.shape.byte_size // m // vreg * vreg
+                u8 = Shape(element_type("u8"), (max(part, vreg),), layout=Layout((0,)))
+                self._arena = MemRef(Space.VMEM, self._arena.address + j * part, u8)
         return self._arena
 
 
@@ -138,13 +171,13 @@ def zigzag_coordinate(facts: Facts, q: Reg, out: Reg, length: int) -> Reg:
     return out
 
 
-def _chunk_start(facts: Facts, ring: Ring, c: Reg, cs: Reg, base: Reg | int, size: int) -> None:
-    """``cs = base + chunk(c) * size`` for ring position ``c``."""
+def _chunk_start(facts: Facts, ring: Ring, c: Reg, cs: Reg, base: Reg | int, stride: int) -> None:
+    """``cs = base + chunk(c) * stride`` for ring position ``c``."""
     if ring.zigzag:
         zigzag_coordinate(facts, c, cs, ring.length)
-        facts.alu("mul", cs, cs, size)
+        facts.alu("mul", cs, cs, stride)
     else:
-        facts.alu("mul", cs, c, size)
+        facts.alu("mul", cs, c, stride)
     if base != 0:
         facts.alu("add", cs, cs, base)
 
@@ -239,11 +272,20 @@ def _blocks(vmem_bytes: int, shape: Shape, dim: int, size: int, piece: Piece, se
     return out
 
 
-def _advance(facts: Facts, ring: Ring, c: Reg, cs: Reg, step: int, base: Reg | int, size: int) -> None:
+def _advance(facts: Facts, ring: Ring, c: Reg, cs: Reg, step: int, base: Reg | int, stride: int) -> None:
     """Move ``c`` one position against direction ``step`` and recompute its chunk start ``cs``."""
     facts.alu("add", c, c, (-step) % ring.length)
     facts.alu("rem", c, c, ring.length)
-    _chunk_start(facts, ring, c, cs, base, size)
+    _chunk_start(facts, ring, c, cs, base, stride)
+
+
+def interleave(parts: Sequence[Iterator[None]]) -> None:
+    """Emit several phases at once, stage by stage in turn (each generator yields after a stage), so their
+    transfers are in flight together: the rings of different torus axes run concurrently on their own
+    links."""
+    live = list(parts)
+    while live:
+        live = [g for g in live if next(g, StopIteration) is not StopIteration]
 
 
 def reduce_scatter_phase(
@@ -258,7 +300,27 @@ def reduce_scatter_phase(
     fn: str,
     split: bool = True,
 ) -> None:
-    """One reduce-scatter phase (see the module docstring).
+    """One reduce-scatter phase on its own (see :func:`reduce_scatter_stages`); stages ``1 .. L-2`` are a loop."""
+    for _ in reduce_scatter_stages(work, ring, src, fin, fin_start, dim, base, size, fn, split, unrolled=False):
+        pass
+
+
+def reduce_scatter_stages(
+    work: RingWork,
+    ring: Ring,
+    src: MemRef,
+    fin: MemRef,
+    fin_start: Reg | int,
+    dim: int,
+    base: Reg | int,
+    size: int,
+    fn: str,
+    split: bool = True,
+    unrolled: bool = True,
+) -> Iterator[None]:
+    """One reduce-scatter phase (see the module docstring), yielding after each block's code; ``unrolled``
+    emits every stage as code of its own (phases run at once by :func:`interleave`), else stages
+    ``1 .. L-2`` are one loop.
 
     A stage waits for its arrivals and for its own previous pushes; then, block by block (blocks grow
     geometrically), it loads the received partial sum and its own part into VMEM, adds in place on the
@@ -312,7 +374,7 @@ def reduce_scatter_phase(
             return ref
         return MemRef(Space.VMEM, ref.address, Shape(et, dims, layout=shape.layout))
 
-    sent, load, tmp, c, cs, k = work.sent, work.load, work.tmp, work.c, work.cs, work.k
+    sent, load, tmp, c, cs = work.sent, work.load, work.tmp, work.c, work.cs
     pushes = sum(len(b) for b in blocks.values())
 
     def slot_window(s: int, stage: Reg | int, delta: int, j: int) -> MemRef:
@@ -344,8 +406,9 @@ def reduce_scatter_phase(
                     DmaStart, src=own(s, j), dst=slot_window(s, 0, 0, j), chip=ring.to[s], dst_sem=ring.arrive[s],
                     sem=sent,
                 )  # fmt: skip
+        yield
 
-    def stage(stage_reg: Reg | int, last: bool) -> None:
+    def stage(stage_reg: Reg | int, last: bool) -> Iterator[None]:
         for s in steps:
             ctx.emit(SemWait, sem=ring.arrive[s], count=len(blocks[s]))
         ctx.emit(SemWait, sem=sent, count=pushes)
@@ -379,15 +442,20 @@ def reduce_scatter_phase(
                     )  # fmt: skip
             # the next block loads while this one is pushed (pushes first: DMA engines serve in order)
             pending = loads(j + 1) if j + 1 < count else 0
+            yield  # (block by block: phases run at once share the DMA queue fairly)
 
-    if L > 2:
+    if unrolled:
+        for kk in range(1, L - 1):
+            yield from stage(kk, last=False)
+    elif L > 2:
+        k = work.k
         top = ctx.label("rs_stage")
         facts.alu("mov", k, 1)
         ctx.place_label(top)
-        stage(k, last=False)
+        yield from stage(k, last=False)
         facts.alu("add", k, k, 1)
         ctx.emit(Branch, cond="lt", a=k, b=L - 1, target=top)
-    stage(L - 1, last=True)
+    yield from stage(L - 1, last=True)
     ctx.emit(SemWait, sem=sent, count=pushes)
 
 
@@ -402,7 +470,31 @@ def all_gather_phase(
     split: bool = True,
     stages: tuple[int, int] | None = None,
 ) -> None:
-    """One all-gather phase over ``arr`` (HBM): this chip's chunk is there, the others arrive.
+    """One all-gather phase on its own (see :func:`all_gather_stages`); its middle stages are a loop."""
+    for _ in all_gather_stages(work, ring, arr, dim, base, size, first, split, stages, unrolled=False):
+        pass
+
+
+def all_gather_stages(
+    work: RingWork,
+    ring: Ring,
+    arr: MemRef,
+    dim: int,
+    base: Reg | int,
+    size: int,
+    first: MemRef | None = None,
+    split: bool = True,
+    stages: tuple[int, int] | None = None,
+    unrolled: bool = True,
+    stride: int | None = None,
+    repeat: tuple[int, int] = (1, 0),
+) -> Iterator[None]:
+    """One all-gather phase over ``arr`` (HBM): this chip's chunk is there, the others arrive. Yields after
+    each stage's code; ``unrolled`` emits every stage as code of its own (:func:`interleave`).
+
+    Chunk ``c`` is ``repeat[0]`` windows of ``size`` along ``dim``, at ``base + c * stride + r * repeat[1]``
+    (``stride`` defaults to ``size``): an axis gathered after others whose chunks are not contiguous (a torus
+    whose axes run in another order than the ranks') pushes each window of a chunk.
 
     Args:
         first: where stage 0 reads this chip's chunk (default: its window of ``arr``); a whole array of the
@@ -416,41 +508,58 @@ def all_gather_phase(
     L = ring.length
     parts = pieces(arr.shape.dimensions, dim, size, split)
     steps = [1, -1][: len(parts)]
-    sent, tmp, c, cs, k = work.sent, work.tmp, work.c, work.cs, work.k
+    sent, tmp, c, cs = work.sent, work.tmp, work.c, work.cs
     lo, hi = stages if stages is not None else (0, L)
+    stride = size if stride is None else stride
+    count, step = repeat
+    assert first is None or count == 1, "a chunk read from elsewhere is one window"
     for s in steps:  # the position whose chunk is pushed at stage lo: pos - lo (+ direction), pos + lo (-)
         facts.alu("add", c[s], ring.pos, (-s * lo) % L)
         facts.alu("rem", c[s], c[s], L)
-        _chunk_start(facts, ring, c[s], cs[s], base, size)
+        _chunk_start(facts, ring, c[s], cs[s], base, stride)
 
-    def push(first_stage: bool) -> None:
-        for s, p in zip(steps, parts):
-            dst = window(ctx, arr, dim, cs[s], size, p, None, tmp[0])
-            if first_stage and first is not None:
-                src = window(ctx, first, dim, 0, size, p, None, tmp[1])
-            else:
-                src = window(ctx, arr, dim, cs[s], size, p, None, tmp[1])
-            ctx.emit(DmaStart, src=src, dst=dst, chip=ring.to[s], dst_sem=ring.arrive[s], sem=sent)
+    def push(first_stage: bool) -> Iterator[None]:
+        """A stage's pushes, window by window, both directions in turn (yielding after each window: the DMA
+        queue serves in order, so the windows of phases run at once alternate on their links)."""
+        for r in range(count):
+            for s, p in zip(steps, parts):
+                at = cs[s]
+                if r:
+                    at = facts.alu("add", work.spare, cs[s], r * step)
+                dst = window(ctx, arr, dim, at, size, p, None, tmp[0])
+                if first_stage and first is not None:
+                    src = window(ctx, first, dim, 0, size, p, None, tmp[1])
+                else:
+                    src = window(ctx, arr, dim, at, size, p, None, tmp[1])
+                ctx.emit(DmaStart, src=src, dst=dst, chip=ring.to[s], dst_sem=ring.arrive[s], sem=sent)
+            yield
 
     def wait_previous() -> None:
         for s in steps:
-            ctx.emit(SemWait, sem=ring.arrive[s], count=1)
-        ctx.emit(SemWait, sem=sent, count=len(steps))
+            ctx.emit(SemWait, sem=ring.arrive[s], count=count)
+        ctx.emit(SemWait, sem=sent, count=count * len(steps))
 
     if lo == 0 and hi > 0:
-        push(first_stage=True)
+        yield from push(first_stage=True)
         for s in steps:
-            _advance(facts, ring, c[s], cs[s], s, base, size)
+            _advance(facts, ring, c[s], cs[s], s, base, stride)
         lo = 1
     loop_hi = min(hi, L - 1)
-    if loop_hi > lo:
+    if unrolled:
+        for _ in range(lo, loop_hi):
+            wait_previous()
+            yield from push(first_stage=False)
+            for s in steps:
+                _advance(facts, ring, c[s], cs[s], s, base, stride)
+    elif loop_hi > lo:
+        k = work.k
         top = ctx.label("ag_stage")
         facts.alu("mov", k, lo)
         ctx.place_label(top)
         wait_previous()
-        push(first_stage=False)
+        yield from push(first_stage=False)
         for s in steps:
-            _advance(facts, ring, c[s], cs[s], s, base, size)
+            _advance(facts, ring, c[s], cs[s], s, base, stride)
         facts.alu("add", k, k, 1)
         ctx.emit(Branch, cond="lt", a=k, b=loop_hi, target=top)
     if hi >= L:

@@ -34,8 +34,11 @@ from tpusim.compiler.lowering.collective_ring import (
     Ring,
     RingWork,
     all_gather_phase,
+    all_gather_stages,
+    interleave,
     pieces,
     reduce_scatter_phase,
+    reduce_scatter_stages,
     window,
     zigzag_coordinate,
 )
@@ -169,11 +172,14 @@ def _ring_handshake(facts: Facts, plan: GroupPlan, bank: Bank, directions: list[
         facts.ctx.emit(SemWait, sem=bank.ready, count=receivers)
 
 
-def _bases(facts: Facts, plan: GroupPlan, bank: Bank, sizes: list[int]) -> list[Reg | int]:
-    """``base[i]``: where this chip's chunk of ring ``i`` starts (``base[i-1] + pos_i * sizes[i]``)."""
-    out: list[Reg | int] = [0]
-    for i, size in enumerate(sizes):
-        ring = _make_ring(facts, plan, i, bank)
+def _bases(
+    facts: Facts, plan: GroupPlan, bank: Bank, sizes: list[int], order: list[int] | None = None, start: int = 0
+) -> list[Reg | int]:
+    """``base[r]``: where this chip's chunk of round ``r`` starts (``base[r-1] + pos * sizes[r]`` on the ring
+    of round ``r``: ring ``order[r]``, default ``r``), from ``start``."""
+    out: list[Reg | int] = [start]
+    for r, size in enumerate(sizes):
+        ring = _make_ring(facts, plan, order[r] if order is not None else r, bank)
         b = facts.reg()
         facts.alu("mul", b, ring.coord, size)
         if out[-1] != 0:
@@ -181,6 +187,26 @@ def _bases(facts: Facts, plan: GroupPlan, bank: Bank, sizes: list[int]) -> list[
         _release(facts.ctx, ring.pos, ring.coord, *ring.to.values())
         out.append(b)
     return out
+
+
+PARTS = 2
+"""Parts of the data a collective over several torus axes moves at once (:func:`_axis_orders`). Two keep
+the scalar registers of a 3-D torus's rings and parts within the core's 32; a 3-D torus then keeps two
+of its three axes busy in every round."""
+
+
+def _axis_orders(plan: GroupPlan) -> list[list[int]] | None:
+    """The rings a collective over several torus axes runs at once: part ``j`` of the data takes the group's
+    axes (of two or more chips) in the order rotated by ``j``, so in every round each part is on another
+    axis and the parts' rings carry data together (XLA:TPU's collectives over several axes use every axis's
+    links at once; the scaling book prices a gather over ``n`` axes at ``n`` times one axis's bandwidth).
+    None for one axis or a group that is not a block of the grid."""
+    if plan.axes is None:
+        return None
+    axes = [i for i, a in enumerate(plan.axes) if a.length > 1]
+    if len(axes) < 2:
+        return None
+    return [axes[j:] + axes[:j] for j in range(min(PARTS, len(axes)))]
 
 
 # --------------------------------------------------------------------------------------------- algorithms
@@ -214,7 +240,8 @@ def all_reduce(
     if yf is None:
         raise CompileError(f"{ctx.hlo}: an all-reduce of {y.shape} (sub-byte elements) is not supported")
     lengths = _lengths(plan)
-    group = prod(lengths)
+    orders = _axis_orders(plan) if part == "all" else None
+    group = prod(lengths) * (len(orders) if orders else 1)
     post: tuple[MemRef, MemRef] | None = None
     if part == "all" and (xf is None or x.shape != y.shape):  # other layouts: reduce y in place after a copy
         copy_arrays(ctx, [(x, y)])
@@ -230,6 +257,11 @@ def all_reduce(
         xf = yf = work_ref
         n = padded
     assert xf is not None
+    if orders:
+        _all_reduce_axes_at_once(facts, plan, bank, orders, xf, yf, fn)
+        if post is not None:
+            copy_arrays(ctx, [post])
+        return
     sizes = [n // prod(lengths[: i + 1]) for i in range(len(lengths))]
     bases = _bases(facts, plan, bank, sizes)
     work = RingWork(facts, bank.local if part != "all" else None)
@@ -249,6 +281,45 @@ def all_reduce(
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
     if post is not None:
         copy_arrays(ctx, [post])
+
+
+def _all_reduce_axes_at_once(
+    facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], xf: MemRef, yf: MemRef, fn: str
+) -> None:
+    """All-reduce of flat ``xf`` into ``yf`` over a torus block: part ``j`` of the buffer (its ``j``-th of
+    ``len(orders)`` equal slices) reduce-scatters over the axes in ``orders[j]`` and all-gathers back in the
+    reverse order; in every round the parts' rings (one axis each, all different) run at once."""
+    ctx = facts.ctx
+    m = len(orders)
+    n = yf.shape.dimensions[0] // m
+    lengths = _lengths(plan)
+    sizes = [[n // prod(lengths[a] for a in order[: r + 1]) for r in range(len(order))] for order in orders]
+    directions: dict[int, int] = {}
+    for order, sz in zip(orders, sizes):
+        for a, size in zip(order, sz):
+            directions[a] = max(directions.get(a, 0), len(pieces((n,), 0, size)))
+    _ring_handshake(facts, plan, bank, [directions.get(i, 0) for i in range(len(lengths))])
+    bases = [_bases(facts, plan, bank, sz, order, j * n) for j, (order, sz) in enumerate(zip(orders, sizes))]
+    rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
+    works = [RingWork(facts, share=(j, m)) for j in range(m)]
+    rounds = range(len(orders[0]))
+    for r in rounds:
+        src = xf if r == 0 else yf
+        interleave(
+            [
+                reduce_scatter_stages(w, rings[o[r]], src, yf, b[r + 1], 0, b[r], sz[r], fn)
+                for w, o, b, sz in zip(works, orders, bases, sizes)
+            ]
+        )
+    for r in reversed(rounds):
+        interleave(
+            [all_gather_stages(w, rings[o[r]], yf, 0, b[r], sz[r]) for w, o, b, sz in zip(works, orders, bases, sizes)]
+        )
+    for ring in rings.values():
+        _release(ctx, ring.pos, ring.coord, *ring.to.values())
+    for w in works:
+        w.release()
+    _release(ctx, *(b for bs in bases for b in bs if isinstance(b, Reg)))
 
 
 def reduce_scatter(
@@ -298,6 +369,10 @@ def all_gather(
     facts = Facts(ctx, state)
     lengths = _lengths(plan)
     k = x.shape.dimensions[dim]
+    orders = _axis_orders(plan) if part == "all" else None
+    if orders is not None and len(orders[0]) == 2 and k % len(orders) == 0:
+        _all_gather_axes_at_once(facts, plan, bank, orders, x, y, dim)
+        return
     sizes = [k * plan.size // prod(lengths[: i + 1]) for i in range(len(lengths))]
     bases = _bases(facts, plan, bank, sizes)
     work = RingWork(facts, bank.local if part != "all" else None)
@@ -321,6 +396,59 @@ def all_gather(
             ctx.emit(DmaStart, src=x, dst=own, sem=sem)
             ctx.emit(SemWait, sem=sem, count=1)
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
+
+
+def _all_gather_axes_at_once(
+    facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], x: MemRef, y: MemRef, dim: int
+) -> None:
+    """All-gather over a block of two torus axes, both at once: part ``j`` of every shard (its ``j``-th of
+    ``len(orders)`` slices along ``dim``) is gathered over the axes in ``orders[j]``. After the first axis
+    ``p`` a chip holds its part of the shards of its line along ``p``; these are ``L_p`` windows apart in the
+    result (ranks are row-major over the group's axes), so each chunk of the second round is ``L_p`` windows."""
+    ctx = facts.ctx
+    m, k = len(orders), x.shape.dimensions[dim]
+    h = k // m
+    lengths = _lengths(plan)
+    rank_stride = [k * prod(lengths[i + 1 :]) for i in range(len(lengths))]  # rows between neighbours
+    rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
+    directions = len(pieces(y.shape.dimensions, dim, h))
+    _ring_handshake(facts, plan, bank, [directions if i in rings else 0 for i in range(len(lengths))])
+    own = facts.reg()  # this chip's shard: rows rank * k of the result
+    facts.alu("mov", own, 0)
+    for a, ring in rings.items():
+        t = facts.reg()
+        facts.alu("mul", t, ring.coord, rank_stride[a])
+        facts.alu("add", own, own, t)
+        _release(ctx, t)
+    whole = pieces(y.shape.dimensions, dim, k, False)[0]
+    sem = ctx.semaphore()
+    ctx.emit(DmaStart, src=x, dst=window(ctx, y, dim, own, k, whole, None, own), sem=sem)
+    ctx.emit(SemWait, sem=sem, count=1)
+    _release(ctx, own)
+    works = [RingWork(facts, share=(j, m)) for j in range(m)]
+    first: list[Reg] = []
+    for j, (_, q) in enumerate(orders):  # round 0 along the first axis: the chip's line, at its coordinate along q
+        b = facts.reg()
+        facts.alu("mul", b, rings[q].coord, rank_stride[q])
+        facts.alu("add", b, b, j * h)
+        first.append(b)
+    interleave(
+        [
+            all_gather_stages(w, rings[p], y, dim, b, h, stride=rank_stride[p])
+            for w, (p, _), b in zip(works, orders, first)
+        ]
+    )
+    interleave(
+        [
+            all_gather_stages(w, rings[q], y, dim, j * h, h, stride=rank_stride[q], repeat=(lengths[p], rank_stride[p]))
+            for j, (w, (p, q)) in enumerate(zip(works, orders))
+        ]
+    )
+    for ring in rings.values():
+        _release(ctx, ring.pos, ring.coord, *ring.to.values())
+    for w in works:
+        w.release()
+    _release(ctx, *first)
 
 
 # --------------------------------------------------------------------------------------------- rules

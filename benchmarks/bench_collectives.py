@@ -1,0 +1,98 @@
+"""Collectives against the scaling book's formulas: formula, tpusim and error, one row per worked case.
+
+Formulas (jax-ml/scaling-book, sharding.md; ``W`` the bidirectional bandwidth of one link,
+``2 x ici.link_bandwidth_bytes_per_s``, ``V`` the whole array, ``n`` the axes a collective spans):
+
+* AllGather / ReduceScatter over ``n`` torus axes: ``V / (W n)``; AllReduce twice that.
+* AllToAll over a ring of ``N`` chips: ``V / (4 W)`` (each half sends a quarter of the data across the
+  bisection).
+
+Each run is timing-only on the shipped config. Rows whose error is large are open items of issue 16
+(docs/multichip.md lists why).
+
+    /work/venv/bin/python benchmarks/bench_collectives.py
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import tpusim
+from tpusim.config import load_config
+
+SUM = "sum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n"
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    chip: str
+    topology: tuple[int, ...]
+    kind: str
+    nbytes: int  # V, the whole array
+    groups: str  # replica_groups
+    axes: int  # torus axes the group spans
+
+    def program(self) -> str:
+        chips = 1
+        for n in self.topology:
+            chips *= n
+        group = chips if self.groups == "{}" else int(self.groups.split("]")[0].split(",")[1])
+        cols = 1024
+        rows = self.nbytes // (4 * cols)
+        if self.kind == "all-gather":
+            body = (f"x = f32[{rows // group},{cols}] parameter(0)\n  ROOT r = f32[{rows},{cols}] all-gather(x), "
+                    f"replica_groups={self.groups}, dimensions={{0}}")  # fmt: skip
+        elif self.kind == "all-reduce":
+            body = (f"x = f32[{rows},{cols}] parameter(0)\n  ROOT r = f32[{rows},{cols}] all-reduce(x), "
+                    f"replica_groups={self.groups}, to_apply=sum")  # fmt: skip
+        else:  # all-to-all: every chip holds V / group and sends a 1/group slice to each
+            per = rows // group
+            body = (f"x = f32[{per},{cols}] parameter(0)\n  ROOT r = f32[{per},{cols}] all-to-all(x), "
+                    f"replica_groups={self.groups}, dimensions={{0}}")  # fmt: skip
+        return f"HloModule {self.kind}, replica_count={chips}\n{SUM}ENTRY main {{\n  {body}\n}}\n"
+
+    def formula(self) -> float:
+        w = 2 * load_config(self.chip).ici.link_bandwidth_bytes_per_s
+        if self.kind == "all-to-all":
+            return self.nbytes / (4 * w)
+        once = self.nbytes / (w * self.axes)
+        return 2 * once if self.kind == "all-reduce" else once
+
+
+CASES = [
+    Case("v4 4x4x4, AllGather over X and Y, 8 MiB", "tpu_v4", (4, 4, 4), "all-gather", 8 * MIB,
+         "[4,16]<=[16,4]T(1,0)", 2),
+    Case("v4 4x4x4, AllReduce over Z, 512 KiB", "tpu_v4", (4, 4, 4), "all-reduce", MIB // 2, "[16,4]<=[64]", 1),
+    Case("v4 4x4, AllGather over both axes, 64 MiB", "tpu_v4", (4, 4), "all-gather", 64 * MIB, "{}", 2),
+    Case("v4 4x4, AllReduce over both axes, 64 MiB", "tpu_v4", (4, 4), "all-reduce", 64 * MIB, "{}", 2),
+    Case("v5e 16 ring, AllReduce, 64 MiB", "tpu_v5e", (16,), "all-reduce", 64 * MIB, "{}", 1),
+    Case("v5e 16x16, AllReduce over both axes, 64 MiB", "tpu_v5e", (16, 16), "all-reduce", 64 * MIB, "{}", 2),
+    Case("v5e 16 ring, AllToAll, 8 MiB per chip", "tpu_v5e", (16,), "all-to-all", 128 * MIB, "{}", 1),
+]  # fmt: skip
+
+
+def main() -> None:
+    print("| case | formula (us) | tpusim (us) | error | wall (s) |")
+    print("| --- | --- | --- | --- | --- |")
+    for case in CASES:
+        chips = 1
+        for n in case.topology:
+            chips *= n
+        began = time.perf_counter()
+        result = tpusim.simulate(
+            case.program(), chips=chips, topology=case.topology, config=case.chip, timing_only=True
+        )
+        wall = time.perf_counter() - began
+        want = case.formula()
+        print(
+            f"| {case.name} | {want * 1e6:,.1f} | {result.seconds * 1e6:,.1f} | {result.seconds / want - 1:+.1%} "
+            f"| {wall:.1f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
