@@ -357,3 +357,29 @@ ENTRY main {
     run.assert_ok("a skewed split on tpu_v5p")
     working = [s for s in run.result.compiled.program.streams if any(isinstance(i, DmaStart) for i in s.instructions)]
     assert len(working) == 1
+
+
+def test_a_blocking_taken_back_is_not_part_of_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule that tries a blocking, runs out of VMEM and retries with smaller blocks logged both attempts,
+    so a core that retried (its VMEM held something the other's did not) disagreed with one that did not,
+    and the instruction ran whole on one core: the d1024 decoder's attention softmax on v5p (430 us on one
+    core, the whole decoder 1,297 us instead of 1,122). Rolling back takes the attempt out of the log."""
+    from tpusim.compiler.lowering.context import Lowering
+
+    logs: list[tuple[list[int], list[int]]] = []
+    split = Lowering.split
+
+    def try_first(self: Lowering, items: int) -> range:
+        if self.share is not None and not logs:  # an attempt taken back, inside a real lowering
+            before = list(self.split_log)
+            mark = self.checkpoint()
+            split(self, items + 8)
+            self.rollback(mark)
+            logs.append((before, list(self.split_log)))
+        return split(self, items)
+
+    monkeypatch.setattr(Lowering, "split", try_first)
+    text = "HloModule t\nENTRY main {\n  x = f32[256,128] parameter(0)\n  ROOT t = f32[256,128] tanh(x)\n}"
+    compiled = tpusim.compile_program(text, config="tpu_v5p")
+    assert logs and logs[0][0] == logs[0][1]
+    assert all(any(i.hlo == "t" for i in s.instructions) for s in compiled.program.streams)  # split, both cores

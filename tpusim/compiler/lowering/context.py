@@ -82,6 +82,7 @@ class Mark:
     streams: tuple[tuple[int, int], ...] = ()  # (instructions, labels) of every core's stream
     claimed: bool = False
     epilogued: frozenset[tuple[str, str]] = frozenset()
+    split_log: int = 0
 
 
 @dataclass
@@ -237,6 +238,7 @@ class Lowering:
             tuple((len(b.instructions), len(b.labels)) for b in self.streams),
             self.claimed,
             frozenset(self.epilogued),
+            len(self.split_log),
         )
 
     def rollback(self, mark: Mark) -> None:
@@ -247,6 +249,9 @@ class Lowering:
         del self.kernels[mark.kernels :]
         self.claimed = mark.claimed
         self.epilogued = set(mark.epilogued)
+        # A blocking tried and taken back is no part of the plan the cores must agree on (a retry with
+        # smaller blocks happens on one core and not on another when their VMEM differs).
+        del self.split_log[mark.split_log :]
         self.release_since(mark)
 
     def release_since(self, mark: Mark) -> None:
