@@ -369,72 +369,8 @@ def _runs_as_code(module: Module, name: str) -> bool:
     return False
 
 
-def _duplicate_cheap(comp: Computation) -> Computation:
-    """Give every fusible user its own copy of a shared broadcast of a scalar, then of a shared scalar
-    constant, as XLA does before fusing: a producer several kernels read otherwise stays a kernel of its own
-    (JAX's lowering shares the broadcasts of a GELU's constants between the layers of a model, so each
-    ``[8,1024,4096]`` broadcast was written to HBM once and read by every layer's MLP)."""
-    for cheap in (_scalar_broadcast, _scalar_constant):
-        users: dict[str, list[Instruction]] = {i.name: [] for i in comp.instructions}
-        for instr in comp.instructions:
-            for o in dict.fromkeys(instr.operands):
-                users[o].append(instr)
-        names = {i.name for i in comp.instructions}
-        copies: dict[str, dict[str, str]] = {}  # user -> {shared producer: its copy}
-        made: dict[str, list[Instruction]] = {}  # user -> copies to place before it
-        for instr in comp.instructions:
-            mine = [u for u in users[instr.name] if _fusible(u)]
-            if not cheap(comp, instr) or len(users[instr.name]) < 2 or instr.name == comp.root:
-                continue
-            for u in mine[1:] if len(mine) == len(users[instr.name]) else mine:
-                twin = replace(instr, name=unique_name(f"{instr.name}.dup", names))
-                copies.setdefault(u.name, {})[instr.name] = twin.name
-                made.setdefault(u.name, []).append(twin)
-        if not made:
-            continue
-        body = []
-        for instr in comp.instructions:
-            body += made.get(instr.name, [])
-            rename = copies.get(instr.name, {})
-            body.append(replace(instr, operands=tuple(rename.get(o, o) for o in instr.operands)) if rename else instr)
-        comp = replace(comp, instructions=tuple(body))
-    return comp
-
-
-def _merge_twins(comp: Computation) -> Computation:
-    """Merge the copies :func:`_duplicate_cheap` made that ended up in one computation (one kernel read a
-    shared constant twice, or neither user fused): equal scalar constants, then equal broadcasts of one scalar."""
-    first: dict[tuple[object, ...], str] = {}
-    rename: dict[str, str] = {}
-    body = []
-    for instr in comp.instructions:
-        if rename:
-            instr = replace(instr, operands=tuple(rename.get(o, o) for o in instr.operands))
-        if (_scalar_constant(comp, instr) or _scalar_broadcast(comp, instr)) and instr.name != comp.root:
-            key = (instr.opcode, instr.shape, instr.operands, repr([(k, instr.attr(k)) for k in instr.attributes]))
-            if key in first:
-                rename[instr.name] = first[key]
-                continue
-            first[key] = instr.name
-        body.append(instr)
-    return replace(comp, instructions=tuple(body)) if rename else comp
-
-
-def _scalar_broadcast(comp: Computation, instr: Instruction) -> bool:
-    return instr.opcode == "broadcast" and _scalar(comp[instr.operands[0]].shape)
-
-
-def _scalar_constant(comp: Computation, instr: Instruction) -> bool:
-    return instr.opcode == "constant" and _scalar(instr.shape)
-
-
-def _scalar(shape: object) -> bool:
-    return isinstance(shape, Shape) and shape.rank == 0
-
-
 def _fuse_computation(comp: Computation, taken: set[str]) -> tuple[Computation, list[Computation]]:
     """Fuse ``comp``'s vector operations; the new computations get names not in ``taken`` (added to it)."""
-    comp = _duplicate_cheap(comp)
     users: dict[str, list[str]] = {i.name: [] for i in comp.instructions}
     for instr in comp.instructions:
         for o in set(instr.operands):
@@ -477,11 +413,11 @@ def _fuse_computation(comp: Computation, taken: set[str]) -> tuple[Computation, 
         replaced[leader] = [fusion]
         drop.update(n for n in names if n != leader)
     if not made:
-        return _merge_twins(comp), []
+        return comp, []
     body = [r for i in comp.instructions if i.name not in drop for r in replaced.get(i.name, [i])]
     if siblings:
         body = _topological(body)
-    return _merge_twins(replace(comp, instructions=tuple(body))), [_merge_twins(c) for c in made]
+    return replace(comp, instructions=tuple(body)), made
 
 
 _SIBLING_BYTES = 1 << 16
