@@ -65,13 +65,24 @@ def wrapped_collective(module: Module, instr: Instruction) -> Instruction | None
     return op if op is not None and op.opcode in COLLECTIVES else None
 
 
+ASYNC_PARTS = 2
+"""Local completion semaphores per bank of an async collective: one per part of the data that moves at once
+(collectives over several torus axes run two rings together)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Bank:
     """Reserved semaphores of one level of open async collectives."""
 
     ready: int
     arrive: tuple[int, ...]
-    local: int | None = None  # completions of this chip's pushes of an async collective (outlives its -start)
+    # completions of this chip's pushes of an async collective (outlive its -start): one per part of the data
+    # that moves at once (collectives over several torus axes, see collectives.PARTS)
+    locals: tuple[int, ...] = ()
+
+    @property
+    def local(self) -> int | None:
+        return self.locals[0] if self.locals else None
 
 
 @dataclass
@@ -175,7 +186,8 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     topology = system_topology(ctx.config.ici, who.devices)
     axes = max(1, sum(1 for n in topology.shape if n > 1))
     banks, any_async = _banks_needed(ctx.module)
-    per_bank = 1 + 2 * axes + (1 if any_async else 0)
+    parts = ASYNC_PARTS if any_async else 0
+    per_bank = 1 + 2 * axes + parts
     total = ctx.config.core.semaphores
     need = banks * per_bank
     if need + 4 > total:
@@ -196,7 +208,7 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     bank_list = []
     for b in range(banks):
         nums = reserved[b * per_bank : (b + 1) * per_bank]
-        bank_list.append(Bank(nums[0], tuple(nums[1 : 1 + 2 * axes]), nums[-1] if any_async else None))
+        bank_list.append(Bank(nums[0], tuple(nums[1 : 1 + 2 * axes]), tuple(nums[1 + 2 * axes :])))
     state = CollectiveState(who, topology, bank_list)
     ctx.rule_state["collectives"] = state
     return state

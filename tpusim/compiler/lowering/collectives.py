@@ -214,7 +214,8 @@ def _all_reduce_in_place(x: MemRef, y: MemRef, plan: GroupPlan) -> bool:
     """Whether the ring phases can run on the flat views of ``x`` and ``y`` as they are (no relayout copy,
     no padded scratch copy): the condition for splitting an async all-reduce between its start and done."""
     xf, yf = flat_view(x), flat_view(y)
-    return xf is not None and yf is not None and x.shape == y.shape and yf.shape.dimensions[0] % plan.size == 0
+    chunks = plan.size * len(_axis_orders(plan) or [()])
+    return xf is not None and yf is not None and x.shape == y.shape and yf.shape.dimensions[0] % chunks == 0
 
 
 def all_reduce(
@@ -240,7 +241,7 @@ def all_reduce(
     if yf is None:
         raise CompileError(f"{ctx.hlo}: an all-reduce of {y.shape} (sub-byte elements) is not supported")
     lengths = _lengths(plan)
-    orders = _axis_orders(plan) if part == "all" else None
+    orders = _axis_orders(plan)
     group = prod(lengths) * (len(orders) if orders else 1)
     post: tuple[MemRef, MemRef] | None = None
     if part == "all" and (xf is None or x.shape != y.shape):  # other layouts: reduce y in place after a copy
@@ -258,7 +259,7 @@ def all_reduce(
         n = padded
     assert xf is not None
     if orders:
-        _all_reduce_axes_at_once(facts, plan, bank, orders, xf, yf, fn)
+        _all_reduce_axes_at_once(facts, plan, bank, orders, xf, yf, fn, part)
         if post is not None:
             copy_arrays(ctx, [post])
         return
@@ -283,12 +284,29 @@ def all_reduce(
         copy_arrays(ctx, [post])
 
 
+def _stages(part: str, length: int, first: bool) -> tuple[int, int] | None:
+    """The stages of an all-gather phase a ``part`` of an async collective emits: the start only the first
+    phase's stage 0, the done the rest of it (later phases whole)."""
+    if not first or part == "all":
+        return None
+    return (0, 1) if part == "start" else (1, length)
+
+
 def _all_reduce_axes_at_once(
-    facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], xf: MemRef, yf: MemRef, fn: str
+    facts: Facts,
+    plan: GroupPlan,
+    bank: Bank,
+    orders: list[list[int]],
+    xf: MemRef,
+    yf: MemRef,
+    fn: str,
+    part: str = "all",
 ) -> None:
     """All-reduce of flat ``xf`` into ``yf`` over a torus block: part ``j`` of the buffer (its ``j``-th of
     ``len(orders)`` equal slices) reduce-scatters over the axes in ``orders[j]`` and all-gathers back in the
-    reverse order; in every round the parts' rings (one axis each, all different) run at once."""
+    reverse order; in every round the parts' rings (one axis each, all different) run at once. ``part``
+    ``start`` stops after the first all-gather stage's pushes, ``done`` emits the rest (each part's pushes
+    signal a semaphore of the bank's, which outlives the start)."""
     ctx = facts.ctx
     m = len(orders)
     n = yf.shape.dimensions[0] // m
@@ -298,22 +316,31 @@ def _all_reduce_axes_at_once(
     for order, sz in zip(orders, sizes):
         for a, size in zip(order, sz):
             directions[a] = max(directions.get(a, 0), len(pieces((n,), 0, size)))
-    _ring_handshake(facts, plan, bank, [directions.get(i, 0) for i in range(len(lengths))])
+    if part != "done":
+        _ring_handshake(facts, plan, bank, [directions.get(i, 0) for i in range(len(lengths))])
     bases = [_bases(facts, plan, bank, sz, order, j * n) for j, (order, sz) in enumerate(zip(orders, sizes))]
     rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
-    works = [RingWork(facts, share=(j, m)) for j in range(m)]
+    assert part == "all" or len(bank.locals) >= m, "an async collective's bank holds a semaphore per part"
+    works = [RingWork(facts, bank.locals[j] if part != "all" else None, share=(j, m)) for j in range(m)]
     rounds = range(len(orders[0]))
-    for r in rounds:
-        src = xf if r == 0 else yf
+    if part != "done":
+        for r in rounds:
+            src = xf if r == 0 else yf
+            interleave(
+                [
+                    reduce_scatter_stages(w, rings[o[r]], src, yf, b[r + 1], 0, b[r], sz[r], fn)
+                    for w, o, b, sz in zip(works, orders, bases, sizes)
+                ]
+            )
+    for r in reversed(rounds):
+        first = r == rounds[-1]
+        if part == "start" and not first:
+            break
         interleave(
             [
-                reduce_scatter_stages(w, rings[o[r]], src, yf, b[r + 1], 0, b[r], sz[r], fn)
+                all_gather_stages(w, rings[o[r]], yf, 0, b[r], sz[r], stages=_stages(part, rings[o[r]].length, first))
                 for w, o, b, sz in zip(works, orders, bases, sizes)
             ]
-        )
-    for r in reversed(rounds):
-        interleave(
-            [all_gather_stages(w, rings[o[r]], yf, 0, b[r], sz[r]) for w, o, b, sz in zip(works, orders, bases, sizes)]
         )
     for ring in rings.values():
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
@@ -369,9 +396,9 @@ def all_gather(
     facts = Facts(ctx, state)
     lengths = _lengths(plan)
     k = x.shape.dimensions[dim]
-    orders = _axis_orders(plan) if part == "all" else None
+    orders = _axis_orders(plan)
     if orders is not None and len(orders[0]) == 2 and k % len(orders) == 0:
-        _all_gather_axes_at_once(facts, plan, bank, orders, x, y, dim)
+        _all_gather_axes_at_once(facts, plan, bank, orders, x, y, dim, part)
         return
     sizes = [k * plan.size // prod(lengths[: i + 1]) for i in range(len(lengths))]
     bases = _bases(facts, plan, bank, sizes)
@@ -399,12 +426,13 @@ def all_gather(
 
 
 def _all_gather_axes_at_once(
-    facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], x: MemRef, y: MemRef, dim: int
+    facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], x: MemRef, y: MemRef, dim: int, part: str
 ) -> None:
     """All-gather over a block of two torus axes, both at once: part ``j`` of every shard (its ``j``-th of
     ``len(orders)`` slices along ``dim``) is gathered over the axes in ``orders[j]``. After the first axis
     ``p`` a chip holds its part of the shards of its line along ``p``; these are ``L_p`` windows apart in the
-    result (ranks are row-major over the group's axes), so each chunk of the second round is ``L_p`` windows."""
+    result (ranks are row-major over the group's axes), so each chunk of the second round is ``L_p`` windows.
+    ``part`` ``start`` (of an async gather) stops after the first stage's pushes, ``done`` emits the rest."""
     ctx = facts.ctx
     m, k = len(orders), x.shape.dimensions[dim]
     h = k // m
@@ -412,20 +440,22 @@ def _all_gather_axes_at_once(
     rank_stride = [k * prod(lengths[i + 1 :]) for i in range(len(lengths))]  # rows between neighbours
     rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
     directions = len(pieces(y.shape.dimensions, dim, h))
-    _ring_handshake(facts, plan, bank, [directions if i in rings else 0 for i in range(len(lengths))])
-    own = facts.reg()  # this chip's shard: rows rank * k of the result
-    facts.alu("mov", own, 0)
-    for a, ring in rings.items():
-        t = facts.reg()
-        facts.alu("mul", t, ring.coord, rank_stride[a])
-        facts.alu("add", own, own, t)
-        _release(ctx, t)
-    whole = pieces(y.shape.dimensions, dim, k, False)[0]
-    sem = ctx.semaphore()
-    ctx.emit(DmaStart, src=x, dst=window(ctx, y, dim, own, k, whole, None, own), sem=sem)
-    ctx.emit(SemWait, sem=sem, count=1)
-    _release(ctx, own)
-    works = [RingWork(facts, share=(j, m)) for j in range(m)]
+    if part != "done":
+        _ring_handshake(facts, plan, bank, [directions if i in rings else 0 for i in range(len(lengths))])
+        own = facts.reg()  # this chip's shard: rows rank * k of the result
+        facts.alu("mov", own, 0)
+        for a, ring in rings.items():
+            t = facts.reg()
+            facts.alu("mul", t, ring.coord, rank_stride[a])
+            facts.alu("add", own, own, t)
+            _release(ctx, t)
+        whole = pieces(y.shape.dimensions, dim, k, False)[0]
+        sem = ctx.semaphore()
+        ctx.emit(DmaStart, src=x, dst=window(ctx, y, dim, own, k, whole, None, own), sem=sem)
+        ctx.emit(SemWait, sem=sem, count=1)
+        _release(ctx, own)
+    assert part == "all" or len(bank.locals) >= m, "an async collective's bank holds a semaphore per part"
+    works = [RingWork(facts, bank.locals[j] if part != "all" else None, share=(j, m)) for j in range(m)]
     first: list[Reg] = []
     for j, (_, q) in enumerate(orders):  # round 0 along the first axis: the chip's line, at its coordinate along q
         b = facts.reg()
@@ -434,16 +464,19 @@ def _all_gather_axes_at_once(
         first.append(b)
     interleave(
         [
-            all_gather_stages(w, rings[p], y, dim, b, h, stride=rank_stride[p])
+            all_gather_stages(w, rings[p], y, dim, b, h, stages=_stages(part, lengths[p], True), stride=rank_stride[p])
             for w, (p, _), b in zip(works, orders, first)
         ]
     )
-    interleave(
-        [
-            all_gather_stages(w, rings[q], y, dim, j * h, h, stride=rank_stride[q], repeat=(lengths[p], rank_stride[p]))
-            for j, (w, (p, q)) in enumerate(zip(works, orders))
-        ]
-    )
+    if part != "start":
+        interleave(
+            [
+                all_gather_stages(
+                    w, rings[q], y, dim, j * h, h, stride=rank_stride[q], repeat=(lengths[p], rank_stride[p])
+                )
+                for j, (w, (p, q)) in enumerate(zip(works, orders))
+            ]
+        )
     for ring in rings.values():
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
     for w in works:
