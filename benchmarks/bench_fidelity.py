@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(PARTS), help="parts (default: all)")
     parser.add_argument("--write", type=Path, help="rewrite the tables between the fidelity-targets markers")
     args = parser.parse_args(argv)
+    if args.write is not None and args.only and set(args.only) != set(PARTS):
+        # the markers hold every part's table: writing some parts would drop the others' from the document
+        parser.error("--write rewrites every part's table; run it without --only")
     tables = []
     for part in args.only or list(PARTS):
         print(f"\n== {part}")
