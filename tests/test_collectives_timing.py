@@ -180,6 +180,23 @@ def test_a_ring_and_a_line_of_two_run_at_once_too() -> None:
     assert got == pytest.approx(model_seconds("all-gather", 64 * MIB, cfg, (4, 2)), rel=0.25)
 
 
+def test_all_to_all_pushes_both_ways_round_the_ring() -> None:
+    """All-to-all of 8 MiB per chip on a 16-chip v5e ring: the scaling book's bisection bound is
+    ``V / (4 W)`` = 373 us. The pushes alternate between the partners ahead and behind; in rank order the
+    DMA engines' first pushes all went one way round and the other direction's links idled (757 us). What
+    is left (+17%) is the four engines holding the long routes' pushes (docs/multichip.md)."""
+    cfg = load_config("tpu_v5e")
+    per, chips = 8 * MIB, 16
+    rows = per // 4096
+    text = (
+        f"HloModule a2a, replica_count={chips}\nENTRY main {{\n  x = f32[{rows},1024] parameter(0)\n"
+        f"  ROOT r = f32[{rows},1024] all-to-all(x), replica_groups={{}}, dimensions={{0}}\n}}\n"
+    )
+    got = tpusim.simulate(text, chips=chips, topology=(chips,), config=cfg, timing_only=True).seconds
+    book = per * chips / (4 * 2 * cfg.ici.link_bandwidth_bytes_per_s)
+    assert got == pytest.approx(book, rel=0.25), (got, book)
+
+
 def test_all_reduce_takes_twice_an_all_gather() -> None:
     cfg = load_config("tpu_v5e")
     ag, ar = _seconds("all-gather", 64 * MIB, cfg, (16,)), _seconds("all-reduce", 64 * MIB, cfg, (16,))

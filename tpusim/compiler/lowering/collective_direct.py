@@ -65,7 +65,7 @@ def all_to_all(
             offsets[dim], sizes[dim] = start, c
             return MemRef(Space.HBM, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes)))
 
-        for delta in range(1, S):
+        for delta in _both_ways(S):
             chip = peer(delta)
             facts.alu("mul", off_j, j, c)
             ctx.emit(DmaStart, src=chunk(x, off_j), dst=chunk(y, off_r), chip=chip, dst_sem=bank.arrive[0], sem=sem)
@@ -77,7 +77,7 @@ def all_to_all(
         ya = [r.address - ys[0].address for r in ys]
         xa = [r.address - xs[0].address for r in xs]
         dst_base = facts.select(rank, ya)
-        for delta in range(1, S):
+        for delta in _both_ways(S):
             chip = peer(delta)
             src_base = facts.select(j, xa)
             src = MemRef(Space.HBM, xs[0].address, xs[0].shape, None, src_base)
@@ -92,6 +92,16 @@ def all_to_all(
     ctx.emit(SemWait, sem=bank.arrive[0], count=S - 1)
     ctx.emit(SemWait, sem=sem, count=S - 1)
     ctx.emit(SemWait, sem=local, count=1)
+
+
+def _both_ways(size: int) -> list[int]:
+    """Rank offsets ``1 .. size-1`` alternating between the nearest partners ahead and behind (1, size-1, 2,
+    size-2, ...): the DMA engines serve pushes in order, so in rank order the first pushes all went the same
+    way round the ring and the links of the other direction idled."""
+    out: list[int] = []
+    for d in range(1, size // 2 + 1):
+        out += [d] if d == size - d else [d, size - d]
+    return out
 
 
 def zero_fill(ctx: Lowering, y: MemRef) -> None:
