@@ -16,9 +16,14 @@ _WHERE = {
     "OpStats": "tpusim.report.stats", "UnitStats": "tpusim.report.stats", "op_stats": "tpusim.report.stats",
     "unit_stats": "tpusim.report.stats", "ReportError": "tpusim.report.writer",
     "render_report": "tpusim.report.writer", "write_report": "tpusim.report.writer",
+    "to_pandas": "tpusim.report.frames", "units_to_pandas": "tpusim.report.frames",
+    "summary_html": "tpusim.report.notebook",
 }  # fmt: skip
 
-__all__ = ["OpStats", "ReportError", "UnitStats", "op_stats", "render_report", "unit_stats", "write_report"]
+__all__ = [
+    "OpStats", "ReportError", "UnitStats", "op_stats", "render_report", "summary_html", "to_pandas", "unit_stats",
+    "units_to_pandas", "write_report",
+]  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
