@@ -317,10 +317,14 @@ def reduce_scatter_stages(
     fn: str,
     split: bool = True,
     unrolled: bool = True,
+    stride: int | None = None,
+    repeat: tuple[int, int] = (1, 0),
 ) -> Iterator[None]:
     """One reduce-scatter phase (see the module docstring), yielding after each block's code; ``unrolled``
     emits every stage as code of its own (phases run at once by :func:`interleave`), else stages
-    ``1 .. L-2`` are one loop.
+    ``1 .. L-2`` are one loop. Chunk ``c`` may be ``repeat[0]`` windows ``repeat[1]`` apart, chunks
+    ``stride`` apart (as :func:`all_gather_stages`); ``fin`` then receives the same windows from
+    ``fin_start``.
 
     A stage waits for its arrivals and for its own previous pushes; then, block by block (blocks grow
     geometrically), it loads the received partial sum and its own part into VMEM, adds in place on the
@@ -343,25 +347,30 @@ def reduce_scatter_stages(
     parts = pieces(shape.dimensions, dim, size, split)
     steps = [1, -1][: len(parts)]
     part = dict(zip(steps, parts))
+    stride = size if stride is None else stride
+    windows, gap = repeat
     arena = work.arena()
     room = arena.shape.byte_size
     vreg = ctx.vreg_bytes
-    sets = min(BUFFER_SETS, len(_blocks(room, shape, dim, size, parts[0], 2 * len(parts), vreg)))
+    sets = min(BUFFER_SETS, windows * len(_blocks(room, shape, dim, size, parts[0], 2 * len(parts), vreg)))
     lens = {s: _blocks(room, shape, dim, size, part[s], 2 * len(parts) * sets, vreg) for s in steps}
-    count = max(len(v) for v in lens.values())
-    blocks = {s: list(zip(accumulate(v, initial=0), v)) for s, v in lens.items()}
+    # (window, offset in the piece, length): the blocks of every window of a chunk in turn
+    blocks = {
+        s: [(r, o, n) for r in range(windows) for o, n in zip(accumulate(v, initial=0), v)] for s, v in lens.items()
+    }
+    count = max(len(v) for v in blocks.values())
     slot: dict[int, MemRef] = {}
     vm: dict[tuple[int, str, int], MemRef] = {}
     at = arena.address
     for s in steps:
         p = part[s]
         slot_dims = list(_piece_dims(shape.dimensions, dim, size, p, p.length))
-        slot_dims[p.dim] = p.length * (L - 1)
+        slot_dims[p.dim] = p.length * (L - 1) * windows
         slot[s] = ctx.scratch(Shape(et, tuple(slot_dims), layout=shape.layout))
         longest = max(lens[s])
         block_shape = Shape(et, _piece_dims(shape.dimensions, dim, size, p, longest), layout=shape.layout)
         step = -(-block_shape.byte_size // ctx.vreg_bytes) * ctx.vreg_bytes
-        for j in range(min(sets, len(lens[s]))):
+        for j in range(min(sets, len(blocks[s]))):
             for role in ("sum", "own"):
                 vm[(s, role, j)] = MemRef(Space.VMEM, at, block_shape)
                 at += step
@@ -369,7 +378,7 @@ def reduce_scatter_stages(
 
     def vblock(s: int, role: str, j: int) -> MemRef:
         ref = vm[(s, role, j % sets)]
-        dims = _piece_dims(shape.dimensions, dim, size, part[s], blocks[s][j][1])
+        dims = _piece_dims(shape.dimensions, dim, size, part[s], blocks[s][j][2])
         if dims == ref.shape.dimensions:
             return ref
         return MemRef(Space.VMEM, ref.address, Shape(et, dims, layout=shape.layout))
@@ -380,25 +389,35 @@ def reduce_scatter_stages(
     def slot_window(s: int, stage: Reg | int, delta: int, j: int) -> MemRef:
         """Block ``j`` of slot ``stage + delta`` (a register ``stage`` is evaluated into ``tmp[1]``)."""
         p = part[s]
-        off, length = blocks[s][j]
+        r, off, length = blocks[s][j]
         sizes = list(slot[s].shape.dimensions)
         sizes[p.dim] = length
         offsets: list[Reg | int] = [0] * len(sizes)
+        per = p.length * windows  # a stage's slot holds every window of the chunk
         if isinstance(stage, Reg):
-            facts.alu("mul", tmp[1], stage, p.length)
-            facts.alu("add", tmp[1], tmp[1], delta * p.length + off)
+            facts.alu("mul", tmp[1], stage, per)
+            facts.alu("add", tmp[1], tmp[1], delta * per + r * p.length + off)
             offsets[p.dim] = tmp[1]
         else:
-            offsets[p.dim] = (stage + delta) * p.length + off
+            offsets[p.dim] = (stage + delta) * per + r * p.length + off
         return MemRef(Space.HBM, slot[s].address, slot[s].shape, Window(tuple(offsets), tuple(sizes)))
 
+    def nth(start: Reg | int, r: int) -> Reg | int:
+        """The start of window ``r`` of a chunk starting at ``start`` (a register sum in ``work.spare``)."""
+        if r == 0:
+            return start
+        if isinstance(start, int):
+            return start + r * gap
+        return facts.alu("add", work.spare, start, r * gap)
+
     def own(s: int, j: int) -> MemRef:
-        return window(ctx, src, dim, cs[s], size, part[s], blocks[s][j], tmp[0])
+        r, o, n = blocks[s][j]
+        return window(ctx, src, dim, nth(cs[s], r), size, part[s], (o, n), tmp[0])
 
     # stage 0: push this chip's part of the chunk at position pos - step into slot 0 of the next chip
     for s in steps:
         facts.alu("mov", c[s], ring.pos)
-        _advance(facts, ring, c[s], cs[s], s, base, size)
+        _advance(facts, ring, c[s], cs[s], s, base, stride)
     for j in range(count):
         for s in steps:
             if j < len(blocks[s]):
@@ -413,7 +432,7 @@ def reduce_scatter_stages(
             ctx.emit(SemWait, sem=ring.arrive[s], count=len(blocks[s]))
         ctx.emit(SemWait, sem=sent, count=pushes)
         for s in steps:
-            _advance(facts, ring, c[s], cs[s], s, base, size)
+            _advance(facts, ring, c[s], cs[s], s, base, stride)
 
         def loads(j: int) -> int:
             n = 0
@@ -433,7 +452,8 @@ def reduce_scatter_stages(
                 acc = vblock(s, "sum", j)
                 ctx.emit(VpuMap, fn=fn, dst=acc, srcs=(acc, vblock(s, "own", j)))
                 if last:
-                    dst = window(ctx, fin, dim, fin_start, size, part[s], blocks[s][j], tmp[0])
+                    r, o, n = blocks[s][j]
+                    dst = window(ctx, fin, dim, nth(fin_start, r), size, part[s], (o, n), tmp[0])
                     ctx.emit(DmaStart, src=acc, dst=dst, sem=sent)
                 else:
                     ctx.emit(

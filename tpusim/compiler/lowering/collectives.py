@@ -358,6 +358,11 @@ def reduce_scatter(
         return
     facts = Facts(ctx, state)
     lengths = _lengths(plan)
+    orders = _axis_orders(plan)
+    k = y.shape.dimensions[dim]
+    if orders is not None and len(orders[0]) == 2 and k % len(orders) == 0:
+        _reduce_scatter_axes_at_once(facts, plan, bank, orders, x, y, dim, fn)
+        return
     total = x.shape.dimensions[dim]
     sizes = [total // prod(lengths[: i + 1]) for i in range(len(lengths))]
     dirs = [len(pieces(x.shape.dimensions, dim, s)) for s in sizes]
@@ -374,6 +379,52 @@ def reduce_scatter(
         assert fin is not None
         reduce_scatter_phase(work, ring, src, fin, fin_start, dim, bases[i], size, fn)
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
+
+
+def _reduce_scatter_axes_at_once(
+    facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], x: MemRef, y: MemRef, dim: int, fn: str
+) -> None:
+    """Reduce-scatter over a block of two torus axes, both at once: part ``j`` of every result chunk (its
+    ``j``-th of ``len(orders)`` slices along ``dim``) is reduced over the axes in ``orders[j]``. Over the
+    first axis ``p`` a chunk is the ``L_q`` windows of one coordinate along ``p`` (ranks are row-major over
+    the group's axes, so they are apart in the operand); the chip keeps its own chunk's sums in a scratch
+    copy of the operand, and the second round reduces them over ``q`` into the result."""
+    ctx = facts.ctx
+    m, k = len(orders), y.shape.dimensions[dim]
+    h = k // m
+    lengths = _lengths(plan)
+    rank_stride = [k * prod(lengths[i + 1 :]) for i in range(len(lengths))]  # rows between neighbours
+    rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
+    directions = len(pieces(x.shape.dimensions, dim, h))
+    _ring_handshake(facts, plan, bank, [directions if i in rings else 0 for i in range(len(lengths))])
+    partial = ctx.scratch(x.shape)
+    works = [RingWork(facts, share=(j, m)) for j in range(m)]
+    mine: list[Reg] = []  # where part j's chunk of the first round starts: its coordinate along p
+    for j, (p, _) in enumerate(orders):
+        b = facts.reg()
+        facts.alu("mul", b, rings[p].coord, rank_stride[p])
+        facts.alu("add", b, b, j * h)
+        mine.append(b)
+    interleave(
+        [
+            reduce_scatter_stages(
+                w, rings[p], x, partial, b, dim, j * h, h, fn, stride=rank_stride[p],
+                repeat=(lengths[q], rank_stride[q]),
+            )
+            for j, (w, (p, q), b) in enumerate(zip(works, orders, mine))
+        ]
+    )  # fmt: skip
+    interleave(
+        [
+            reduce_scatter_stages(w, rings[q], partial, y, j * h, dim, b, h, fn, stride=rank_stride[q])
+            for j, (w, (_, q), b) in enumerate(zip(works, orders, mine))
+        ]
+    )
+    for ring in rings.values():
+        _release(ctx, ring.pos, ring.coord, *ring.to.values())
+    for w in works:
+        w.release()
+    _release(ctx, *mine)
 
 
 def all_gather(
