@@ -45,6 +45,9 @@ class Case:
         if self.kind == "all-gather":
             body = (f"x = f32[{rows // group},{cols}] parameter(0)\n  ROOT r = f32[{rows},{cols}] all-gather(x), "
                     f"replica_groups={self.groups}, dimensions={{0}}")  # fmt: skip
+        elif self.kind == "reduce-scatter":
+            body = (f"x = f32[{rows},{cols}] parameter(0)\n  ROOT r = f32[{rows // group},{cols}] reduce-scatter(x), "
+                    f"replica_groups={self.groups}, dimensions={{0}}, to_apply=sum")  # fmt: skip
         elif self.kind == "all-reduce":
             body = (f"x = f32[{rows},{cols}] parameter(0)\n  ROOT r = f32[{rows},{cols}] all-reduce(x), "
                     f"replica_groups={self.groups}, to_apply=sum")  # fmt: skip
@@ -67,6 +70,7 @@ CASES = [
          "[4,16]<=[16,4]T(1,0)", 2),
     Case("v4 4x4x4, AllReduce over Z, 512 KiB", "tpu_v4", (4, 4, 4), "all-reduce", MIB // 2, "[16,4]<=[64]", 1),
     Case("v4 4x4, AllGather over both axes, 64 MiB", "tpu_v4", (4, 4), "all-gather", 64 * MIB, "{}", 2),
+    Case("v4 4x4, ReduceScatter over both axes, 64 MiB", "tpu_v4", (4, 4), "reduce-scatter", 64 * MIB, "{}", 2),
     Case("v4 4x4, AllReduce over both axes, 64 MiB", "tpu_v4", (4, 4), "all-reduce", 64 * MIB, "{}", 2),
     Case("v5e 16 ring, AllReduce, 64 MiB", "tpu_v5e", (16,), "all-reduce", 64 * MIB, "{}", 1),
     Case("v5e 16x16, AllReduce over both axes, 64 MiB", "tpu_v5e", (16, 16), "all-reduce", 64 * MIB, "{}", 2),
