@@ -39,11 +39,10 @@ __all__ = [
     "Piece",
     "Ring",
     "RingWork",
-    "all_gather_phase",
     "all_gather_stages",
+    "emit",
     "interleave",
     "pieces",
-    "reduce_scatter_phase",
     "reduce_scatter_stages",
     "window",
     "zigzag_coordinate",
@@ -279,6 +278,12 @@ def _advance(facts: Facts, ring: Ring, c: Reg, cs: Reg, step: int, base: Reg | i
     _chunk_start(facts, ring, c, cs, base, stride)
 
 
+def emit(phase: Iterator[None]) -> None:
+    """Emit one phase on its own (a stage generator run to its end)."""
+    for _ in phase:
+        pass
+
+
 def interleave(parts: Sequence[Iterator[None]]) -> None:
     """Emit several phases at once, stage by stage in turn (each generator yields after a stage), so their
     transfers are in flight together: the rings of different torus axes run concurrently on their own
@@ -286,23 +291,6 @@ def interleave(parts: Sequence[Iterator[None]]) -> None:
     live = list(parts)
     while live:
         live = [g for g in live if next(g, StopIteration) is not StopIteration]
-
-
-def reduce_scatter_phase(
-    work: RingWork,
-    ring: Ring,
-    src: MemRef,
-    fin: MemRef,
-    fin_start: Reg | int,
-    dim: int,
-    base: Reg | int,
-    size: int,
-    fn: str,
-    split: bool = True,
-) -> None:
-    """One reduce-scatter phase on its own (see :func:`reduce_scatter_stages`); stages ``1 .. L-2`` are a loop."""
-    for _ in reduce_scatter_stages(work, ring, src, fin, fin_start, dim, base, size, fn, split, unrolled=False):
-        pass
 
 
 def reduce_scatter_stages(
@@ -477,22 +465,6 @@ def reduce_scatter_stages(
         ctx.emit(Branch, cond="lt", a=k, b=L - 1, target=top)
     yield from stage(L - 1, last=True)
     ctx.emit(SemWait, sem=sent, count=pushes)
-
-
-def all_gather_phase(
-    work: RingWork,
-    ring: Ring,
-    arr: MemRef,
-    dim: int,
-    base: Reg | int,
-    size: int,
-    first: MemRef | None = None,
-    split: bool = True,
-    stages: tuple[int, int] | None = None,
-) -> None:
-    """One all-gather phase on its own (see :func:`all_gather_stages`); its middle stages are a loop."""
-    for _ in all_gather_stages(work, ring, arr, dim, base, size, first, split, stages, unrolled=False):
-        pass
 
 
 def all_gather_stages(

@@ -33,11 +33,10 @@ from tpusim.compiler.lowering.collective_plan import GroupPlan, plan_groups
 from tpusim.compiler.lowering.collective_ring import (
     Ring,
     RingWork,
-    all_gather_phase,
     all_gather_stages,
+    emit,
     interleave,
     pieces,
-    reduce_scatter_phase,
     reduce_scatter_stages,
     window,
     zigzag_coordinate,
@@ -271,14 +270,15 @@ def all_reduce(
         _ring_handshake(facts, plan, bank, [len(pieces((n,), 0, s)) for s in sizes])
         for i, size in enumerate(sizes):
             ring = _make_ring(facts, plan, i, bank)
-            reduce_scatter_phase(work, ring, xf if i == 0 else yf, yf, bases[i + 1], 0, bases[i], size, fn)
+            src = xf if i == 0 else yf
+            emit(reduce_scatter_stages(work, ring, src, yf, bases[i + 1], 0, bases[i], size, fn, unrolled=False))
             _release(ctx, ring.pos, ring.coord, *ring.to.values())
     for i in reversed(range(len(sizes))):
         stages = {"start": (0, 1), "done": (1, lengths[i])}.get(part) if i == last else None
         if part == "start" and i != last:
             break
         ring = _make_ring(facts, plan, i, bank)
-        all_gather_phase(work, ring, yf, 0, bases[i], sizes[i], stages=stages)
+        emit(all_gather_stages(work, ring, yf, 0, bases[i], sizes[i], stages=stages, unrolled=False))
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
     if post is not None:
         copy_arrays(ctx, [post])
@@ -377,8 +377,31 @@ def reduce_scatter(
         assert src is not None
         fin, fin_start = (y, 0) if last else (partial, bases[i + 1])
         assert fin is not None
-        reduce_scatter_phase(work, ring, src, fin, fin_start, dim, bases[i], size, fn)
+        emit(reduce_scatter_stages(work, ring, src, fin, fin_start, dim, bases[i], size, fn, unrolled=False))
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
+
+
+def _two_axes(
+    facts: Facts,
+    plan: GroupPlan,
+    bank: Bank,
+    orders: list[list[int]],
+    k: int,
+    dims: tuple[int, ...],
+    dim: int,
+    handshake: bool,
+) -> tuple[int, list[int], list[int], dict[int, Ring]]:
+    """What a gather or scatter over two torus axes at once shares: the part of a ``k``-row chunk each half
+    takes, the group's lengths, the rows between neighbours along each axis (ranks are row-major), the rings;
+    with ``handshake`` the entry handshake over both."""
+    h = k // len(orders)
+    lengths = _lengths(plan)
+    rank_stride = [k * prod(lengths[i + 1 :]) for i in range(len(lengths))]
+    rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
+    if handshake:
+        directions = len(pieces(dims, dim, h))
+        _ring_handshake(facts, plan, bank, [directions if i in rings else 0 for i in range(len(lengths))])
+    return h, lengths, rank_stride, rings
 
 
 def _reduce_scatter_axes_at_once(
@@ -391,12 +414,7 @@ def _reduce_scatter_axes_at_once(
     copy of the operand, and the second round reduces them over ``q`` into the result."""
     ctx = facts.ctx
     m, k = len(orders), y.shape.dimensions[dim]
-    h = k // m
-    lengths = _lengths(plan)
-    rank_stride = [k * prod(lengths[i + 1 :]) for i in range(len(lengths))]  # rows between neighbours
-    rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
-    directions = len(pieces(x.shape.dimensions, dim, h))
-    _ring_handshake(facts, plan, bank, [directions if i in rings else 0 for i in range(len(lengths))])
+    h, lengths, rank_stride, rings = _two_axes(facts, plan, bank, orders, k, x.shape.dimensions, dim, True)
     partial = ctx.scratch(x.shape)
     works = [RingWork(facts, share=(j, m)) for j in range(m)]
     mine: list[Reg] = []  # where part j's chunk of the first round starts: its coordinate along p
@@ -462,13 +480,13 @@ def all_gather(
             break
         ring = _make_ring(facts, plan, i, bank)
         if i < last:
-            all_gather_phase(work, ring, y, dim, bases[i], sizes[i])
+            emit(all_gather_stages(work, ring, y, dim, bases[i], sizes[i], unrolled=False))
         elif part == "done":
-            all_gather_phase(work, ring, y, dim, bases[i], sizes[i], stages=(1, ring.length))
+            emit(all_gather_stages(work, ring, y, dim, bases[i], sizes[i], stages=(1, ring.length), unrolled=False))
         else:
             # this chip's shard goes straight to the neighbours at stage 0 and to its own copy of the result
             stages = (0, 1) if part == "start" else None
-            all_gather_phase(work, ring, y, dim, bases[i], sizes[i], first=x, stages=stages)
+            emit(all_gather_stages(work, ring, y, dim, bases[i], sizes[i], first=x, stages=stages, unrolled=False))
             own = window(ctx, y, dim, bases[-1], k, pieces(y.shape.dimensions, dim, k, False)[0], None, work.tmp[0])
             sem = ctx.semaphore()
             ctx.emit(DmaStart, src=x, dst=own, sem=sem)
@@ -486,13 +504,8 @@ def _all_gather_axes_at_once(
     ``part`` ``start`` (of an async gather) stops after the first stage's pushes, ``done`` emits the rest."""
     ctx = facts.ctx
     m, k = len(orders), x.shape.dimensions[dim]
-    h = k // m
-    lengths = _lengths(plan)
-    rank_stride = [k * prod(lengths[i + 1 :]) for i in range(len(lengths))]  # rows between neighbours
-    rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
-    directions = len(pieces(y.shape.dimensions, dim, h))
+    h, lengths, rank_stride, rings = _two_axes(facts, plan, bank, orders, k, y.shape.dimensions, dim, part != "done")
     if part != "done":
-        _ring_handshake(facts, plan, bank, [directions if i in rings else 0 for i in range(len(lengths))])
         own = facts.reg()  # this chip's shard: rows rank * k of the result
         facts.alu("mov", own, 0)
         for a, ring in rings.items():
