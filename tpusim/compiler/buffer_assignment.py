@@ -28,7 +28,7 @@ naming the buffer, the memory and the sizes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
@@ -91,6 +91,8 @@ class BufferAssignment:
         smem_bytes: the SMEM bytes scalar buffers take (from address 0; lowerings allocate above).
         vmem_bytes: the VMEM bytes resident buffers take (from address 0; each instruction's own VMEM blocks
             are allocated above).
+        vmem_tops: ``(computation, instruction) -> byte`` above every resident buffer live while that
+            instruction runs (its own VMEM blocks may start there; at most :attr:`vmem_bytes`).
         copy_back: while loops whose body result leaf does not share the loop state buffer:
             ``(body computation, leaf index path)`` pairs the lowering must copy at the end of an iteration.
         copy_in: while loops whose operand leaf does not share the state buffer: ``(computation, while
@@ -104,6 +106,12 @@ class BufferAssignment:
     vmem_bytes: int = 0
     copy_back: frozenset[tuple[str, tuple[int, ...]]] = field(default_factory=frozenset)
     copy_in: frozenset[Key] = field(default_factory=frozenset)
+    vmem_tops: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+    def vmem_top(self, computation: str, instruction: str) -> int:
+        """Where VMEM is free of live residents while ``instruction`` runs (:attr:`vmem_tops`; the top of every
+        resident for an instruction it does not list)."""
+        return self.vmem_tops.get((computation, instruction), self.vmem_bytes)
 
     def buffer(self, computation: str, value: str, index: tuple[int, ...] = ()) -> Buffer:
         try:
@@ -669,21 +677,36 @@ def assign_buffers(
     )
     planner.build()
     assignment = planner.allocate()
-    check_disjoint(module, assignment, live_from)
-    return assignment
+    spans = live_spans(module, assignment, live_from)
+    check_disjoint(module, assignment, spans)
+    return replace(assignment, vmem_tops=_vmem_tops(module, assignment, spans))
 
 
-def check_disjoint(
+def _vmem_tops(
+    module: Module, assignment: BufferAssignment, spans: Mapping[str, Mapping[int, tuple[int, int]]]
+) -> dict[tuple[str, str], int]:
+    """Per instruction of the sequential computations, the byte above every VMEM buffer live at it."""
+    out: dict[tuple[str, str], int] = {}
+    buffers = assignment.buffers
+    for name, live in spans.items():
+        vmem = [
+            (lo, hi, buffers[b].offset + buffers[b].size) for b, (lo, hi) in live.items() if buffers[b].space == "vmem"
+        ]
+        for i, instr in enumerate(module[name].instructions):
+            out[(name, instr.name)] = max((top for lo, hi, top in vmem if lo <= i <= hi), default=0)
+    return out
+
+
+def live_spans(
     module: Module, assignment: BufferAssignment, live_from: Mapping[tuple[str, str], str] | None = None
-) -> None:
-    """Raise an internal :class:`CompileError` when two buffers that hold values live at the same time share
-    bytes: a wrong answer caught at compile time instead of a silent one at run time.
+) -> dict[str, dict[int, tuple[int, int]]]:
+    """Per sequential computation, per buffer, the positions ``(first, last)`` it holds a live value.
 
-    Liveness here is worked out afresh from the module, not from the planner's intervals: in each sequential
-    computation a leaf is live from the instruction that defines it to the last one that names it (the
-    root's leaves to the end), and everything live where a computation is run (its ``while``, ``call`` or
-    ``conditional`` in the caller, the loop state included) is live throughout it; a value of ``live_from``
-    from its instruction's position (see :func:`assign_buffers`)."""
+    Worked out afresh from the module, not from the planner's intervals: in each sequential computation a
+    leaf is live from the instruction that defines it to the last one that names it (the root's leaves to
+    the end), and everything live where a computation is run (its ``while``, ``call`` or ``conditional`` in
+    the caller, the loop state included) is live throughout it; a value of ``live_from`` from its
+    instruction's position (see :func:`assign_buffers`)."""
     live_from = live_from or {}
     callers: dict[str, list[tuple[str, int]]] = {}
     for name in sequential_computations(module):
@@ -722,10 +745,21 @@ def check_disjoint(
                     out[b] = whole
         return out
 
+    return {name: live(name) for name in sequential_computations(module)}
+
+
+def check_disjoint(
+    module: Module, assignment: BufferAssignment, spans: Mapping[str, Mapping[int, tuple[int, int]]] | None = None
+) -> None:
+    """Raise an internal :class:`CompileError` when two buffers that hold values live at the same time
+    (``spans``, default :func:`live_spans`) share bytes: a wrong answer caught at compile time instead of a
+    silent one at run time."""
+    if spans is None:
+        spans = live_spans(module, assignment)
     buffers = assignment.buffers
-    for name in sequential_computations(module):
+    for name, live in spans.items():
         intervals = sorted(
-            ((buffers[b], lo, hi) for b, (lo, hi) in live(name).items() if buffers[b].size),
+            ((buffers[b], lo, hi) for b, (lo, hi) in live.items() if buffers[b].size),
             key=lambda t: (t[0].space, t[0].offset),
         )
         for n, (a, lo, hi) in enumerate(intervals):

@@ -394,7 +394,9 @@ class Lowering:
     def op(self, comp: Computation, instr: Instruction) -> Iterator[OpScope]:
         """Hold VMEM, semaphores, registers and HBM scratch while ``instr`` is lowered."""
         unit = self.vreg_bytes  # VMEM blocks start on vector registers
-        resident = -(-self.buffers.vmem_bytes // unit) * unit
+        # above the residents live while the instruction runs (those that are not may be overwritten: the
+        # scoreboard orders the reuse of their bytes)
+        resident = -(-self.buffers.vmem_top(comp.name, instr.name) // unit) * unit
         free = self.config.vmem.bytes - resident
         share = int(free * self.options.vmem_fraction) // unit * unit
         base = resident + (0 if self._half == 0 or share * 2 > free else share)
@@ -421,13 +423,27 @@ class Lowering:
     def widen_scope(self) -> bool:
         """Give the current instruction all of the VMEM resident buffers leave (instead of its alternating
         share), when that is more: for a rule whose blocks did not fit its share. True when the scope grew."""
+        wide = self._wide_scope()
+        if wide is None:
+            return False
+        scope = self.scope
+        scope.vmem_base, scope.vmem_end, scope.vmem_next = wide[0], wide[1], wide[0]
+        return True
+
+    def can_widen(self) -> bool:
+        """Whether :meth:`widen_scope` would give the current instruction more VMEM."""
+        return self._wide_scope() is not None
+
+    def _wide_scope(self) -> tuple[int, int] | None:
         scope = self.scope
         unit = self.vreg_bytes
-        base = -(-self.buffers.vmem_bytes // unit) * unit
+        top = self.buffers.vmem_bytes
+        if self.computation is not None and self.hlo is not None:
+            top = self.buffers.vmem_top(self.computation.name, self.hlo)
+        base = -(-top // unit) * unit
         if (scope.vmem_base, scope.vmem_end) == (base, self.config.vmem.bytes):
-            return False
-        scope.vmem_base, scope.vmem_end, scope.vmem_next = base, self.config.vmem.bytes, base
-        return True
+            return None
+        return base, self.config.vmem.bytes
 
     @property
     def scope(self) -> OpScope:
