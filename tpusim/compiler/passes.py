@@ -417,7 +417,86 @@ def _fuse_computation(comp: Computation, taken: set[str]) -> tuple[Computation, 
     body = [r for i in comp.instructions if i.name not in drop for r in replaced.get(i.name, [i])]
     if siblings:
         body = _topological(body)
-    return replace(comp, instructions=tuple(body)), made
+    return _inline_scalar_broadcasts(replace(comp, instructions=tuple(body)), made)
+
+
+def _inline_scalar_broadcasts(comp: Computation, made: list[Computation]) -> tuple[Computation, list[Computation]]:
+    """A broadcast of a scalar constant (alone, or the fusion of the two) that only fusions made here read is
+    computed inside each of them instead of as a kernel of its own writing the whole array for them to read
+    back (XLA duplicates such cheap producers into their consumers): JAX's lowering shares one broadcast of
+    each GELU constant between all the layers of a model, and as its users are in different fusions it was
+    left a kernel (64 MB per constant for the d1024 decoder's MLP). The fusions stay as they were grouped;
+    only the parameter becomes the broadcast."""
+    fused = {c.name: c for c in made}
+    users: dict[str, list[Instruction]] = {i.name: [] for i in comp.instructions}
+    for instr in comp.instructions:
+        for o in dict.fromkeys(instr.operands):
+            users[o].append(instr)
+    shared: dict[str, tuple[Instruction, Instruction]] = {}
+    for i in comp.instructions:
+        pair = _scalar_broadcast(comp, i, fused)
+        if (
+            pair is not None
+            and i.name != comp.root
+            and users[i.name]
+            and all(u.opcode == "fusion" and u.attr("calls") in fused for u in users[i.name])
+        ):
+            shared[i.name] = pair
+    if not shared:
+        return comp, made
+    body = []
+    for instr in comp.instructions:
+        if instr.name in shared:
+            continue
+        if instr.opcode == "fusion" and any(o in shared for o in instr.operands):
+            inner = fused[instr.attr("calls")]
+            fused[inner.name] = _broadcast_inside(inner, [shared.get(o) for o in instr.operands])
+            instr = replace(instr, operands=tuple(o for o in instr.operands if o not in shared))
+        body.append(instr)
+    kept = {o for i in body for o in i.operands} | {comp.root}
+    body = [i for i in body if not (i.opcode == "constant" and i.name not in kept and _scalar(i.shape))]
+    gone = {i.attr("calls") for i in comp.instructions if i.name in shared and i.opcode == "fusion"}
+    return replace(comp, instructions=tuple(body)), [fused[c.name] for c in made if c.name not in gone]
+
+
+def _scalar_broadcast(
+    comp: Computation, instr: Instruction, fused: dict[str, Computation]
+) -> tuple[Instruction, Instruction] | None:
+    """(constant, broadcast) when ``instr`` broadcasts a scalar constant, or is a fusion made of just that."""
+    if instr.opcode == "broadcast":
+        src = comp[instr.operands[0]]
+        return (src, instr) if src.opcode == "constant" and _scalar(src.shape) else None
+    if instr.opcode == "fusion" and instr.attr("calls") in fused and not instr.operands:
+        inner = fused[instr.attr("calls")]
+        if len(inner.instructions) == 2:
+            const, bcast = inner.instructions
+            if const.opcode == "constant" and _scalar(const.shape) and bcast.opcode == "broadcast":
+                return const, bcast
+    return None
+
+
+def _scalar(shape: object) -> bool:
+    return isinstance(shape, Shape) and shape.rank == 0
+
+
+def _broadcast_inside(inner: Computation, inlined: list[tuple[Instruction, Instruction] | None]) -> Computation:
+    """``inner`` with each parameter whose entry of ``inlined`` is a (scalar constant, broadcast) pair computed
+    in place (both copied in, the broadcast under the parameter's name), the other parameters renumbered."""
+    names = {i.name for i in inner.instructions}
+    params = [i for i in inner.instructions if i.opcode == "parameter"]
+    params.sort(key=lambda i: i.attr("parameter_number"))
+    body: list[Instruction] = []
+    number = 0
+    for p, pair in zip(params, inlined):
+        if pair is None:
+            body.append(replace(p, attributes=p.attributes.replace(parameter_number=number)))
+            number += 1
+            continue
+        const, bcast = pair
+        copy = replace(const, name=unique_name(f"{p.name}.constant", names))
+        body += [copy, replace(bcast, name=p.name, operands=(copy.name,))]
+    body += [i for i in inner.instructions if i.opcode != "parameter"]
+    return replace(inner, instructions=tuple(body))
 
 
 _SIBLING_BYTES = 1 << 16

@@ -1,0 +1,44 @@
+"""After fusing, a broadcast of a scalar constant that only fusions read is computed inside each of them (XLA
+duplicates such cheap producers into their consumers): JAX's lowering of a model shares one broadcast of each
+GELU constant between all its layers, and as its users sit in different fusions it stayed a kernel writing a
+whole activation-sized array to HBM for every layer's MLP to read back (four d1024 decoder blocks took
+12,442 us, 4.9x one block; now 4.0x)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tpusim
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.reference import evaluate
+from tpusim.compiler.hlo.reference.io import random_inputs
+from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.passes import prepare_module
+
+TWO_LAYERS = """HloModule two_layers
+ENTRY main {
+  x = f32[256,512] parameter(0)
+  w = f32[512,512] parameter(1)
+  c = f32[] constant(0.5)
+  cb = f32[256,512] broadcast(c), dimensions={}
+  h1 = f32[256,512] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, operand_precision={highest,highest}
+  t1 = f32[256,512] tanh(h1)
+  g1 = f32[256,512] multiply(t1, cb)
+  h2 = f32[256,512] dot(g1, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, operand_precision={highest,highest}
+  t2 = f32[256,512] tanh(h2)
+  ROOT g2 = f32[256,512] multiply(t2, cb)
+}"""
+
+
+def test_a_broadcast_shared_by_two_layers_is_computed_inside_each_kernel() -> None:
+    m = parse_module(TWO_LAYERS)
+    prepared = prepare_module(m, CompileOptions())
+    entry = prepared.entry_computation
+    assert not [i.name for i in entry.instructions if i.opcode in ("broadcast", "constant") and i.shape.rank]
+    fusions = [i for i in entry.instructions if i.opcode == "fusion"]
+    assert len(fusions) == 2 and all(not prepared[f.attr("calls")].parameters[1:] for f in fusions)
+    assert all(any(j.opcode == "broadcast" for j in prepared[f.attr("calls")].instructions) for f in fusions)
+    inputs = random_inputs(m, 3)[0]
+    got = np.asarray(tpusim.simulate(m, inputs, config="tpu_v5e").outputs[0])
+    want = np.asarray(evaluate(m, inputs)[0])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)  # (f32 sums in another order)
