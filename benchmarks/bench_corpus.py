@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", help="programs (default: all)")
     parser.add_argument("--write", type=Path, help="rewrite the table between the fidelity markers of this file")
     args = parser.parse_args(argv)
+    if args.write is not None and (args.only or args.chip):
+        # the markers hold the whole table: a subset would drop the other rows from the document
+        parser.error("--write rewrites the whole table; run it without --only and --chip")
 
     import corpus
 
