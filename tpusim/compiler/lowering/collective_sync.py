@@ -65,9 +65,11 @@ def wrapped_collective(module: Module, instr: Instruction) -> Instruction | None
     return op if op is not None and op.opcode in COLLECTIVES else None
 
 
-ASYNC_PARTS = 2
-"""Local completion semaphores per bank of an async collective: one per part of the data that moves at once
-(collectives over several torus axes run two rings together)."""
+PARTS = 2
+"""Parts of the data a collective over several torus axes moves at once, each over the axes in another
+order (``collectives._axis_orders``); a bank of an async collective holds a local completion semaphore per
+part. Two keep the scalar registers of a 3-D torus's rings and parts within the core's 32 (a 3-D torus then
+keeps two of its three axes busy in every round)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +78,7 @@ class Bank:
 
     ready: int
     arrive: tuple[int, ...]
-    # completions of this chip's pushes of an async collective (outlive its -start): one per part of the data
-    # that moves at once (collectives over several torus axes, see collectives.PARTS)
+    # completions of this chip's pushes of an async collective (outlive its -start), one per part (PARTS)
     locals: tuple[int, ...] = ()
 
     @property
@@ -186,7 +187,7 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     topology = system_topology(ctx.config.ici, who.devices)
     axes = max(1, sum(1 for n in topology.shape if n > 1))
     banks, any_async = _banks_needed(ctx.module)
-    parts = ASYNC_PARTS if any_async else 0
+    parts = PARTS if any_async else 0
     per_bank = 1 + 2 * axes + parts
     total = ctx.config.core.semaphores
     need = banks * per_bank

@@ -43,6 +43,7 @@ from tpusim.compiler.lowering.collective_ring import (
 )
 from tpusim.compiler.lowering.collective_sync import (
     COLLECTIVES,
+    PARTS,
     Bank,
     CollectiveState,
     Facts,
@@ -186,12 +187,6 @@ def _bases(
         _release(facts.ctx, ring.pos, ring.coord, *ring.to.values())
         out.append(b)
     return out
-
-
-PARTS = 2
-"""Parts of the data a collective over several torus axes moves at once (:func:`_axis_orders`). Two keep
-the scalar registers of a 3-D torus's rings and parts within the core's 32; a 3-D torus then keeps two
-of its three axes busy in every round."""
 
 
 def _axis_orders(plan: GroupPlan) -> list[list[int]] | None:
