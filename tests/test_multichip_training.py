@@ -8,8 +8,10 @@ XLA's per-device module (with its combined all-reduce) runs on 8 simulated chips
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh
@@ -23,14 +25,15 @@ from tpusim.compiler.lowering.context import CompileOptions
 CHIPS, BATCH, D_IN, HIDDEN, D_OUT = 8, 32, 64, 128, 16
 
 
-def _step(w1, b1, w2, b2, x, y):  # type: ignore[no-untyped-def]
-    def loss(params):  # type: ignore[no-untyped-def]
-        w1, b1, w2, b2 = params
-        h = jnp.tanh(x @ w1 + b1)
-        return jnp.mean((h @ w2 + b2 - y) ** 2)
+def _step():  # type: ignore[no-untyped-def]
+    """The shipped SPMD example's step (``scripts/make_spmd_example.py``): SGD on an MLP, ``pmean`` of the
+    gradients over the ``data`` axis."""
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    from make_spmd_example import step
 
-    grads = jax.lax.pmean(jax.grad(loss)((w1, b1, w2, b2)), "data")
-    return tuple(p - 0.1 * g for p, g in zip((w1, b1, w2, b2), grads))
+    return step
 
 
 @pytest.mark.parametrize("topology", [None, "2x4"])
@@ -38,7 +41,7 @@ def test_data_parallel_mlp_step_on_8_chips(topology: str | None) -> None:
     mesh = Mesh(np.array(jax.devices()[:CHIPS]), ("data",))
     replicated, sharded = P(), P("data")
     fn = jax.jit(
-        jax.shard_map(_step, mesh=mesh, in_specs=(replicated,) * 4 + (sharded,) * 2, out_specs=(replicated,) * 4)
+        jax.shard_map(_step(), mesh=mesh, in_specs=(replicated,) * 4 + (sharded,) * 2, out_specs=(replicated,) * 4)
     )
     rng = np.random.default_rng(11)
     params = [
