@@ -105,9 +105,10 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     resident = int(config.vmem.bytes * options.resident_vmem_fraction) if single else 0
     vreg = config.vpu.sublanes * config.vpu.lanes * 4
     # An epilogue fusion's code runs inside its product's: its result is live from the product on.
-    early = {(comp, user): dot for (comp, dot), user in find_epilogues(module).items()}
+    epilogues = find_epilogues(module)
+    early = {(comp, user): dot for (comp, dot), user in epilogues.items()}
     buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes, resident, vreg, early)  # by liveness
-    lowered = lower_module(module, buffers, config, options, rules)  # tile loops of ISA instructions
+    lowered = lower_module(module, buffers, config, options, rules, epilogues)  # tile loops of ISA instructions
     _debug("lowering", lambda: print_program(lowered.program))
     if checking:
         verify_program(lowered.program, config)  # in bounds, aligned, defined before use, every DMA waited

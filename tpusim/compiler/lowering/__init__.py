@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,11 +57,17 @@ def megacore_cores(module: Module, config: ChipConfig, options: CompileOptions) 
 
 
 def lower_module(
-    module: Module, buffers: BufferAssignment, config: ChipConfig, options: CompileOptions, rules: TilingRules
+    module: Module,
+    buffers: BufferAssignment,
+    config: ChipConfig,
+    options: CompileOptions,
+    rules: TilingRules,
+    epilogues: Mapping[tuple[str, str], str] | None = None,
 ) -> Lowered:
     """Lower the entry computation (and, through control flow, everything it calls): for core 0, or with
     megacore for every core of the chip (one stream each, see :mod:`.sequential`)."""
-    ctx = Lowering(module, buffers, config, options, rules, cores=megacore_cores(module, config, options))
+    cores = megacore_cores(module, config, options)
+    ctx = Lowering(module, buffers, config, options, rules, cores=cores, epilogues=epilogues)
     ctx.init_pools()
     lower_computation(ctx, module.entry)
     for b in ctx.streams:

@@ -8,7 +8,7 @@ arena above the buffer assignment's peak for temporaries an instruction needs on
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +107,8 @@ class Lowering:
         config: the chip.
         options: compile options.
         rules: the tiling rules (for VMEM blocks a lowering creates).
+        epilogues: ``(computation, dot) -> fusion`` pairs of :func:`find_epilogues` when the caller already
+            found them (buffer assignment needs them first).
         cores: how many TensorCores of the chip the program uses (one stream each; 1 without megacore).
         streams: the instruction stream of each core; ``stream`` is core 0's.
         targets: the cores that receive what :meth:`emit` emits now.
@@ -125,6 +127,7 @@ class Lowering:
         options: CompileOptions,
         rules: TilingRules,
         cores: int = 1,
+        epilogues: Mapping[tuple[str, str], str] | None = None,
     ) -> None:
         self.module = module
         self.rules = rules
@@ -172,7 +175,7 @@ class Lowering:
         # Not for values control flow reads: an epilogue's code carries the dot's control flag.
         self.epilogues: dict[tuple[str, str], str] = {
             dot: user
-            for dot, user in find_epilogues(module).items()
+            for dot, user in (find_epilogues(module) if epilogues is None else epilogues).items()
             if dot not in self.control_slice.values and (dot[0], user) not in self.control_slice.values
         }
         self.epilogued: set[tuple[str, str]] = set()
