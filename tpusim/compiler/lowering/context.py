@@ -396,10 +396,8 @@ class Lowering:
     @contextmanager
     def op(self, comp: Computation, instr: Instruction) -> Iterator[OpScope]:
         """Hold VMEM, semaphores, registers and HBM scratch while ``instr`` is lowered."""
-        unit = self.vreg_bytes  # VMEM blocks start on vector registers
-        # above the residents live while the instruction runs (those that are not may be overwritten: the
-        # scoreboard orders the reuse of their bytes)
-        resident = -(-self.buffers.vmem_top(comp.name, instr.name) // unit) * unit
+        unit = self.vreg_bytes
+        resident = self._resident_top(comp.name, instr.name)
         free = self.config.vmem.bytes - resident
         share = int(free * self.options.vmem_fraction) // unit * unit
         base = resident + (0 if self._half == 0 or share * 2 > free else share)
@@ -437,13 +435,16 @@ class Lowering:
         """Whether :meth:`widen_scope` would give the current instruction more VMEM."""
         return self._wide_scope() is not None
 
+    def _resident_top(self, comp: str, instr: str) -> int:
+        """Where an instruction's own VMEM may start: above the residents live while it runs (those that are
+        not may be overwritten, the scoreboard orders the reuse of their bytes), on a vector register."""
+        unit = self.vreg_bytes
+        return -(-self.buffers.vmem_top(comp, instr) // unit) * unit
+
     def _wide_scope(self) -> tuple[int, int] | None:
         scope = self.scope
-        unit = self.vreg_bytes
-        top = self.buffers.vmem_bytes
-        if self.computation is not None and self.hlo is not None:
-            top = self.buffers.vmem_top(self.computation.name, self.hlo)
-        base = -(-top // unit) * unit
+        assert self.computation is not None and self.hlo is not None, "scopes are opened by op()"
+        base = self._resident_top(self.computation.name, self.hlo)
         if (scope.vmem_base, scope.vmem_end) == (base, self.config.vmem.bytes):
             return None
         return base, self.config.vmem.bytes
