@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from tpusim.memory.digits import normal_form
 from tpusim.memory.shape import Layout, Shape
 from tpusim.memory.tiling import geometry
 
@@ -21,13 +22,13 @@ __all__ = [
     "bytes_agree",
     "free_transpose",
     "merged_shape",
-    "same_tiling",
     "untiled",
     "view_shape",
 ]
 
 MEANING_CHECK_ELEMENTS = 1 << 22
-"""Shapes up to this many elements have their byte meaning compared element by element."""
+"""Shapes whose layouts have no digit form (``*`` merges) up to this many elements have their byte meaning
+compared element by element."""
 
 
 class LayoutViewError(ValueError):
@@ -128,36 +129,29 @@ def untiled(shape: Shape, row_major: bool = False) -> Shape:
     return shape.with_layout(Layout(order))
 
 
-def same_tiling(src: Shape, dst: Shape) -> bool:
-    """Both row-major with the same tiles and the same tiled (most minor) dimensions: only dimensions major
-    to the tiles are merged or split, which leaves every byte in place."""
-    ls, ld = src.effective_layout, dst.effective_layout
-    if ls.tiles != ld.tiles or not ls.tiles or ls != replace(ld, minor_to_major=ls.minor_to_major):
-        return False
-    k = len(ls.tiles[0].dimensions)
-    default = Layout.default
-    return (
-        ls.minor_to_major == default(src.rank).minor_to_major
-        and ld.minor_to_major == default(dst.rank).minor_to_major
-        and min(src.rank, dst.rank) >= k
-        and src.dimensions[src.rank - k :] == dst.dimensions[dst.rank - k :]
-    )
-
-
 @lru_cache(maxsize=1024)
 def bytes_agree(src: Shape, dst: Shape, row_major: bool = False) -> bool | None:
     """Whether reading ``src``'s tiled bytes as ``dst`` gives what the operation means: a bitcast of the
-    untiled layouts (their dimension orders only), or with ``row_major`` a reshape. None: too big to compare
-    element by element. Cached: a vector kernel asks it of the same block shapes block after block (the
-    d1024 decoder block's compilation spent 29 of its 34 s comparing them again)."""
+    untiled layouts (elements read in each shape's physical order), or with ``row_major`` a reshape
+    (elements read in row-major order). Decided on the layouts' digit forms (:mod:`tpusim.memory.digits`)
+    at any size. Layouts with ``*`` merges have no digit form; they are compared element by element up to
+    :data:`MEANING_CHECK_ELEMENTS` elements, None (unknown) above."""
     gs, gd = geometry(src), geometry(dst)
     if gs.element_bits != gd.element_bits or src.byte_size != dst.byte_size:
         return False
-    same_physical = gs.physical_dims == gd.physical_dims and src.effective_layout.tiles == dst.effective_layout.tiles
-    if (same_physical and not row_major) or (src.element_type == dst.element_type and same_tiling(src, dst)):
-        return True
+    if src.element_count == 0 or dst.element_count == 0:
+        return src.element_count == dst.element_count
+    fs = normal_form(src, _reading_order(src, row_major))
+    fd = normal_form(dst, _reading_order(dst, row_major))
+    if fs is not None and fd is not None:
+        return fs == fd
     if dst.element_count > MEANING_CHECK_ELEMENTS:
         return None
     slot = geometry(untiled(dst, row_major)).linear_map().reshape(-1)  # where each dst element sits untiled
     source_index, _ = geometry(untiled(src, row_major)).logical_index(slot)  # the src element at that slot
     return bool(np.array_equal(gs.linear_index(source_index), gd.linear_map().reshape(-1)))
+
+
+def _reading_order(shape: Shape, row_major: bool) -> tuple[int, ...]:
+    """The order a reshape (row-major) or a bitcast (physical order) reads ``shape``'s elements in."""
+    return tuple(range(shape.rank)) if row_major else tuple(reversed(shape.effective_layout.minor_to_major))
