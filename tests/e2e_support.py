@@ -33,7 +33,7 @@ from tpusim.compiler.hlo import load_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.reference import evaluate
 from tpusim.compiler.hlo.reference.core import Host
-from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.options import CompileOptions
 from tpusim.report.summary import program_precision
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -42,7 +42,7 @@ def test_bad_output_suffix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
         ),
         (
             'ROOT c = f32[4] custom-call(x, r), custom_call_target="my_kernel"',
-            "custom-call target 'my_kernel' has no lowering and no reference function",
+            "no hardware lowering for custom-call, and custom-call target 'my_kernel' has no reference function",
         ),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tpusim.api import reference_evaluator
 from tpusim.config import load_config, with_overrides
 from tpusim.devices import Chip, DeadlockError, ExecutionError, System
 from tpusim.isa import (
@@ -298,8 +299,10 @@ def test_fallback_runs_the_reference_interpreter_with_its_declared_cost():
         [Fallback("sort.1", (a,), (b,), hlo="sort.1")], symbols=[Symbol("a", a), Symbol("b", b)], fallbacks=[kernel]
     )
     x = np.random.default_rng(0).standard_normal(16).astype(np.float32)
-    res = Chip(TEACH).run(prog, {"a": x})
+    res = Chip(TEACH).run(prog, {"a": x}, fallback_evaluator=reference_evaluator())
     np.testing.assert_array_equal(res.read("b"), np.sort(x))
+    with pytest.raises(ExecutionError, match=r"fallback kernel 'sort.1' needs an evaluator"):
+        Chip(TEACH).run(prog, {"a": x})  # the device model knows no HLO: the caller passes the interpreter
     assert res.trace.rows()[0][::3] == (0, 100 + 128 // 2)  # 100 + 0.5 per operand byte
     assert res.trace.rows()[0][1] == "chip0.core0.fallback"
 

@@ -10,9 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_layout_properties import tiled_shapes
 
-from tpusim.devices.memory import ByteStore, read_value, window_extent, window_slots, window_strides, write_value
+from tpusim.devices.memory import ByteStore, read_value, write_value
 from tpusim.memory import geometry, pack, parse_shape, unpack
 from tpusim.memory.tiling import axis_slots, is_separable
+from tpusim.memory.windows import window_extent, window_slots, window_strides
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from tpusim.devices import memory, values
-from tpusim.devices.memory import ByteStore, window_extent, write_value
+from tpusim.devices.memory import ByteStore, write_value
 from tpusim.memory import pack, parse_shape
+from tpusim.memory.windows import window_extent
 
 SHAPE = parse_shape("f32[16,16]{1,0:T(8,8)}")
 

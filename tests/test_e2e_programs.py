@@ -38,7 +38,7 @@ from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.reference import REFERENCE
 from tpusim.compiler.hlo.reference.core import Host
-from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.options import CompileOptions
 
 BF16 = ml_dtypes.bfloat16
 

@@ -12,7 +12,7 @@ import tpusim
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import evaluate
 from tpusim.compiler.hlo.reference.io import random_inputs
-from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.passes import prepare_module
 
 TWO_LAYERS = """HloModule two_layers

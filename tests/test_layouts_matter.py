@@ -21,7 +21,7 @@ import tpusim
 from tpusim.api import SimulationResult
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.ir import Module
-from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.options import CompileOptions
 from tpusim.memory import Shape
 from tpusim.report.stats import unit_stats
 

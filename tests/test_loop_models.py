@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 import tpusim
-from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.options import CompileOptions
 
 HIGHEST = CompileOptions(matmul_precision="highest")
 

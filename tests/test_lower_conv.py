@@ -20,10 +20,10 @@ from e2e_support import run_checked
 from jax_oracle import convolution_text
 
 import tpusim
+from tpusim.compiler.dot_dims import convolution_dims
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.ir import Module
-from tpusim.compiler.lowering.context import CompileOptions
-from tpusim.compiler.lowering.dot_dims import convolution_dims
+from tpusim.compiler.options import CompileOptions
 from tpusim.isa import MxuMatmul
 
 CHIPS = ("teaching", "tpu_v5e")

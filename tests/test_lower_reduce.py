@@ -1,5 +1,5 @@
 """Reductions on the VPU when the reduced dimension does not fit one VMEM block: the blocks cut a reduced
-dimension and ``vpu.reduce`` accumulates (tpusim/compiler/lowering/blocks.py, elementwise.py). Checked
+dimension and ``vpu.reduce`` accumulates (tpusim/compiler/blocks.py, elementwise.py). Checked
 against the reference interpreter and JAX on the teaching chip (a 64 KiB VMEM: every array here is many
 blocks) and on tpu_v5e.
 """

@@ -18,7 +18,7 @@ from test_e2e_programs import CASES, built
 import tpusim
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference.io import random_inputs
-from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.options import CompileOptions
 from tpusim.config import load_config
 from tpusim.isa import Barrier, DmaStart
 from tpusim.isa.text import print_program

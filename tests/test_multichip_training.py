@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 import tpusim
 from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import evaluate_spmd
-from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.options import CompileOptions
 
 CHIPS, BATCH, D_IN, HIDDEN, D_OUT = 8, 32, 64, 128, 16
 

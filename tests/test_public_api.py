@@ -41,7 +41,7 @@ def test_help_lists_the_shipped_presets(command: str) -> None:
 
 def test_the_public_names() -> None:
     from tpusim.compiler.errors import CompileError
-    from tpusim.compiler.lowering.context import CompileOptions
+    from tpusim.compiler.options import CompileOptions
     from tpusim.compiler.pipeline import CompiledProgram
     from tpusim.config import ChipConfig, load_config
     from tpusim.limits import RunLimitError

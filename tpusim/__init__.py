@@ -8,7 +8,7 @@ from tpusim.lazy import lazy_attribute
 if TYPE_CHECKING:  # for type checkers and editors; at run time these are imported on first use
     from tpusim.api import InputError, SimulationResult, compile_program, simulate, simulate_jax
     from tpusim.compiler.errors import CompileError
-    from tpusim.compiler.lowering.context import CompileOptions
+    from tpusim.compiler.options import CompileOptions
     from tpusim.compiler.pipeline import CompiledProgram
     from tpusim.config import ChipConfig, load_config
     from tpusim.errors import ConfigError

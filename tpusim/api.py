@@ -16,21 +16,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tpusim.compiler.buffer_assignment import leaf_paths
+from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo import load_module, parse_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.parser import read_hlo_text
 from tpusim.compiler.hlo.reference.core import TOKEN, DeviceState, Host
 from tpusim.compiler.hlo.reference.io import DEFAULT_SEED, random_inputs
-from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.pipeline import CompiledProgram, compile_module
 from tpusim.config import ChipConfig, load_config
-from tpusim.devices import Chip, RunMonitor, RunResult, Trace
+from tpusim.devices import Chip, FallbackEvaluator, RunMonitor, RunResult, Trace
 from tpusim.errors import TpusimError
 from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS, RunLimitError
 
@@ -39,6 +41,7 @@ __all__ = [
     "InputError",
     "SimulationResult",
     "load_program",
+    "reference_evaluator",
     "simulate",
     "simulate_chips",
     "simulate_jax",
@@ -192,7 +195,26 @@ def compile_program(
         HloParseError, HloVerifyError, ConfigError, CompileError (all TpusimError): naming the file position,
             key or instruction at fault.
     """
-    return compile_module(load_program(program), _config(config, overrides), options)
+    return compile_checked(load_program(program), _config(config, overrides), options)
+
+
+def compile_checked(module: Module, config: ChipConfig, options: CompileOptions | None = None) -> CompiledProgram:
+    """:func:`~tpusim.compiler.pipeline.compile_module`, then a check that the reference interpreter (the
+    fallback evaluator :func:`simulate` gives the device) can run every fallback kernel, so a program that
+    could only fail when the device reached such a kernel is rejected before it runs.
+
+    Raises:
+        CompileError: naming the instruction the interpreter cannot run and why it fell back.
+    """
+    from tpusim.compiler.hlo.reference import cannot_run
+
+    compiled = compile_module(module, config, options)
+    for comp, name, _, reason in compiled.fallbacks:
+        instr = compiled.module[comp][name]
+        problem = cannot_run(instr)
+        if problem is not None:
+            raise CompileError(f"{reason}, and {problem}", instr, comp)
+    return compiled
 
 
 def simulate(
@@ -266,7 +288,7 @@ def simulate(
     if isinstance(program, CompiledProgram):
         compiled = program
     else:
-        compiled = compile_module(load_program(program), _config(config, overrides), options)
+        compiled = compile_checked(load_program(program), _config(config, overrides), options)
     compiled_at = time.perf_counter()
     module = compiled.source
     declared = module.replica_count * module.num_partitions
@@ -284,7 +306,7 @@ def simulate(
             compiled.program,
             placed,
             timing_only=timing_only,
-            fallback_evaluator=_evaluator(host or Host(), max_steps),
+            fallback_evaluator=reference_evaluator(host, max_steps),
             monitor=monitor,
             max_steps=max_steps,
             max_cycles=max_cycles,
@@ -297,14 +319,34 @@ def simulate(
     return SimulationResult(outputs, run.cycles, compiled, run, None, compile_seconds, done - compiled_at, xla)
 
 
-def _evaluator(host: Host, max_steps: int = DEFAULT_MAX_STEPS) -> Callable[[str, list[np.ndarray]], list[np.ndarray]]:
-    """Run fallback kernels with the reference interpreter, keeping the device's RNG state and host queues
-    from one kernel to the next."""
-    from tpusim.compiler.hlo.reference import evaluate
-    from tpusim.devices.fallback import parsed_kernel
+def reference_evaluator(
+    host: Host | None = None, max_steps: int = DEFAULT_MAX_STEPS, *, stateful: bool = True
+) -> FallbackEvaluator:
+    """The fallback evaluator :func:`simulate` gives the device model: each fallback kernel's HLO text
+    (parsed once) run by the reference interpreter.
 
-    state = DeviceState()
-    return lambda hlo, inputs: list(evaluate(parsed_kernel(hlo), inputs, host=host, state=state, max_steps=max_steps))
+    Args:
+        host: the host queues infeed/outfeed kernels read and write (by default a fresh one, or with
+            ``stateful`` False a fresh one per kernel).
+        max_steps: the interpreter's step budget per kernel.
+        stateful: keep the device's RNG state and host queues from one kernel to the next (one chip's
+            run); False starts every kernel afresh.
+    """
+    from tpusim.compiler.hlo.reference import evaluate
+
+    queues = host if host is not None or not stateful else Host()
+    state = DeviceState() if stateful else None
+
+    def run(hlo: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        return list(evaluate(_parsed_kernel(hlo), inputs, host=queues, state=state, max_steps=max_steps))
+
+    return run
+
+
+@lru_cache(maxsize=64)
+def _parsed_kernel(hlo: str) -> Module:
+    """A fallback kernel's HLO text parsed once (kernels run many times in loops)."""
+    return parse_module(hlo)
 
 
 def simulate_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> SimulationResult:
@@ -386,7 +428,7 @@ def simulate_chips(
             chips = module.replica_count * module.num_partitions
         topo = system_topology(cfg.ici, chips, shape)
         cfg = with_overrides(cfg, {"ici.shape": topo.shape})
-        compiled = compile_module(module, cfg, options)
+        compiled = compile_checked(module, cfg, options)
     compiled_at = time.perf_counter()
     n = topo.chips
     placed: dict[str, Any] = {}
@@ -399,7 +441,7 @@ def simulate_chips(
     try:
         run = system.run(
             compiled.program, placed, timing_only=timing_only, monitor=monitor, max_steps=max_steps,
-            max_cycles=max_cycles,
+            max_cycles=max_cycles, fallback_evaluator=reference_evaluator(max_steps=max_steps, stateful=False),
         )  # fmt: skip
     except RunLimitError as e:  # name the loop's computation (the device knows only HLO names)
         raise e.located(compiled.module) from None

@@ -145,7 +145,7 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from tpusim.compiler.lowering.context import CompileOptions
+    from tpusim.compiler.options import CompileOptions
 
     return CompileOptions(
         tiling=args.tiling,
@@ -247,13 +247,13 @@ def _run_run(args: argparse.Namespace) -> int:
 
 def _compile_for_run(module: Module, config: Any, args: argparse.Namespace, topology: Any) -> Any:
     """Compile ``module`` as ``simulate`` would (on many chips with ``ici.shape`` set to the topology)."""
-    from tpusim.compiler.pipeline import compile_module
+    from tpusim.api import compile_checked
 
     if topology is not None:
         from tpusim.config import with_overrides
 
         config = with_overrides(config, {"ici.shape": topology.shape})
-    return compile_module(module, config, _options(args))
+    return compile_checked(module, config, _options(args))
 
 
 def _stack(values: list[Any]) -> Any:
@@ -299,9 +299,8 @@ def _configure_compile(p: argparse.ArgumentParser) -> None:
 
 @command("compile", "compile an HLO program and print a stage of the result", _configure_compile)
 def _run_compile(args: argparse.Namespace) -> int:
-    from tpusim.api import load_program
+    from tpusim.api import compile_checked, load_program
     from tpusim.compiler.hlo.printer import print_module
-    from tpusim.compiler.pipeline import compile_module
     from tpusim.config import load_config
     from tpusim.isa.text import print_program
 
@@ -311,7 +310,7 @@ def _run_compile(args: argparse.Namespace) -> int:
         from tpusim.api import through_xla
 
         module, _ = through_xla(args.program, config)
-    compiled = compile_module(module, config, _options(args))
+    compiled = compile_checked(module, config, _options(args))
     if args.emit == "layouts":
         print(print_module(compiled.module))
         for r in compiled.relayouts:

@@ -29,8 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import pairwise
 
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, SliceDim
-from tpusim.compiler.hlo.reference.control import custom_call_target
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, SliceDim, custom_call_target
 from tpusim.compiler.hlo.xla_forms import CONCAT_BITCAST as _CONCAT
 from tpusim.compiler.hlo.xla_forms import concat_bitcast_order
 from tpusim.compiler.passes import drop_unused, inline_instruction

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tpusim.compiler.hlo.ir import Instruction
 from tpusim.errors import TpusimError
 
-__all__ = ["CompileError"]
+__all__ = ["CompileError", "NotLowerable"]
 
 
 class CompileError(TpusimError):
@@ -22,3 +22,8 @@ class CompileError(TpusimError):
                 where += f"; {loc.source_file}:{loc.source_line})" if loc.source_file else ")"
             where += ": "
         super().__init__(where + message)
+
+
+class NotLowerable(CompileError):
+    """Raised by a lowering rule (or the block planning it relies on) that cannot handle this instance; the
+    instruction falls back."""

@@ -21,7 +21,7 @@ Costs are in cycles of the chip:
   its tiled dimensions unchanged), a reduce its kept dimensions in the result's order, a fusion what its
   fused computation needs of each parameter, a matrix product its operands streaming (K in lanes for the
   left, K or N for the right) and its result's lanes one operand's free dimension (the MXU lowering
-  exchanges the operands, :func:`tpusim.compiler.lowering.dot_dims.oriented`); a product also costs the MXU
+  exchanges the operands, :func:`tpusim.compiler.dot_dims.oriented`); a product also costs the MXU
   cycles of the blocks its orders give (a weight tile of R x C streams at least R rows, so an 8-row M wastes
   most of each pass).
 - **Search.** Every value starts at its cheapest storage; then each value in turn takes the order of least
@@ -48,9 +48,9 @@ from math import ceil
 from math import prod as _prod
 from typing import Any
 
+from tpusim.compiler.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
-from tpusim.compiler.lowering.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.memory import Layout, Shape
@@ -508,7 +508,7 @@ def dot_cost(
     dims: DotDims, lhs: tuple[Shape, Order], rhs: tuple[Shape, Order], out: tuple[Shape, Order], config: ChipConfig
 ) -> float:
     """Cycles of a product for these orders, as the MXU lowering would arrange it
-    (:func:`tpusim.compiler.lowering.dot_dims.oriented`): its MXU passes (each ``R x C`` weight tile streams the
+    (:func:`tpusim.compiler.dot_dims.oriented`): its MXU passes (each ``R x C`` weight tile streams the
     block's M rows, at least ``R`` cycles: the next tile's load), plus moving twice the bytes of an operand that
     must be transposed window by window (the left one without K in its lanes, the right one with neither K nor
     N) and of a result whose lanes are not N."""

@@ -17,7 +17,7 @@
    lowering (the MXU for the dot, for example) and the elementwise rest is fused again by step 3.
 3. ``fuse``: greedy producer-into-consumer fusion of vector operations, as XLA's instruction fusion does:
    an operation joins the fusion of its users when all of its users are in that fusion and the fusion can
-   still be cut into blocks (:func:`tpusim.compiler.lowering.blocks.plan_needs`). Intermediate values of a
+   still be cut into blocks (:func:`tpusim.compiler.blocks.plan_needs`). Intermediate values of a
    fusion never travel through HBM.
 """
 
@@ -27,10 +27,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal, Module
-from tpusim.compiler.lowering.blocks import NEED_RULES, plan_needs
-from tpusim.compiler.lowering.context import CompileOptions
-from tpusim.compiler.lowering.registry import NotLowerable
+from tpusim.compiler.blocks import NEED_RULES, plan_needs
+from tpusim.compiler.errors import NotLowerable
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal, Module, custom_call_target
+from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.rewrite import rewrite_instructions, unique_name
 from tpusim.memory import Shape, TupleShape
 from tpusim.memory.shape import Layout
@@ -80,8 +80,6 @@ _ANNOTATIONS = frozenset(
 def drop_annotations(module: Module) -> Module:
     """Remove every annotation custom-call (:data:`_ANNOTATIONS`) of one array operand whose result has the
     operand's shape: its users (and a root) read the operand instead."""
-    from tpusim.compiler.hlo.reference.control import custom_call_target
-
     comps = []
     for comp in module.computations:
         alias: dict[str, str] = {}

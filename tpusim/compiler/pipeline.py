@@ -20,9 +20,9 @@ from tpusim.compiler.hlo.opcodes import talks_to_other_devices
 from tpusim.compiler.hlo.printer import print_module
 from tpusim.compiler.layout_assignment import Relayout, assign_layouts
 from tpusim.compiler.lowering import lower_module, megacore_cores
-from tpusim.compiler.lowering.context import CompileOptions
 from tpusim.compiler.lowering.epilogue import find_epilogues
 from tpusim.compiler.memory_spaces import keep_on_chip
+from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.passes import prepare_module
 from tpusim.compiler.precision import normalize_precision
 from tpusim.compiler.tiling_rules import load_tiling_rules

@@ -9,7 +9,7 @@ Public surface (``docs/model.md`` documents every timing rule)::
 
 from tpusim.devices.core import DeadlockError
 from tpusim.devices.engine import events_scheduled
-from tpusim.devices.fallback import FallbackEvaluator, reference_evaluator
+from tpusim.devices.fallback import FallbackEvaluator
 from tpusim.devices.memory import ByteStore, MemoryAccessError
 from tpusim.devices.monitor import RunMonitor
 from tpusim.devices.system import Chip, RunResult, System
@@ -29,5 +29,4 @@ __all__ = [
     "Trace",
     "TraceStream",
     "events_scheduled",
-    "reference_evaluator",
 ]

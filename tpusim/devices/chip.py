@@ -53,7 +53,7 @@ class Machine:
         numeric: bool,
         max_steps: int,
         max_cycles: int,
-        fallback_evaluator: FallbackEvaluator,
+        fallback_evaluator: FallbackEvaluator | None,
     ) -> None:
         self.cfg = cfg
         self.topology = topology

@@ -34,10 +34,10 @@ from tpusim.devices.compute import issue_compute
 from tpusim.devices.decode import Decoded, DecodedStream, OperandPlan, decoded_stream
 from tpusim.devices.dma import DmaEngines, issue_dma
 from tpusim.devices.hazards import Scoreboard
-from tpusim.devices.memory import window_extent
 from tpusim.devices.mxu import MxuState
 from tpusim.devices.units import COMPUTE, Access, ExecutionError, handles
 from tpusim.isa import DmaStart, MemRef, Space, format_instruction
+from tpusim.memory.windows import window_extent
 
 if TYPE_CHECKING:
     from tpusim.devices.chip import ChipState

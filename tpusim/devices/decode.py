@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 from tpusim.devices.compute import issue_mxu_fast, issue_vpu_static
 from tpusim.devices.fallback import fallback_cost
 from tpusim.devices.hazards import OWN, box_of
-from tpusim.devices.memory import affine, window_extent
+from tpusim.devices.memory import affine
 from tpusim.devices.mxu import MxuState, timing_facts
 from tpusim.devices.trace import InstructionTexts
 from tpusim.devices.units import COMPUTE, HANDLERS, Access, Cost, Handler
 from tpusim.isa import DmaStart, Fallback, MemRef, Reg, Space
+from tpusim.memory.windows import window_extent
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig

@@ -29,10 +29,11 @@ import numpy as np
 
 from tpusim.devices.engine import Event, Timeout
 from tpusim.devices.flows import Flow, resource
-from tpusim.devices.memory import read_value, window_slots, window_strides, write_value
+from tpusim.devices.memory import read_value, write_value
 from tpusim.devices.units import Access
 from tpusim.isa import Reg, Space
 from tpusim.memory import Shape, geometry
+from tpusim.memory.windows import window_slots, window_strides
 
 __all__ = [
     "DmaEngines",

@@ -1,10 +1,9 @@
 """The fallback unit: runs an HLO computation from the program's kernel table on operand bytes.
 
-This is how every HLO op runs, including those without a hardware lowering (DESIGN principle 6). The
-numbers come from an *evaluator* ``(hlo_text, input arrays) -> output arrays``; the default one parses
-the kernel with :func:`tpusim.compiler.hlo.parse_module` and runs the reference interpreter
-(:func:`tpusim.compiler.hlo.reference.evaluate`). That lazy import is the devices' only dependency on the
-compiler package; ``System.run(..., fallback_evaluator=...)`` replaces it.
+This is how every HLO op runs, including those without a hardware lowering. The numbers come from an
+*evaluator* ``(hlo_text, input arrays) -> output arrays`` the caller passes to ``System.run(...,
+fallback_evaluator=...)``; ``tpusim.simulate`` passes the reference interpreter
+(:func:`tpusim.api.reference_evaluator`). The device model itself knows no HLO.
 
 Timing: the core's single fallback unit is busy for the kernel's declared cost
 (:meth:`tpusim.isa.FallbackKernel.cycles`), with ``bytes`` = the bytes the operand blocks span.
@@ -13,7 +12,6 @@ Timing: the core's single fallback unit is busy for the kernel's declared cost
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,24 +23,9 @@ from tpusim.isa import Fallback, FallbackKernel
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
 
-__all__ = ["FallbackEvaluator", "fallback_cost", "parsed_kernel", "reference_evaluator"]
+__all__ = ["FallbackEvaluator", "fallback_cost"]
 
 FallbackEvaluator = Callable[[str, list[np.ndarray]], list[np.ndarray]]
-
-
-@lru_cache(maxsize=64)
-def parsed_kernel(hlo: str) -> Any:
-    """A kernel's HLO text parsed once (kernels run many times in loops)."""
-    from tpusim.compiler.hlo import parse_module
-
-    return parse_module(hlo)
-
-
-def reference_evaluator(hlo: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Run an HLO module text on ``inputs`` with tpusim's reference interpreter."""
-    from tpusim.compiler.hlo.reference import evaluate
-
-    return list(evaluate(parsed_kernel(hlo), inputs))
 
 
 def fallback_cost(kernel: FallbackKernel, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
@@ -56,9 +39,16 @@ def _cost(cfg: ChipConfig, ins: Fallback, reads: tuple[Access, ...], writes: tup
 
 def _execute(core: Any, ins: Fallback, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     kernel = core.system.program.fallback(ins.kernel)
+    evaluate = core.system.fallback_evaluator
+    if evaluate is None:
+        raise core.error(
+            ins,
+            f"fallback kernel {ins.kernel!r} needs an evaluator: pass run(..., fallback_evaluator="
+            "tpusim.api.reference_evaluator()) (tpusim.simulate does)",
+        )
     values = [read_value(a.store, a.address, a.shape, a.offsets, a.sizes) for a in reads]
     try:
-        outputs = core.system.fallback_evaluator(kernel.hlo, values)
+        outputs = evaluate(kernel.hlo, values)
     except Exception as e:  # the evaluator is user-replaceable: report any failure at the instruction
         raise core.error(ins, f"fallback kernel {ins.kernel!r} failed: {type(e).__name__}: {e}") from e
     if len(outputs) != len(writes):

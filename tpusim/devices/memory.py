@@ -6,22 +6,22 @@ come from the program; there is no allocator here. Every access is bounds-checke
 
 Operand values are read and written exactly as ``tpusim.memory.pack`` lays them out. A windowed operand
 goes through the element slots of its window (``Geometry.linear_index``, cached per shape and window), as
-a strided numpy view of them when they form one (:func:`window_strides`: tile-aligned windows do).
+a strided numpy view of them when they form one (:func:`tpusim.memory.windows.window_strides`:
+tile-aligned windows do).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from functools import lru_cache
-from math import ceil, prod
 
 import numpy as np
 
 from tpusim.devices.values import CachedValue, ValueCache
 from tpusim.errors import TpusimError
-from tpusim.memory import Geometry, Shape, geometry, pack, unpack
+from tpusim.memory import Shape, geometry, pack, unpack
 from tpusim.memory.packing import strided_assign
-from tpusim.memory.tiling import axis_slots, is_separable
+from tpusim.memory.windows import window_extent, window_slots, window_strides
 
 __all__ = [
     "Affine",
@@ -29,10 +29,6 @@ __all__ = [
     "MemoryAccessError",
     "affine",
     "read_value",
-    "window_extent",
-    "window_slots",
-    "window_strides",
-    "window_vregs",
     "write_value",
 ]
 
@@ -182,85 +178,6 @@ class ByteStore:
         return e
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Windows
-# ---------------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=512)
-def window_slots(shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray:
-    """Element slots (``Geometry.linear_index``) of a window, in row-major order of its sizes (read-only).
-
-    NOTE: speed. For layouts without ``*`` merges a slot is a sum of one term per dimension
-    (:func:`~tpusim.memory.tiling.is_separable`): the window is the outer sum of ``rank`` short vectors, not
-    ``prod(sizes)`` evaluations of the index map."""
-    count = int(np.prod(sizes))  # a rank-0 window (a scalar) holds one element
-    geo = geometry(shape)
-    terms = _axis_terms(geo, offsets, sizes)
-    if terms is not None:
-        slots = terms[0]
-        for t in terms[1:]:
-            slots = np.add.outer(slots, t)
-        slots = np.ascontiguousarray(slots, np.int64).reshape(count)
-    else:
-        grids = np.indices(sizes, dtype=np.int64).reshape(len(sizes), count)
-        grids += np.asarray(offsets, np.int64).reshape(-1, 1)
-        slots = geo.linear_index(grids.T).reshape(count)
-    slots.setflags(write=False)
-    return slots
-
-
-@lru_cache(maxsize=512)
-def window_strides(
-    shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]
-) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
-    """A window as a strided view of the element slots: ``(first slot, dims, strides in slots)`` such that
-    the view, read in row-major order, holds the window's elements in row-major order; None when the slots
-    are not such a view (an unseparable layout, a window cutting a tile unevenly, padding in between).
-
-    NOTE: speed. In a tiled layout each coordinate's slot term is a mixed-radix number (tile index, row
-    pair, row within pair, ...), so a tile-aligned window is an ordinary numpy view: copying it costs a
-    strided copy instead of a gather through ``prod(sizes)`` indices."""
-    terms = _axis_terms(geometry(shape), offsets, sizes)
-    if terms is None:
-        return None
-    dims: list[int] = []
-    strides: list[int] = []
-    for t in terms:
-        digits = _mixed_radix(t - t[0])
-        if digits is None:
-            return None
-        dims += [r for r, _ in digits]
-        strides += [g for _, g in digits]
-    return sum(int(t[0]) for t in terms), tuple(dims), tuple(strides)
-
-
-def _mixed_radix(t: np.ndarray) -> list[tuple[int, int]] | None:
-    """``[(radix, stride), ...]`` (outermost first, strides > 0) with ``t[i] = sum(digit_k(i) * stride_k)``
-    for the mixed-radix digits of ``i``, or None when ``t`` (with ``t[0] == 0``) has no such form."""
-    n = t.size
-    digits: list[tuple[int, int]] = []
-    block = 1
-    while block < n:
-        g = int(t[block])
-        if g <= 0:
-            return None
-        steps = t[::block]
-        bad = np.flatnonzero(steps != np.arange(steps.size) * g)
-        r = int(bad[0]) if bad.size else steps.size
-        if n % (block * r):
-            return None
-        digits.append((r, g))
-        block *= r
-    i = np.arange(n)
-    rebuilt = np.zeros(n, np.int64)
-    block = 1
-    for r, g in digits:
-        rebuilt += (i // block % r) * g
-        block *= r
-    if not np.array_equal(rebuilt, t):
-        return None
-    return digits[::-1]
-
-
 def _window_view(raw: np.ndarray, shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> np.ndarray | None:
     """The window of the raw slots ``raw`` as a strided view (see :func:`window_strides`), or None."""
     form = window_strides(shape, offsets, sizes)
@@ -270,61 +187,6 @@ def _window_view(raw: np.ndarray, shape: Shape, offsets: tuple[int, ...], sizes:
     size = raw.itemsize
     return np.ndarray(dims, raw.dtype, raw, start * size, tuple(g * size for g in strides))
 
-
-def _axis_terms(geo: Geometry, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> list[np.ndarray] | None:
-    """Per dimension, the slot terms of the window's coordinates (None when the layout is not separable)."""
-    if not sizes:
-        return None
-    full = _shape_axis_terms(geo.shape)
-    if full is None or any(o + s > t.size for t, o, s in zip(full, offsets, sizes)):
-        return None  # (a window reaching past the array is left to the index map, as before)
-    return [t[o : o + s] for t, o, s in zip(full, offsets, sizes)]
-
-
-@lru_cache(maxsize=1024)
-def _shape_axis_terms(shape: Shape) -> tuple[np.ndarray, ...] | None:
-    """The slot term of every coordinate of every dimension (:func:`~tpusim.memory.tiling.axis_slots`), or
-    None when the layout is not separable."""
-    geo = geometry(shape)
-    if not is_separable(geo):
-        return None
-    terms = tuple(axis_slots(geo, d, np.arange(n, dtype=np.int64)) for d, n in enumerate(shape.dimensions))
-    for t in terms:
-        t.setflags(write=False)
-    return terms
-
-
-@lru_cache(maxsize=4096)
-def window_extent(shape: Shape, offsets: tuple[int, ...] | None, sizes: tuple[int, ...] | None) -> tuple[int, int]:
-    """Byte range ``[lo, hi)`` relative to the array's address that a window (None: the array) touches."""
-    geo = geometry(shape)
-    if offsets is None or sizes is None or prod(sizes) == 0:
-        return (0, geo.byte_size) if offsets is None else (0, 0)
-    terms = _axis_terms(geo, offsets, sizes)
-    if terms is not None:  # the extremes of a sum of independent terms are the sums of their extremes
-        first = sum(int(t.min()) for t in terms)
-        last = sum(int(t.max()) for t in terms)
-    else:
-        slots = window_slots(shape, offsets, sizes)
-        first, last = int(slots.min()), int(slots.max())
-    bits = geo.element_bits
-    lo = geo.prefix_bytes + first * bits // 8
-    hi = geo.prefix_bytes + ceil((last + 1) * bits / 8)
-    return lo, hi
-
-
-@lru_cache(maxsize=4096)
-def window_vregs(shape: Shape, offsets: tuple[int, ...] | None, sizes: tuple[int, ...] | None, vreg_bytes: int) -> int:
-    """Vector registers a block occupies: ``ceil(bytes / vreg_bytes)`` for a whole array (padding counts),
-    the distinct vreg-sized pieces (aligned to the array's start) a window touches otherwise."""
-    geo = geometry(shape)
-    if offsets is None or sizes is None:
-        return max(1, ceil(geo.byte_size / vreg_bytes)) if geo.byte_size else 0
-    if prod(sizes) == 0:
-        return 0
-    slots = window_slots(shape, offsets, sizes)
-    pieces = (geo.prefix_bytes + slots * geo.element_bits // 8) // vreg_bytes
-    return int(np.unique(pieces).size)
 
 
 class Affine:

@@ -26,7 +26,7 @@ from tpusim.config import ChipConfig, load_config
 from tpusim.devices.chip import ChipState, Machine
 from tpusim.devices.core import DeadlockError
 from tpusim.devices.engine import events_scheduled
-from tpusim.devices.fallback import FallbackEvaluator, reference_evaluator
+from tpusim.devices.fallback import FallbackEvaluator
 from tpusim.devices.limits import ended_past_limit, position_of
 from tpusim.devices.memory import ByteStore, MemoryAccessError
 from tpusim.devices.monitor import RunMonitor
@@ -128,7 +128,8 @@ class System:
             max_steps: instructions the run may execute, summed over every core and chip (see
                 :mod:`tpusim.limits`; checked at every taken jump and at the end).
             max_cycles: simulated cycles the run may take (likewise).
-            fallback_evaluator: runs fallback kernels; default: the reference interpreter.
+            fallback_evaluator: runs fallback kernels (``tpusim.api.reference_evaluator()``); a program
+                that reaches a fallback instruction without one stops with an ExecutionError.
             monitor: a :class:`RunMonitor` another thread may read while the run goes on (for progress).
 
         Returns:
@@ -152,7 +153,7 @@ class System:
 
         m = Machine(
             self.config, self.topology, program, not timing_only, max_steps, max_cycles,
-            fallback_evaluator or reference_evaluator,
+            fallback_evaluator,
         )  # fmt: skip
         for name, value in (inputs or {}).items():
             _place(m, program.symbol(name), value)

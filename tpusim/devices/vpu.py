@@ -1,7 +1,7 @@
 """The VPU and the cross-lane units (XLU): instructions on whole VMEM blocks, costed per vector register.
 
 Cost rule (all numbers from the config; ``V(x)`` = vector registers block ``x`` occupies under its layout,
-padding included, see :func:`tpusim.devices.memory.window_vregs`)::
+padding included, see :func:`tpusim.memory.windows.window_vregs`)::
 
     occupancy = max(ops / issue_vregs_per_cycle,        # the op class's ALUs
                     V(sources) / vmem.load_vregs_per_cycle,
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tpusim.devices.elementwise import apply, combiner, convert, flush, result_types
-from tpusim.devices.memory import read_value, window_vregs, write_value
+from tpusim.devices.memory import read_value, write_value
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
 from tpusim.errors import TpusimError
 from tpusim.isa import (
@@ -42,6 +42,7 @@ from tpusim.isa import (
     XluTranspose,
 )
 from tpusim.memory import ElementType, Shape, element_type
+from tpusim.memory.windows import window_vregs
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig

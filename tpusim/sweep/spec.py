@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpusim.compiler.lowering.context import CompileOptions
+from tpusim.compiler.options import CompileOptions
 from tpusim.config import PRESETS, ChipConfig, load_config
 from tpusim.errors import TpusimError
 from tpusim.yamlio import YamlMap, load_yaml, read_text, shorten, show_value, where

@@ -34,6 +34,7 @@ __all__ = [
     "SourceLoc",
     "Window",
     "WindowDim",
+    "custom_call_target",
 ]
 
 
@@ -295,6 +296,11 @@ class Instruction:
             if key in _CALL_ATTRIBUTES:
                 out.extend(value if isinstance(value, tuple) else (value,))
         return tuple(out)
+
+
+def custom_call_target(instr: Instruction) -> str:
+    """The ``custom_call_target`` of ``instr`` as a plain string ('' when it has none)."""
+    return str(instr.attr("custom_call_target", "")).strip('"')
 
 
 # Attributes whose values are computation names (a str, or a tuple of str for branch_computations).

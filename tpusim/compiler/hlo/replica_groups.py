@@ -14,10 +14,11 @@ from math import prod
 
 import numpy as np
 
-from tpusim.compiler.hlo.ir import ReplicaGroups
+from tpusim.compiler.hlo.ir import Instruction, ReplicaGroups
 from tpusim.compiler.hlo.lexer import SourceText, int_tuple
+from tpusim.semantics import groups
 
-__all__ = ["read_replica_groups"]
+__all__ = ["instruction_groups", "instruction_mode", "read_replica_groups"]
 
 _IOTA_GROUPS = re.compile(r"\[(\d+(?:,\d+)*)\]<=\[(\d+(?:,\d+)*)\](?:T\((\d+(?:,\d+)*)\))?")
 # Axis names are printed quoted by recent XLA (mesh['axis_0'=2,'axis_1'=4] {'axis_0'}), bare by others.
@@ -151,3 +152,21 @@ def _mesh_axes_groups(
     array = devices.reshape(dims).transpose(rest + grouped)
     group_size = int(np.prod([dims[i] for i in grouped]))
     return tuple(tuple(int(v) for v in row) for row in array.reshape(-1, group_size))
+
+
+def instruction_mode(instr: Instruction) -> str:
+    """The group mode of collective ``instr`` (:func:`tpusim.semantics.groups.group_mode`)."""
+    return groups.group_mode(
+        instr.opcode, instr.attr("channel_id") is not None, bool(instr.attr("use_global_device_ids"))
+    )
+
+
+def instruction_groups(instr: Instruction, replicas: int, partitions: int) -> list[list[int]]:
+    """The device groups collective ``instr`` works in on a run of ``replicas`` x ``partitions`` devices.
+
+    Raises:
+        GroupError: a group names an id the run does not have.
+    """
+    rg = instr.attr("replica_groups")
+    listed = rg.groups if isinstance(rg, ReplicaGroups) else ()
+    return groups.participant_groups(instruction_mode(instr), listed, replicas, partitions)

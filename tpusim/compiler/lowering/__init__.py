@@ -16,9 +16,10 @@ import numpy as np
 from tpusim.compiler.buffer_assignment import BufferAssignment
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.opcodes import talks_to_other_devices
-from tpusim.compiler.lowering.context import CompileOptions, Lowering
+from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.registry import LOWERINGS, NotLowerable, lowering
 from tpusim.compiler.lowering.sequential import lower_computation
+from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.isa import Halt, MemRef, Program

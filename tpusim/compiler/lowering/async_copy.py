@@ -25,8 +25,7 @@ layouts differ.
 from __future__ import annotations
 
 from tpusim.compiler.buffer_assignment import leaf_paths
-from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.compiler.hlo.reference.control import custom_call_target
+from tpusim.compiler.hlo.ir import Computation, Instruction, custom_call_target
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.control import copy_arrays
 from tpusim.compiler.lowering.indexed import take_semaphores

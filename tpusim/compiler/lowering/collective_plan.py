@@ -1,10 +1,10 @@
 """Planning collectives onto the chips of a system: who talks to whom, and over which rings.
 
 Devices are XLA's flattened ids (``replica * num_partitions + partition``), and device ``d`` runs on chip
-``d`` of the system's topology (:mod:`tpusim.topology`). Which devices a collective groups follows the
-reference interpreter's reading of ``replica_groups`` / ``channel_id`` / ``use_global_device_ids``
-(:func:`tpusim.compiler.hlo.reference.collectives.participant_groups`), so the oracle and the lowering
-cannot disagree about the groups.
+``d`` of the system's topology (:mod:`tpusim.topology`). Which devices a collective groups follows
+``replica_groups`` / ``channel_id`` / ``use_global_device_ids`` as :mod:`tpusim.semantics.groups` reads them,
+the reading the reference interpreter uses too, so the oracle and the lowering cannot disagree about the
+groups.
 
 A group is *structured* when it is an aligned block of the grid: on each axis it spans a contiguous run of
 ``L`` coordinates starting at a multiple of ``L``, and its rank order is row-major over those axes in some
@@ -20,17 +20,11 @@ from math import prod
 
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Instruction, Module
+from tpusim.compiler.hlo.replica_groups import instruction_groups, instruction_mode
+from tpusim.semantics.groups import CROSS_PARTITION, GroupError
 from tpusim.topology import Topology
 
 __all__ = ["GroupAxis", "GroupPlan", "Participants", "permute_pairs", "plan_groups"]
-
-
-class _Counts:
-    """What ``participant_groups`` reads of an evaluation context."""
-
-    def __init__(self, replicas: int, partitions: int) -> None:
-        self.num_replicas = replicas
-        self.num_partitions = partitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +99,9 @@ def plan_groups(module: Module, instr: Instruction, who: Participants, topology:
         CompileError: groups naming devices the run does not have, a device in no group or in two,
             groups of different sizes.
     """
-    from tpusim.compiler.hlo.reference.collectives import participant_groups
-    from tpusim.compiler.hlo.reference.exchange import CollectiveError
-
     try:
-        groups = participant_groups(_Counts(who.replicas, who.partitions), instr)  # type: ignore[arg-type]
-    except CollectiveError as e:
+        groups = instruction_groups(instr, who.replicas, who.partitions)
+    except GroupError as e:
         raise _fail(instr, f"{e} (the run has {who.replicas} replicas x {who.partitions} partitions)") from None
     rg = instr.attr("replica_groups")
     text = getattr(rg, "text", "{}")
@@ -192,9 +183,7 @@ def permute_pairs(instr: Instruction, who: Participants) -> tuple[list[int], lis
     Raises:
         CompileError: an id out of range, or a device that is the source or target of two pairs.
     """
-    from tpusim.compiler.hlo.reference.collectives import CROSS_PARTITION, group_mode
-
-    cross_partition = group_mode(instr) == CROSS_PARTITION
+    cross_partition = instruction_mode(instr) == CROSS_PARTITION
     limit = who.partitions if cross_partition else who.replicas
     pairs = [(int(a), int(b)) for a, b in instr.attr("source_target_pairs", ())]
     for a, b in pairs:

@@ -19,53 +19,19 @@ from tpusim.compiler.buffer_assignment import ALIGNMENT, BufferAssignment, leaf_
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.lowering.epilogue import find_epilogues
+from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.isa import Barrier, DmaStart, Fallback, FallbackKernel, MemRef, Reg, Space, StreamBuilder
 from tpusim.memory import Layout, Shape
+from tpusim.memory.windows import window_extent
 
-__all__ = ["CompileOptions", "ControlSlice", "Lowering", "Mark", "OpScope", "control_slice"]
+__all__ = ["ControlSlice", "Lowering", "Mark", "OpScope", "control_slice"]
 
 Ranges = list[list[tuple[int, int]]]
 """Per core, HBM byte ranges ``(start, end)`` (megacore synchronisation)."""
 Accesses = tuple[Ranges, Ranges]
 """Per core, the HBM ranges read and the ranges written."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class CompileOptions:
-    """Choices a user can make about compilation.
-
-    Attributes:
-        tiling: the tiling rule set (a name in ``configs/tiling/`` or a path).
-        matmul_precision: what an HLO ``DEFAULT`` precision means for f32 dots and convolutions:
-            ``default`` one bf16 pass, ``high`` three, ``highest`` six (JAX's ``jax_default_matmul_precision``).
-        fuse: group chains of elementwise operations into fusions before lowering (as XLA does).
-        vmem_fraction: the share of the VMEM left by resident buffers that one HLO instruction may use (the
-            rest lets the next one start).
-        resident_vmem_fraction: the share of VMEM that buffers resident between instructions (values whose
-            layout says ``S(1)``) may take; the rest holds each instruction's own blocks (XLA:TPU's split
-            between memory-space assignment and its per-instruction "scoped" VMEM). Residents that do not fit
-            move to HBM, the largest first.
-        megacore: on a chip of several TensorCores (``core.count``, v4 and v5p), split the blocks of dots
-            and vector operations between its cores, one instruction stream per core, as XLA does for
-            megacore; False runs everything on core 0 (single-core chips are unaffected either way).
-    """
-
-    tiling: str = "tpu_default"
-    matmul_precision: str = "default"
-    fuse: bool = True
-    vmem_fraction: float = 0.5
-    resident_vmem_fraction: float = 0.75
-    megacore: bool = True
-
-    def __post_init__(self) -> None:
-        if self.matmul_precision not in ("default", "high", "highest"):
-            raise CompileError(f"matmul precision must be default, high or highest, not {self.matmul_precision!r}")
-        if not 0.0 < self.vmem_fraction <= 1.0:
-            raise CompileError(f"vmem_fraction must be in (0, 1], not {self.vmem_fraction}")
-        if not 0.0 <= self.resident_vmem_fraction < 1.0:
-            raise CompileError(f"resident_vmem_fraction must be in [0, 1), not {self.resident_vmem_fraction}")
 
 
 @dataclass(frozen=True)
@@ -661,8 +627,6 @@ def _extent(ref: MemRef) -> tuple[int, int]:
     window = ref.window
     if window is None or window.clamp or not all(isinstance(o, int) for o in window.offsets):
         return ref.address, ref.address + max(1, ref.shape.byte_size)
-    from tpusim.devices.memory import window_extent  # the devices' own rule (lazy: no simulator import)
-
     lo, hi = window_extent(ref.shape, tuple(window.offsets), tuple(window.sizes))
     return ref.address + lo, ref.address + max(lo + 1, hi)
 

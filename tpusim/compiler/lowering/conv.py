@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from itertools import pairwise, product
 from math import ceil, prod
 
+from tpusim.compiler.dot_dims import convolution_dims
 from tpusim.compiler.hlo.ir import Computation, ConvDims, Instruction
 from tpusim.compiler.hlo.ir import Window as HloWindow
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.dot import emit_product, matmul_precision
-from tpusim.compiler.lowering.dot_dims import convolution_dims
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.staging import (
     Axis,

@@ -31,9 +31,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
+from tpusim.compiler.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
-from tpusim.compiler.lowering.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
 from tpusim.compiler.lowering.epilogue import Chain, Side, epilogue_chain
 from tpusim.compiler.lowering.registry import NotLowerable, lowering

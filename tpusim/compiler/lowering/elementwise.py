@@ -14,8 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, SliceDim
-from tpusim.compiler.lowering.blocks import (
+from tpusim.compiler.blocks import (
     NEED_RULES,
     Need,
     Plan,
@@ -24,6 +23,7 @@ from tpusim.compiler.lowering.blocks import (
     reduction_split,
     tile_granule,
 )
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, SliceDim
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
 from tpusim.compiler.lowering.immediates import scalar_constant

@@ -21,11 +21,8 @@ from dataclasses import replace
 from math import log2, prod
 
 from tpusim.compiler.buffer_assignment import leaf_paths
-from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
 from tpusim.compiler.hlo.printer import print_module
-from tpusim.compiler.hlo.reference.control import CUSTOM_CALLS, custom_call_target
-from tpusim.compiler.hlo.reference.core import REFERENCE
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.isa import Fallback, FallbackKernel, MemRef
 from tpusim.memory import AnyShape, Shape, TupleShape
@@ -143,12 +140,9 @@ def kernel_module(module: Module, comp: Computation, instr: Instruction) -> Modu
 
 def lower_fallback(ctx: Lowering, comp: Computation, instr: Instruction, reason: str) -> None:
     """Emit ``instr`` as a fallback instruction on its HBM buffers.
-
-    Raises:
-        CompileError: the reference interpreter cannot run ``instr`` (an opcode or custom-call target it has
-            no function for), so the kernel could only fail when the device reached it.
+    Whether the fallback evaluator can run the kernel is checked where the evaluator is chosen
+    (:func:`tpusim.api.compile_program` checks the reference interpreter's coverage).
     """
-    _check_runnable(comp, instr, reason)
     inputs: list[MemRef] = []
     operand_shapes: list[AnyShape] = []
     for operand in instr.operands:
@@ -169,21 +163,3 @@ def lower_fallback(ctx: Lowering, comp: Computation, instr: Instruction, reason:
     ctx.kernels.append(kernel)
     ctx.fallen_back.append((comp.name, instr.name, instr.opcode, reason))
     ctx.emit(Fallback, kernel=kernel.name, inputs=tuple(inputs), outputs=tuple(outputs))
-
-
-def _check_runnable(comp: Computation, instr: Instruction, reason: str) -> None:
-    if instr.opcode not in REFERENCE:
-        raise CompileError(
-            f"{reason}, and the reference interpreter has no function for {instr.opcode} to run it as a fallback "
-            "(docs/reference.md lists the opcodes it runs)",
-            instr,
-            comp.name,
-        )
-    if instr.opcode == "custom-call" and custom_call_target(instr) not in CUSTOM_CALLS:
-        known = ", ".join(sorted(CUSTOM_CALLS))
-        raise CompileError(
-            f"custom-call target {custom_call_target(instr)!r} has no lowering and no reference function to run "
-            f"as a fallback; supported targets: {known}",
-            instr,
-            comp.name,
-        )

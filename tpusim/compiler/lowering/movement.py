@@ -19,9 +19,9 @@ from math import prod
 
 import numpy as np
 
+from tpusim.compiler.blocks import tile_granule
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.compiler.lowering.blocks import tile_granule
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.elementwise import lower_vector
 from tpusim.compiler.lowering.registry import NotLowerable, lowering

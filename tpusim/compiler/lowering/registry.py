@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tpusim.compiler.errors import CompileError
+from tpusim.compiler.errors import NotLowerable
 
 if TYPE_CHECKING:
     from tpusim.compiler.hlo.ir import Computation, Instruction
@@ -31,10 +31,6 @@ on the scalar unit), tried in registration order before :data:`LOWERINGS`."""
 NO_CODE = frozenset({"parameter", "get-tuple-element", "tuple", "opt-barrier", "after-all", "constant"})
 """Opcodes that produce no instructions: aliases whose buffers buffer assignment shares, tokens, and constants,
 which the loader places in HBM before the program starts."""
-
-
-class NotLowerable(CompileError):
-    """Raised by a lowering rule that cannot handle this instance; the instruction falls back."""
 
 
 def lowering(*opcodes: str, when: When | None = None) -> Callable[[LowerFn], LowerFn]:

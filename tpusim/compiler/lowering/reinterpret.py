@@ -11,7 +11,7 @@ complex element types are declined (they fall back).
 **reduce-precision** runs in a fusion like any elementwise op: :func:`emit_reduce_precision` is its
 vector emitter (``elementwise._EMITTERS``). A VMEM block of f32 (bf16, f16) values seen as u32 (u16) holds
 the same bytes, so the rounding is integer VPU work on that view, one ``vpu.fused`` chain (XLA's
-``EmitReducePrecisionIR``, as the reference ``tpusim.compiler.hlo.reference.convert.reduce_precision``):
+``EmitReducePrecisionIR``, as the reference ``tpusim.semantics.convert.reduce_precision``):
 round the mantissa to nearest even by adding a bias and masking; send exponents above the reduced range to
 inf and below it to signed zero; keep NaNs.
 """

@@ -27,7 +27,6 @@ from math import prod
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.compiler.hlo.reference.combiners import exact_identity as reference_identity
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.elementwise import combiner, reduce_identity
 from tpusim.compiler.lowering.immediates import scalar_constant
@@ -49,6 +48,7 @@ from tpusim.compiler.lowering.staging import (
 )
 from tpusim.isa import Const, FusedOp, MemRef, VpuBroadcast, VpuCopy, VpuFused, VpuMap, Window
 from tpusim.memory import ElementType, Shape, element_type
+from tpusim.semantics.combiners import exact_identity as reference_identity
 
 __all__ = ["MAX_TAPS", "canonical_order", "lower_reduce_window", "lower_select_and_scatter"]
 
@@ -113,7 +113,7 @@ def lower_reduce_window(ctx: Lowering, comp: Computation, instr: Instruction) ->
 
 def exact_identity(fn: str, et: ElementType) -> Const | None:
     """The value ``e`` of ``et`` with ``fn(e, x) == x`` bit for bit for every ``x`` (the reference's
-    :func:`~tpusim.compiler.hlo.reference.combiners.exact_identity`: -0.0 for a float sum, the lowest finite
+    :func:`~tpusim.semantics.combiners.exact_identity`: -0.0 for a float sum, the lowest finite
     value for the maximum of a float type without infinities), or None."""
     assert et.dtype is not None
     value = reference_identity(fn, et.dtype)

@@ -1,21 +1,12 @@
 """Collectives over N devices, their async start/done forms, replica-id and partition-id, and the host
 transfers (infeed, outfeed, host send/recv).
 
-Devices: device ``d`` is replica ``d // P``, partition ``d % P`` (P = partitions); ``d`` is XLA's flattened
-id. Which devices a collective groups together follows XLA's ``CollectiveOpGroupMode``
-(xla/service/collective_ops_utils.h):
+Which devices a collective groups together (XLA's ``CollectiveOpGroupMode``) is
+:mod:`tpusim.semantics.groups`.
 
-* no ``channel_id``: cross-replica; ``replica_groups`` hold replica ids, applied within each partition;
-* ``channel_id`` and ``use_global_device_ids=true``: flattened ids; the groups hold device ids;
-* ``channel_id``, ``use_global_device_ids`` false or absent (all-reduce, all-gather, reduce-scatter):
-  cross-replica-and-partition; each group of replicas takes every partition of those replicas;
-* ``channel_id`` on (ragged-)all-to-all, collective-permute, collective-broadcast: cross-partition; the groups
-  (or source-target pairs) hold partition ids, applied within each replica.
-
-Empty ``replica_groups`` mean one group of every replica (partition, device). The order of a group is
-the order of concatenation (all-gather, all-to-all) and of reduction (all-reduce, reduce-scatter:
-``((v0 + v1) + v2) + ...`` with the ``to_apply`` computation). A device no pair sends to in a
-collective-permute gets zeros (seed 003, CollectivePermute).
+The order of a group is the order of concatenation (all-gather, all-to-all) and of reduction
+(all-reduce, reduce-scatter: ``((v0 + v1) + v2) + ...`` with the ``to_apply`` computation). A device no
+pair sends to in a collective-permute gets zeros (seed 003, CollectivePermute).
 """
 
 from __future__ import annotations
@@ -29,54 +20,18 @@ from tpusim.compiler.hlo.ir import Instruction, ReplicaGroups
 from tpusim.compiler.hlo.reference.control import package_start
 from tpusim.compiler.hlo.reference.core import TOKEN, EvalContext, EvaluationError, Value, check_value, register
 from tpusim.compiler.hlo.reference.exchange import CollectiveError
+from tpusim.compiler.hlo.replica_groups import instruction_groups, instruction_mode
 from tpusim.memory import TupleShape
+from tpusim.semantics.groups import CROSS_PARTITION, GroupError
 
 __all__ = ["participant_groups"]
 
-CROSS_REPLICA = "cross-replica"
-CROSS_PARTITION = "cross-partition"
-CROSS_REPLICA_AND_PARTITION = "cross-replica-and-partition"
-FLATTENED_ID = "flattened-id"
-
-_NO_GLOBAL_IDS = {
-    "all-to-all",
-    "ragged-all-to-all",
-    "collective-permute",
-    "collective-broadcast",
-    "collective-permute-start",
-}
-
-
-def group_mode(instr: Instruction) -> str:
-    """XLA's CollectiveOpGroupMode of ``instr`` (see the module docstring)."""
-    if instr.attr("channel_id") is None:
-        return CROSS_REPLICA
-    if instr.opcode in _NO_GLOBAL_IDS:
-        return CROSS_PARTITION
-    return FLATTENED_ID if instr.attr("use_global_device_ids") else CROSS_REPLICA_AND_PARTITION
-
-
 def participant_groups(ctx: EvalContext, instr: Instruction) -> list[list[int]]:
     """The groups of device ids ``instr`` works in, each in its concatenation/reduction order."""
-    mode = group_mode(instr)
-    rg = instr.attr("replica_groups")
-    listed = [list(g) for g in rg.groups] if isinstance(rg, ReplicaGroups) else []
-    r_count, p_count = ctx.num_replicas, ctx.num_partitions
-    limit = {CROSS_REPLICA: r_count, CROSS_PARTITION: p_count}.get(mode, r_count * p_count)
-    if mode == CROSS_REPLICA_AND_PARTITION:
-        limit = r_count
-    base = listed or [list(range(limit))]
-    for g in base:
-        for i in g:
-            if not 0 <= i < limit:
-                raise CollectiveError(instr, f"{mode} group {g} names id {i}, but the run has only {limit} of them")
-    if mode == CROSS_REPLICA:
-        return [[r * p_count + p for r in g] for p in range(p_count) for g in base]
-    if mode == CROSS_PARTITION:
-        return [[r * p_count + p for p in g] for r in range(r_count) for g in base]
-    if mode == CROSS_REPLICA_AND_PARTITION:
-        return [[r * p_count + p for r in g for p in range(p_count)] for g in base]
-    return base
+    try:
+        return instruction_groups(instr, ctx.num_replicas, ctx.num_partitions)
+    except GroupError as e:
+        raise CollectiveError(instr, str(e)) from None
 
 
 def _my_group(ctx: EvalContext, instr: Instruction) -> tuple[list[int], int]:
@@ -226,7 +181,7 @@ def collective_permute(ctx: EvalContext, instr: Instruction, args: Sequence[Any]
     if len(args) == 4 and instr.opcode.startswith("collective-permute") and not isinstance(instr.shape, TupleShape):
         raise EvaluationError(instr, "the in-place collective-permute (4 operands with start indices) is not supported")
     everyone = exchange(ctx, instr, tuple(ops))
-    cross_partition = group_mode(instr) == CROSS_PARTITION
+    cross_partition = instruction_mode(instr) == CROSS_PARTITION
     me = ctx.partition_id if cross_partition else ctx.replica_id
     sources = [s for s, t in _permute_pairs(instr) if t == me]
     if len(sources) > 1:

@@ -21,32 +21,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import ml_dtypes
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.compiler.hlo.reference.convert import compute_dtype, flush, round_result
 from tpusim.compiler.hlo.reference.core import ELEMENTWISE, REFERENCE, EvalContext, EvaluationError, Value
-from tpusim.memory import ELEMENT_TYPES
+from tpusim.semantics.combiners import NARROW_FLOATS, exact_identity, ufunc_for
+from tpusim.semantics.convert import compute_dtype, flush, round_result
 
 __all__ = [
-    "NARROW_FLOATS",
     "apply_ordered",
     "as_arrays",
     "binary_ufunc",
     "combine",
     "computation",
-    "exact_identity",
     "is_projection",
     "reduce_last_axis",
-    "ufunc_for",
 ]
-
-# Floating-point types whose sums and products accumulate in f32 (see the module docstring): every float type
-# narrower than f32 (convert.is_narrow_float's rule; a hand list once left out f8e4m3, f8e3m4 and f4e2m1fn).
-NARROW_FLOATS = frozenset(
-    et.dtype for et in ELEMENT_TYPES.values() if et.kind == "float" and et.bits < 32 and et.dtype is not None
-)
 
 _COMMUTATIVE = {"add", "multiply", "maximum", "minimum", "and", "or", "xor"}
 
@@ -78,30 +68,6 @@ def is_projection(comp: Computation) -> int | None:
     return root.attr("parameter_number") if root.opcode == "parameter" else None
 
 
-def ufunc_for(opcode: str, dtype: np.dtype) -> np.ufunc:
-    """The numpy ufunc computing XLA's ``opcode`` on ``dtype`` (logical ops for pred)."""
-    if dtype == np.bool_:
-        # XLA's pred arithmetic: add/maximum are or, multiply/minimum are and.
-        return {
-            "add": np.logical_or,
-            "or": np.logical_or,
-            "maximum": np.logical_or,
-            "multiply": np.logical_and,
-            "and": np.logical_and,
-            "minimum": np.logical_and,
-            "xor": np.logical_xor,
-        }[opcode]
-    return {
-        "add": np.add,
-        "multiply": np.multiply,
-        "maximum": np.maximum,
-        "minimum": np.minimum,
-        "and": np.bitwise_and,
-        "or": np.bitwise_or,
-        "xor": np.bitwise_xor,
-    }[opcode]
-
-
 def as_arrays(value: Value, n: int) -> list[np.ndarray]:
     """A computation result as a list of ``n`` arrays (a tuple root gives its elements)."""
     out = list(value) if isinstance(value, tuple) else [value]
@@ -119,34 +85,6 @@ def combine(ctx: EvalContext, name: str, lhs: Sequence[np.ndarray], rhs: Sequenc
 def _accumulator(opcode: str, dtype: np.dtype) -> np.dtype:
     """The type a recognised reduction accumulates in: f32 for sums and products of narrow floats."""
     return np.dtype(np.float32) if dtype in NARROW_FLOATS and opcode in ("add", "multiply") else dtype
-
-
-def exact_identity(opcode: str, dtype: np.dtype) -> np.ndarray | None:
-    """The value ``e`` of ``dtype`` with ``opcode(e, x) == x`` bit for bit for every ``x`` (NaNs and signed
-    zeros included), or None when there is none: -0.0 for float add (``+0.0 + -0.0`` is ``+0.0``), the lowest
-    finite value for the maximum of a float type without infinities; complex multiply has none
-    (``(1+0j) * (inf+0j)`` has a NaN imaginary part)."""
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return np.asarray(opcode in ("multiply", "minimum", "and"))
-    if dtype.kind == "c":
-        return np.asarray(complex(-0.0, -0.0), dtype) if opcode == "add" else None
-    if dtype.kind == "f" or dtype in NARROW_FLOATS:
-        if opcode in ("maximum", "minimum"):
-            sign = -1.0 if opcode == "maximum" else 1.0
-            inf = np.asarray(sign * np.inf).astype(dtype)
-            if np.isinf(inf):
-                return inf
-            finfo = ml_dtypes.finfo(dtype)
-            return np.asarray(finfo.min if opcode == "maximum" else finfo.max, dtype)
-        fvalue = {"add": -0.0, "multiply": 1.0}.get(opcode)
-        ident = None if fvalue is None else np.asarray(fvalue).astype(dtype)
-        return None if ident is None or np.isnan(ident) else ident  # (f8e8m0fnu has no zero)
-    iinfo = ml_dtypes.iinfo(dtype)  # (numpy's iinfo does not know the 4-bit integers)
-    lo, hi = int(iinfo.min), int(iinfo.max)
-    table = {"add": 0, "or": 0, "xor": 0, "multiply": 1, "maximum": lo, "minimum": hi, "and": -1 if lo < 0 else hi}
-    ivalue = table.get(opcode)
-    return None if ivalue is None else np.asarray(ivalue).astype(dtype)
 
 
 def reduce_last_axis(

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tpusim.compiler.hlo.ir import Instruction, Literal
+from tpusim.compiler.hlo.ir import Instruction, Literal, custom_call_target
 from tpusim.compiler.hlo.reference.core import (
     REFERENCE,
     TOKEN,
@@ -227,11 +227,6 @@ def register_custom_call(*targets: str) -> Callable[[RefFn], RefFn]:
         return fn
 
     return deco
-
-
-def custom_call_target(instr: Instruction) -> str:
-    """The ``custom_call_target`` of ``instr`` as a plain string."""
-    return str(instr.attr("custom_call_target", "")).strip('"')
 
 
 @register("custom-call")

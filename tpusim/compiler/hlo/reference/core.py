@@ -25,10 +25,10 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
-from tpusim.compiler.hlo.reference.convert import convert, is_narrow_float
 from tpusim.errors import TpusimError
 from tpusim.limits import DEFAULT_MAX_STEPS, LimitHit, RunLimitError, check_limits, note_interrupt
 from tpusim.memory import AnyShape, Shape, TupleShape
+from tpusim.semantics.convert import convert, is_narrow_float
 
 __all__ = [
     "ELEMENTWISE",

@@ -24,8 +24,8 @@ from math import prod
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Instruction
-from tpusim.compiler.hlo.reference.combiners import NARROW_FLOATS
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value, register
+from tpusim.semantics.combiners import NARROW_FLOATS
 
 __all__ = ["accumulation_dtype", "dot_general"]
 

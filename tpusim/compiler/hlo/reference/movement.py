@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Instruction
-from tpusim.compiler.hlo.reference.convert import convert
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value, register
 from tpusim.memory import Layout, PackError, Shape, element_type_of_dtype, pack, unpack
+from tpusim.semantics.convert import convert
 
 __all__: list[str] = []
 

@@ -27,10 +27,10 @@ import numpy as np
 
 from tpusim.compiler.hlo.ir import Instruction, Window
 from tpusim.compiler.hlo.reference.combiners import apply_ordered, computation, reduce_last_axis
-from tpusim.compiler.hlo.reference.convert import convert, is_narrow_float
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value, register
 from tpusim.compiler.hlo.reference.windows import dilate_pad, windows
 from tpusim.memory import element_type_of_dtype
+from tpusim.semantics.convert import convert, is_narrow_float
 
 __all__ = ["reduce_arrays", "reduce_window_arrays", "select_and_scatter_array"]
 

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
 
+from tpusim.compiler.errors import NotLowerable
 from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.compiler.lowering.registry import NotLowerable
 from tpusim.isa import VPU_FUNCTIONS
 from tpusim.memory import Shape
 
