@@ -6,7 +6,7 @@ The scaling sweep runs the same 64 MiB on N x N tori and reports events and wall
 algorithm step: the cost grows linearly with chips x steps (per step it shrinks a little on bigger tori,
 whose smaller chunks need fewer blocks per step).
 
-    /work/venv/bin/python benchmarks/bench_allreduce.py [--size 16] [--mib 64] [--sweep]
+    python benchmarks/bench_allreduce.py [--size 16] [--mib 64] [--sweep]
 
 Target (issue 7): under 30 s for the 16x16 torus.
 """

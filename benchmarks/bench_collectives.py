@@ -10,7 +10,7 @@ Formulas (jax-ml/scaling-book, sharding.md; ``W`` the bidirectional bandwidth of
 Each run is timing-only on the shipped config. Rows whose error is large are open items of issue 16
 (docs/multichip.md lists why).
 
-    /work/venv/bin/python benchmarks/bench_collectives.py
+    python benchmarks/bench_collectives.py
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ hand as a compiler would emit it: a loop nest (not unrolled)
 over 512 x 512 output tiles and 128-deep K steps, with double-buffered DMAs of dynamic-slice windows of A
 and B, four MXUs (load weights + matmul each per step), pops, a VPU epilogue and a DMA of the result tile.
 
-    /work/venv/bin/python benchmarks/bench_devices.py [--size 4096] [--repeat 3]
+    python benchmarks/bench_devices.py [--size 4096] [--repeat 3]
 
 Target (issue 4): at least 200,000 simulated instructions per second.
 """

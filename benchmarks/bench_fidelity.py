@@ -8,8 +8,8 @@ the MXU's size.
 
 References, none of them used to set a constant:
 
-* v5e matmuls timed in JAX's Pallas TPU matmul guide (docs/pallas/tpu/matmul, the notebook's measured
-  output; ``../shared/chips.md``): ``jnp.matmul`` in bf16, 8192^3 6.05 ms and 4096^3 0.827 ms; the guide's
+* v5e matmuls timed in JAX's Pallas TPU matmul guide (https://docs.jax.dev/en/latest/pallas/tpu/matmul.html,
+  the notebook's measured output): ``jnp.matmul`` in bf16, 8192^3 6.05 ms and 4096^3 0.827 ms; the guide's
   Pallas kernel (blocks bm=512, bk=1024, bn=1024, double-buffered, f32 accumulator in VMEM) on 8192^3 with the
   right-hand side transposed 6.11 ms and with a fused ReLU 6.13 ms (issue 15 lists all four as XLA's; the
   notebook times the last two with its own kernel, whose plain 8192^3 takes 6.10 ms); and ``jnp.matmul`` on

@@ -6,7 +6,7 @@ targets (issue 5):
 * the same simulation with numerics (every byte computed): within 3x of numpy's float32 matmul of the same
   size, measured in the same run.
 
-    /work/venv/bin/python benchmarks/bench_matmul.py [--size 2048] [--repeat 5]
+    python benchmarks/bench_matmul.py [--size 2048] [--repeat 5]
 
 The program is JAX's TPU lowering of ``a @ b`` for bf16[size,size] operands, compiled for ``tpu_v5e`` with
 ``mxu.count=1`` (one 128x128 MXU). Compilation is timed separately and not part of either figure. Each figure

@@ -1,6 +1,6 @@
 """Speed of the HLO front end on real modules of 1x, 4x and 16x the size, side by side.
 
-    /work/venv/bin/python benchmarks/bench_parser.py [--layers 16] [--repeat 3]
+    python benchmarks/bench_parser.py [--layers 16] [--repeat 3]
 
 The modules are a transformer-like stack of ``layers`` blocks (RMS norm, attention, MLP) compiled by
 XLA for the host CPU (the optimised form: fusions, ``%names``, metadata, stack-frame tables, printed with

@@ -2,7 +2,7 @@
 (``examples/transformer_block_bf16.hlo``) simulated on ``tpu_v5e`` in timing-only mode, side by side with the
 target of issue 5: at least 200,000 simulated instructions per second.
 
-    /work/venv/bin/python benchmarks/bench_transformer.py [--example transformer_block_bf16] [--repeat 5]
+    python benchmarks/bench_transformer.py [--example transformer_block_bf16] [--repeat 5]
 
 A device run (``Chip.run``) decodes the instruction stream (checks, costs, operand plans: once per program
 object) and then simulates it; the first run in a process also fills per-layout caches (DMA transfer plans,

@@ -1,7 +1,7 @@
 """Generate ``examples/*.hlo``: small, realistic JAX programs lowered for TPU, ready for ``tpusim run``.
 
-    /work/venv/bin/python scripts/make_examples.py            # (re)write every example
-    /work/venv/bin/python scripts/make_examples.py --check    # exit 1 if a committed file differs
+    python scripts/make_examples.py            # (re)write every example
+    python scripts/make_examples.py --check    # exit 1 if a committed file differs
 
 Each program is lowered exactly as a TPU would receive it,
 ``jax.jit(f).trace(*args).lower(lowering_platforms=("tpu",)).as_text(dialect="hlo")``, on any machine (no

@@ -1,7 +1,7 @@
 """Generate ``examples/spmd/dp_train_step_f32_8chips.hlo``: one data-parallel training step of an MLP as XLA
 partitions it for 8 devices, ready for ``tpusim run ... --chips 8``.
 
-    /work/venv/bin/python scripts/make_spmd_example.py
+    python scripts/make_spmd_example.py
 
 The step is ``jax.shard_map`` over 8 host CPU devices: each device computes the gradients of its slice of
 the batch, ``pmean`` averages them (an all-reduce), and every device applies the same update. The file is

@@ -1,4 +1,5 @@
-"""Layout diagrams render as real images and carry the facts the seed figures show."""
+"""Layout diagrams render as real images and carry the facts the figures of XLA's tiled-layout
+document show (https://openxla.org/xla/tiled_layout)."""
 
 import json
 

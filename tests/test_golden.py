@@ -5,7 +5,7 @@ A snapshot fails on ANY change to what the compiler emits or to when the device 
 changes of timing are always seen and reviewed, never silent. After a deliberate change (a new lowering, a
 corrected timing rule), rewrite the snapshots and review the difference like code:
 
-    TPUSIM_UPDATE_GOLDEN=1 /work/venv/bin/pytest tests/test_golden.py -q
+    TPUSIM_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py -q
     git diff tests/golden/          # check every changed line is the change you meant
     git add tests/golden/ && git commit -m "golden: <why the stream or the cycles changed>"
 

@@ -176,8 +176,13 @@ def test_shape_ops_attributes():
     assert _only(module, "reduce-precision").attr("exponent_bits") == 5
     assert {i.attr("iota_dimension") for i in _instructions(module, "iota")} == {0}
     assert any(d.attr("dynamic_slice_sizes") == (2, 2) for d in _instructions(module, "dynamic-slice"))
+    # Each compare keeps the direction written on its own line. (That it is one of EQ..GE needs no check here:
+    # the verifier rejects any other, tests/test_bad_hlo_inputs.py.)
     compares = _instructions(module, "compare")
-    assert {c.attr("direction") for c in compares} <= {"EQ", "NE", "LT", "LE", "GT", "GE"}
+    lines = hc.hlo_text("shape_ops", "short").splitlines()
+    assert compares
+    for c in compares:
+        assert re.search(rf"\bdirection={c.attr('direction')}\b", lines[c.loc.line - 1]), lines[c.loc.line - 1]
 
 
 def test_linalg_on_tpu_lowering():

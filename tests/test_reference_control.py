@@ -73,7 +73,7 @@ def test_conditional_index_out_of_range_runs_last_branch(index: int) -> None:
     got = evaluate(parse_module(CONDITIONAL), [np.int32(index), x])
     np.testing.assert_array_equal(got[0], want[0])
     if not 0 <= index < 3:
-        np.testing.assert_array_equal(got[0], x * x)  # seed 003: index < 0 or >= N runs branch N-1
+        np.testing.assert_array_equal(got[0], x * x)  # operation semantics: index < 0 or >= N runs branch N-1
 
 
 def test_call_tuple_and_get_tuple_element() -> None:

@@ -1,6 +1,7 @@
-"""Data movement in the reference against JAX (CPU), XLA CPU on hand-written HLO, and the seed's layout
-examples: every op over several shapes and element types, index clamping, negative and interior padding,
-and bitcasts that reinterpret the physical bytes of their layouts."""
+"""Data movement in the reference against JAX (CPU), XLA CPU on hand-written HLO, and the layout examples
+of XLA's tiled-layout document (https://openxla.org/xla/tiled_layout): every op over several shapes and
+element types, index clamping, negative and interior padding, and bitcasts that reinterpret the physical
+bytes of their layouts."""
 
 from __future__ import annotations
 
@@ -105,8 +106,9 @@ def test_bitcast_reinterprets_the_physical_layout() -> None:
     np.testing.assert_array_equal(got[2], x.reshape(3, 1, 2))
 
 
-def test_bitcast_of_a_tiled_layout_follows_the_seed_example() -> None:
-    # DESIGN.md / seed 004: in F32[3,5]{1,0:T(2,2)} the element (2,3) sits at linear index 17.
+def test_bitcast_of_a_tiled_layout_follows_the_tiled_layout_example() -> None:
+    # XLA's tiled-layout document (https://openxla.org/xla/tiled_layout): in F32[3,5]{1,0:T(2,2)} the
+    # element (2,3) sits at linear index 17.
     text = """
 HloModule tiled
 ENTRY main {

@@ -196,9 +196,10 @@ def test_select_and_scatter_overlapping_windows_and_padding_against_xla() -> Non
 
 
 def test_select_and_scatter_ties_pick_the_lexicographically_first_element() -> None:
-    """The semantics seed calls select with the lexicographically smaller index first, so GE keeps the first
-    of equal maxima. XLA CPU (jax 0.10) does not: it picks a later one in most 2-D windows with ties (for
-    example (2,2) over (1,4) below), so this case is checked against the seed's rule, written out here."""
+    """XLA's operation semantics (SelectAndScatter, https://openxla.org/xla/operation_semantics) call select
+    with the lexicographically smaller index first, so GE keeps the first of equal maxima. XLA CPU (jax 0.10)
+    does not: it picks a later one in most 2-D windows with ties (for example (2,2) over (1,4) below), so this
+    case is checked against that rule, written out here."""
     x = np.array(
         [[1, 1, 2, 2, 0, 0], [2, 2, 0, 0, 2, 1], [0, 2, 0, 1, 1, 1], [0, 0, 2, 2, 2, 1], [2, 0, 1, 2, 0, 0]],
         np.float32,

@@ -1,4 +1,5 @@
-"""Every worked example of the seed documents (Shapes and Layout: seeds 000-002; Tiled layout: seed 004)."""
+"""Every worked example of XLA's public Shapes and Layout (https://openxla.org/xla/shapes) and Tiled layout
+(https://openxla.org/xla/tiled_layout) documents."""
 
 import numpy as np
 
@@ -6,7 +7,7 @@ from tpusim.memory import Layout, Shape, pack, parse_shape, unpack
 
 
 def _letters(shape: Shape) -> np.ndarray:
-    """The seed's [2x3] array `a b c / d e f`, encoded as 1..6 so that 0 stays free for padding."""
+    """The documents' [2x3] array `a b c / d e f`, encoded as 1..6 so that 0 stays free for padding."""
     return np.arange(1, 7, dtype=np.int32).reshape(shape.dimensions)
 
 

@@ -5,7 +5,7 @@ Cycle-level contract:
 * The sequencer issues one instruction per cycle, in program order. It keeps its own clock ``t`` and runs
   ahead of the event queue as long as nothing forces it to wait, so compute instructions cost no SimPy
   events at all: their start and end cycles are computed in closed form from next-free-time counters of
-  their unit (STYLE 2.1 idioms 2 and 4).
+  their unit (docs/model.md, "How time advances").
 * Each unit has a FIFO of ``core.instruction_queue_depth`` instructions; when it is full, issue waits
   until the oldest one starts.
 * A compute instruction starts when its unit is free and the scoreboard allows (RAW, WAR, WAW on byte
@@ -15,7 +15,7 @@ Cycle-level contract:
 * Numeric effects of compute and scalar instructions are applied at issue, in program order (the
   scoreboard guarantees that this equals the timed order); a DMA's bytes land at its completion.
 
-Handlers are registered per instruction class in :data:`HANDLERS` (STYLE 3.4). A handler takes
+Handlers are registered per instruction class in one registry, :data:`HANDLERS`. A handler takes
 ``(core, decoded, t)`` and returns the sequencer's next cycle, or an event to wait for before trying the
 same instruction again.
 """

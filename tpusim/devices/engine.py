@@ -1,7 +1,7 @@
 """The discrete-event engine: SimPy, wrapped so the rest of tpusim sees one small surface.
 
-Time is an integer cycle count of the chip's one clock (STYLE 2.1 idiom 8). ``events_scheduled`` reads
-SimPy's private event counter; it is the one place that does, for the event-budget test (STYLE 2.2).
+Time is an integer cycle count of the chip's one clock. ``events_scheduled`` reads SimPy's private event
+counter; it is the one place that does, for the event-budget test (tests/test_event_budget.py).
 """
 
 from __future__ import annotations

@@ -207,16 +207,6 @@ class Affine:
         self.strides = strides
         self.element_bytes = element_bytes
 
-    def normalize(self, offsets: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
-        """``(offsets modulo the periods, byte shift)``."""
-        norm = []
-        shift = 0
-        for o, p, g in zip(offsets, self.periods, self.strides):
-            q, r = divmod(o, p)
-            norm.append(r)
-            shift += q * g
-        return tuple(norm), shift * self.element_bytes
-
 
 @lru_cache(maxsize=1024)
 def affine(shape: Shape) -> Affine | None:

@@ -1,7 +1,7 @@
 """Trace records: one per executed instruction, the raw material for reports.
 
-During a run, units append plain ints to one list, 8 per record (STYLE 2.1 idiom 9); :meth:`Trace.build` turns them
-into numpy arrays at the end. No plotting here: reports live in ``tpusim/report``.
+During a run, units append plain ints to one list, 8 per record; :meth:`Trace.build` turns them into numpy
+arrays at the end. No plotting here: reports live in ``tpusim/report``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The contract between the sequencer and the compute units (MXU, VPU, XLU, fallback).
 
-Each compute instruction class registers a :class:`ComputeSpec` in :data:`COMPUTE` (STYLE 3.4: one
-registry, filled by the module that owns the unit). The sequencer resolves the operands into
+Each compute instruction class registers a :class:`ComputeSpec` in :data:`COMPUTE` (one registry,
+filled by the module that owns the unit). The sequencer resolves the operands into
 :class:`Access` values, asks ``cost`` for the closed-form timing (a pure function of the config and the
 operands' layouts), lets ``schedule`` place the instruction on its unit's timeline, and calls ``execute``
 (pure numpy on the memories) unless the run is timing-only.

@@ -1,4 +1,5 @@
-"""Memory-layout diagrams in the style of XLA's tiled-layout document (seed 004, Figures 1 and 2).
+"""Memory-layout diagrams in the style of XLA's tiled-layout document (Figures 1 and 2 of
+https://openxla.org/xla/tiled_layout).
 
 The logical array is drawn as a grid, each element labelled with its linear position in memory;
 first-level tiles get colours (thick borders between them), second-level tiles get red outlines,

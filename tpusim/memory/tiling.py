@@ -1,6 +1,7 @@
 """What a layout means for memory: the tiled physical shape, byte size and vectorised index maps.
 
-The rules follow XLA's tiled-layout document (seed 004) and ``DESIGN.md``:
+The rules follow XLA's tiled-layout document (https://openxla.org/xla/tiled_layout) and Shapes and
+Layout (https://openxla.org/xla/shapes); docs/layouts.md describes them:
 
 1. Physical order is ``reverse(minor_to_major)``; old-style ``padded_dimensions`` widen the logical
    dimensions first.

@@ -60,9 +60,6 @@ class OpcodeInfo:
     optional: frozenset[str] = frozenset()
     kinds: tuple[tuple[str, str], ...] = ()
 
-    def allows(self, key: str) -> bool:
-        return key in self.required or key in self.optional or key in COMMON_ATTRIBUTES
-
     @property
     def attribute_names(self) -> tuple[str, ...]:
         return tuple(sorted(self.required | self.optional))

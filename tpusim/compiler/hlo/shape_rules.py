@@ -3,9 +3,10 @@
 One function per opcode (or group), registered in :data:`SHAPE_RULES` by :func:`rule`. A rule raises
 :class:`RuleError` with a sentence naming the rule and the shapes involved; the verifier adds the
 computation, the instruction and the source location. The rules follow XLA's shape inference
-(xla/service/shape_inference.cc) and the operation semantics (seed 003). Element types are checked where
-XLA fixes them (compare gives pred, elementwise ops keep their operand type); dot and convolution may
-change the element type (``preferred_element_type``), so only their dimensions are checked.
+(xla/service/shape_inference.cc) and XLA's operation semantics (https://openxla.org/xla/operation_semantics).
+Element types are checked where XLA fixes them (compare gives pred, elementwise ops keep their operand type);
+dot and convolution may change the element type (``preferred_element_type``), so only their dimensions are
+checked.
 Layouts never matter here.
 """
 

@@ -103,10 +103,6 @@ def _operands(ctx: Lowering, comp: Computation, instr: Instruction) -> list[MemR
     return [ref for o in instr.operands for ref in ctx.home_leaves(comp.name, o)]
 
 
-def _bank(state: CollectiveState) -> int:
-    return state.free_bank()
-
-
 def _release(ctx: Lowering, *regs: Reg) -> None:
     for r in dict.fromkeys(regs):
         ctx.release_register(r)

@@ -6,7 +6,8 @@ Which devices a collective groups together (XLA's ``CollectiveOpGroupMode``) is
 
 The order of a group is the order of concatenation (all-gather, all-to-all) and of reduction
 (all-reduce, reduce-scatter: ``((v0 + v1) + v2) + ...`` with the ``to_apply`` computation). A device no
-pair sends to in a collective-permute gets zeros (seed 003, CollectivePermute).
+pair sends to in a collective-permute gets zeros (XLA's operation semantics, CollectivePermute:
+https://openxla.org/xla/operation_semantics).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Control flow and structure: constants, tuples, calls, fusion, while, conditional, async wrappers,
 tokens, opt-barrier, rng-get-and-update-state and the custom-call dispatcher.
 
-Semantics follow XLA's operation semantics (seed 003: Call, Conditional, While, Tuple, AfterAll,
-OptimizationBarrier, CustomCall) and ``HloEvaluator``'s behaviour where the seed is silent:
+Semantics follow XLA's operation semantics (https://openxla.org/xla/operation_semantics: Call,
+Conditional, While, Tuple, AfterAll, OptimizationBarrier, CustomCall) and ``HloEvaluator``'s behaviour where
+that document is silent:
 
-* ``conditional`` with an index: an index < 0 or >= N runs ``branch_computations[N-1]`` (seed 003,
-  Conditional: "Jika branch_index adalah S32 yang < 0 atau >= N, branch_computations[N-1] akan dijalankan").
+* ``conditional`` with an index: an index < 0 or >= N runs ``branch_computations[N-1]`` (operation
+  semantics, Conditional: an S32 ``branch_index`` out of range runs the last branch as the default).
 * ``async-start`` runs the wrapped computation at once; its value is
   ``((operands...), result, contexts...)`` as the shape declares; ``async-done`` returns ``result``.
 """

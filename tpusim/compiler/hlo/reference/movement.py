@@ -1,10 +1,11 @@
 """Data movement: iota, broadcast, reshape, transpose, slice, dynamic-slice, dynamic-update-slice, pad,
 concatenate, reverse, copy, bitcast, and get/set-dimension-size.
 
-Semantics from XLA's operation semantics (seed 003) and, where the seed is silent, XLA CPU:
+Semantics from XLA's operation semantics (https://openxla.org/xla/operation_semantics) and, where that
+document is silent, XLA CPU:
 
-* dynamic-slice and dynamic-update-slice clamp each start index to ``[0, dim - size]`` (seed 003,
-  DynamicSlice: "indeks awal ... dijepit"), reading unsigned indices as unsigned.
+* dynamic-slice and dynamic-update-slice clamp each start index to ``[0, dim - size]`` (operation
+  semantics, DynamicSlice), reading unsigned indices as unsigned.
 * pad: ``padding`` low/high may be negative (crop); interior padding goes between elements only.
 * broadcast: ``dimensions[i]`` is the output dimension operand dimension i maps to (any order).
 * bitcast reinterprets the *physical bytes*: the operand is packed in its layout and the bytes are read

@@ -14,9 +14,10 @@ Semantics from XLA's Operation Semantics ("Reduce", "ReduceWindow", "SelectAndSc
 * select-and-scatter picks one element per window by folding ``select`` over the window's in-bounds
   elements in row-major order (the current pick is the first argument), then combines the source value
   into that position of an ``init``-filled output with ``scatter``; positions picked by several windows
-  receive their source values in row-major window order. Among equal picks the seed's rule (select is called
-  with the lexicographically smaller index first) keeps the first; XLA CPU picks a later one in many 2-D
-  windows, so ties are tested against the rule, not against JAX.
+  receive their source values in row-major window order. Among equal picks the rule of XLA's operation
+  semantics (SelectAndScatter, https://openxla.org/xla/operation_semantics: select is called with the
+  lexicographically smaller index first) keeps the first; XLA CPU picks a later one in many 2-D windows, so
+  ties are tested against the rule, not against JAX.
 """
 
 from __future__ import annotations
