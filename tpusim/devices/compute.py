@@ -44,7 +44,10 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
         i = d.index
         cost = d.cost
         need_access = cost is None or numeric
-        rl, wl, ra, wa = [], [], [], []  # type: ignore[var-annotated]
+        rl = []
+        wl = []
+        ra: list[Any] = []
+        wa: list[Any] = []
         for p in d.plans_r:
             store, address, offsets, lo, hi, _, _ = core.resolve(p, i)
             rl.append((p.key, lo, hi))

@@ -28,4 +28,4 @@ def events_scheduled(env: Any) -> int:
 
     ``_eid`` is an ``itertools.count``; a copy yields the next id, which is the number scheduled so far.
     """
-    return next(copy.copy(env._eid))
+    return int(next(copy.copy(env._eid)))

@@ -267,7 +267,8 @@ def read_value(
             out = np.empty(sizes, raw.dtype)
             strided_assign(out.reshape(view.shape), view)
             return out.view(et.dtype)
-        return raw[window_slots(shape, offsets, sizes)].view(et.dtype).reshape(sizes)
+        gathered: np.ndarray = raw[window_slots(shape, offsets, sizes)]
+        return gathered.view(et.dtype).reshape(sizes)
     full = unpack(buf, shape)
     return full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))].copy()
 

@@ -23,6 +23,7 @@ precisions as XLA does; 8-bit integers accumulate exactly in s32. The result buf
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import ceil
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +109,7 @@ class MxuState:
         return MxuState.scheduler_of(ins)(self, timing_facts(ins), t, need, cost, core, index)
 
     @staticmethod
-    def scheduler_of(ins: Any) -> Any:
+    def scheduler_of(ins: Any) -> Callable[..., tuple[int, int, int]]:
         """The timing method for ``ins``'s class, unbound: ``(mxu, timing_facts(ins), t, need, cost, core,
         index) -> (start, end, flops)`` (decode keeps it with the facts)."""
         if isinstance(ins, MxuMatmul):

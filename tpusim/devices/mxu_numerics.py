@@ -98,7 +98,8 @@ def matmul_f32(lhs: np.ndarray, w: np.ndarray, precision: str) -> np.ndarray:
         acc = _pass(a[order[0][0]], b[order[0][1]])
         for i, j in order[1:]:
             acc = (acc + _pass(a[i], b[j])).astype(np.float32)
-        return (_nan_to_zero(acc) + _pass(a[0], b[0])).astype(np.float32)
+        out: np.ndarray = (_nan_to_zero(acc) + _pass(a[0], b[0])).astype(np.float32)
+        return out
 
 
 class _Group:

@@ -171,7 +171,7 @@ def _jump(core: Any, d: Any, t: int, label: str) -> int:
         raise limit_error(core, index, t, limit, index if target <= index else -1)
     count_jump(core, index, target)
     core.pc = target
-    end = t + 1 + core.cfg.core.branch_cycles
+    end: int = t + 1 + core.cfg.core.branch_cycles
     _record(core, d, t, end)
     return end
 

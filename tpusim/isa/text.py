@@ -608,7 +608,8 @@ def _instruction_at(c: _Cursor) -> Instruction:
     if fields.get("hlo") is None:
         fields.pop("hlo", None)
     try:
-        return cls(**fields)
+        ins: Instruction = cls(**fields)
+        return ins
     except IsaError as e:
         raise c.error(str(e), start) from None
 
