@@ -17,3 +17,16 @@ def test_the_reference_computes_every_kernel_op_with_the_kernel() -> None:
         if op not in TUPLES_TOO:
             assert REFERENCE[op].__qualname__.startswith("_reference"), op
             assert (op in ELEMENTWISE) == (op not in NOT_ELEMENTWISE), op
+
+
+def test_the_op_groups_and_the_registries_agree() -> None:
+    from tpusim.compiler.hlo.opcodes import ELEMENTWISE, OPCODES
+    from tpusim.compiler.hlo.shape_rules import SHAPE_RULES
+    from tpusim.compiler.lowering.registry import LOWERINGS, SPECIALISED
+
+    assert set(KERNELS) >= ELEMENTWISE  # every elementwise opcode has a kernel
+    assert set(REFERENCE) <= set(OPCODES)
+    # Every opcode the reference runs has a shape rule, except custom-call, whose result the text declares.
+    assert set(REFERENCE) - set(SHAPE_RULES) == {"custom-call"}
+    # Every lowered opcode can also run as a fallback (a lowering may decline an instance).
+    assert set(LOWERINGS) | set(SPECIALISED) <= set(REFERENCE)

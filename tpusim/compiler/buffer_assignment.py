@@ -27,25 +27,23 @@ naming the buffer, the memory and the sizes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
-from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ELEMENTWISE
 from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape, Layout, Shape, TupleShape
 from tpusim.memory.reinterpret import bytes_agree, free_transpose
 
-__all__ = ["ALIGNMENT", "ELEMENTWISE", "Buffer", "BufferAssignment", "OutOfMemoryError", "assign_buffers"]
+__all__ = ["ALIGNMENT", "ALIASES", "Buffer", "BufferAssignment", "OutOfMemoryError", "assign_buffers"]
 
-ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | frozenset({"clamp", "select", "compare", "convert", "copy"})
-"""Opcodes whose output element i depends only on operand elements i."""
-
-_ASYNC_DONES = frozenset({"all-reduce-done", "all-gather-done", "collective-permute-done", "async-done"})
+_ASYNC_DONES = ASYNC_COLLECTIVE_DONES | {"async-done"}
 
 ALIGNMENT = 512
-"""Buffer alignment in bytes (the 512-byte native DMA access size of TPUv4i, chips.md section 2.3)."""
+"""Buffer alignment in bytes (the 512-byte native DMA access size of TPUv4i: Jouppi et al., "Ten Lessons From
+Three Generations Shaped Google's TPUv4i", ISCA 2021)."""
 
 Key = tuple[str, str, tuple[int, ...]]  # (computation, instruction, leaf index path)
 
@@ -311,86 +309,17 @@ class _Planner:
         return True
 
     def _alias(self, comp: Computation, instr: Instruction) -> None:
-        c, op = comp.name, instr.opcode
-        if op == "constant":
-            for key in self.leaves(c, instr):
-                self.kinds[key] = "constant"
-        elif op == "get-tuple-element":
-            index = instr.attr("index")
-            for key in self.leaves(c, instr):
-                self.uf.union((c, instr.operands[0], (index, *key[2])), key)
-        elif op == "tuple":
-            for i, o in enumerate(instr.operands):
-                for path, _ in leaf_paths(comp[o].shape):
-                    self.uf.union((c, o, path), (c, instr.name, (i, *path)))
-        elif op == "reshape" and bytes_agree(comp[instr.operands[0]].array_shape, instr.array_shape, row_major=True):
-            # A reshape that moves no byte (dimensions above the tiles merged or split): one buffer.
-            self.uf.union((c, instr.operands[0], ()), (c, instr.name, ()))
-        elif op == "transpose" and free_transpose(
-            comp[instr.operands[0]].array_shape, tuple(instr.attr("dimensions")), instr.array_shape
-        ):
-            # A transpose whose layouts permute with it reads every byte where it is: one buffer.
-            self.uf.union((c, instr.operands[0], ()), (c, instr.name, ()))
-        elif op == "opt-barrier":
-            for path, _ in leaf_paths(instr.shape):
-                self.uf.union((c, instr.operands[0], path), (c, instr.name, path))
-        elif op in ("call", "conditional"):
-            for n, callee in enumerate(_sequential_callees(instr)):
-                passed = instr.operands[n + 1 : n + 2] if op == "conditional" else instr.operands
-                for p, o in zip(self.module[callee].parameters, passed):
-                    for path, _ in leaf_paths(p.shape):
-                        self.uf.union((c, o, path), (callee, p.name, path))
-        elif op == "while":
-            self._alias_while(comp, instr)
-        elif op in _ASYNC_DONES or op == "async-update":
-            # The result an async pair computes lives in the start's buffer: the done (or update) reads it
-            # from there, so it shares it when the layouts agree (all-reduce-start is the result itself;
-            # the other starts hold it at index 1, async-update is its start again).
-            start = comp[instr.operands[0]]
-            part = () if start.opcode == "all-reduce-start" or op == "async-update" else (1,)
-            for path, shape in leaf_paths(instr.shape):
-                source = (c, start.name, part + path)
-                if self.shapes.get(source) == shape:
-                    self.uf.union(source, (c, instr.name, path))
-        elif op == "async-start" and instr.async_wrapped_instruction() is not None:
-            # XLA's short form (slice-start ...): element 0 of the start holds the operands themselves.
-            for i, o in enumerate(instr.operands):
-                self._union_same((c, o, ()), (c, instr.name, (0, i)), comp[o].shape)
-        elif op in ("add-dependency", "domain"):
-            # The value passes through unchanged (add-dependency's second operand is a token).
-            self._union_same((c, instr.operands[0], ()), (c, instr.name, ()), instr.shape)
-        elif op == "bitcast-convert":
-            # Same width, same dimensions and layout: the result's bytes are the operand's.
-            a, b = comp[instr.operands[0]].shape, instr.shape
-            if (
-                isinstance(a, Shape)
-                and isinstance(b, Shape)
-                and a.element_type.bits == b.element_type.bits
-                and a.dimensions == b.dimensions
-                and a.effective_layout == b.effective_layout
-            ):
-                self.uf.union((c, instr.operands[0], ()), (c, instr.name, ()))
-        elif op == "copy-start":
-            # (destination, source, context): the source part is the operand itself.
-            self._union_same((c, instr.operands[0], ()), (c, instr.name, (1,)), comp[instr.operands[0]].shape)
-        elif op == "copy-done":
-            self._union_same((c, instr.operands[0], (0,)), (c, instr.name, ()), instr.shape)
+        """Put the buffers ``instr``'s result shares with other values in one class (:data:`ALIASES`)."""
+        rule = ALIASES.get(instr.opcode)
+        if rule is not None:
+            rule(self, comp, instr)
 
-    def _union_same(self, a: Key, b: Key, shape: AnyShape) -> None:
+    def union_same(self, a: Key, b: Key, shape: AnyShape) -> None:
         """Share one buffer between every leaf of ``a`` and ``b`` (both of ``shape``) that has one layout."""
         for path, _ in leaf_paths(shape):
             x, y = (a[0], a[1], a[2] + path), (b[0], b[1], b[2] + path)
             if x in self.shapes and self.shapes.get(x) == self.shapes.get(y):
                 self.uf.union(x, y)
-
-    def _alias_while(self, comp: Computation, instr: Instruction) -> None:
-        c = comp.name
-        cond, body = self.module[instr.attr("condition")], self.module[instr.attr("body")]
-        for path, _ in leaf_paths(instr.shape):
-            state = (c, instr.name, path)
-            self.loop_state.add(state)
-            for sub in (cond, body):
-                self.uf.union(state, (sub.name, sub.parameters[0].name, path))
 
     def _alias_loop_operand(self, comp: Computation, instr: Instruction) -> None:
         """The loop operand's leaves share the state's buffers when the loop is their last use."""
@@ -771,3 +700,139 @@ def check_disjoint(
                         f"internal: buffer assignment put {a.label} ({a.space} {a.offset:#x}, {a.size} bytes) and "
                         f"{b.label} ({b.space} {b.offset:#x}, {b.size} bytes) in the same bytes, both live in {name}"
                     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Alias rules: which values share one buffer, per opcode
+# ---------------------------------------------------------------------------------------------------------
+AliasRule = Callable[[_Planner, Computation, Instruction], None]
+
+ALIASES: dict[str, AliasRule] = {}
+"""Opcode -> the rule putting its result's leaves in the buffer classes of the values they are (forwarded
+tuple elements, free reshapes and transposes, loop state, async pairs ...). Opcodes without a rule get
+buffers of their own."""
+
+
+def _aliases(*opcodes: str) -> Callable[[AliasRule], AliasRule]:
+    def add(fn: AliasRule) -> AliasRule:
+        for op in opcodes:
+            ALIASES[op] = fn
+        return fn
+
+    return add
+
+
+def _one_buffer(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    p.uf.union((comp.name, instr.operands[0], ()), (comp.name, instr.name, ()))
+
+
+@_aliases("constant")
+def _constant(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    for key in p.leaves(comp.name, instr):
+        p.kinds[key] = "constant"
+
+
+@_aliases("get-tuple-element")
+def _get_tuple_element(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    index = instr.attr("index")
+    for key in p.leaves(comp.name, instr):
+        p.uf.union((comp.name, instr.operands[0], (index, *key[2])), key)
+
+
+@_aliases("tuple")
+def _tuple(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    for i, o in enumerate(instr.operands):
+        for path, _ in leaf_paths(comp[o].shape):
+            p.uf.union((comp.name, o, path), (comp.name, instr.name, (i, *path)))
+
+
+@_aliases("reshape")
+def _reshape(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    # A reshape that moves no byte (its layouts' digit forms agree, tpusim.memory.digits): one buffer.
+    if bytes_agree(comp[instr.operands[0]].array_shape, instr.array_shape, row_major=True):
+        _one_buffer(p, comp, instr)
+
+
+@_aliases("transpose")
+def _transpose(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    # A transpose whose layouts permute with it reads every byte where it is: one buffer.
+    if free_transpose(comp[instr.operands[0]].array_shape, tuple(instr.attr("dimensions")), instr.array_shape):
+        _one_buffer(p, comp, instr)
+
+
+@_aliases("bitcast-convert")
+def _bitcast_convert(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    # Same width, same dimensions and layout: the result's bytes are the operand's.
+    a, b = comp[instr.operands[0]].shape, instr.shape
+    if (
+        isinstance(a, Shape)
+        and isinstance(b, Shape)
+        and a.element_type.bits == b.element_type.bits
+        and a.dimensions == b.dimensions
+        and a.effective_layout == b.effective_layout
+    ):
+        _one_buffer(p, comp, instr)
+
+
+@_aliases("opt-barrier")
+def _opt_barrier(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    for path, _ in leaf_paths(instr.shape):
+        p.uf.union((comp.name, instr.operands[0], path), (comp.name, instr.name, path))
+
+
+@_aliases("call", "conditional")
+def _call(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    for n, callee in enumerate(_sequential_callees(instr)):
+        passed = instr.operands[n + 1 : n + 2] if instr.opcode == "conditional" else instr.operands
+        for param, o in zip(p.module[callee].parameters, passed):
+            for path, _ in leaf_paths(param.shape):
+                p.uf.union((comp.name, o, path), (callee, param.name, path))
+
+
+@_aliases("while")
+def _while(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    # The loop state, the condition's parameter and the body's parameter are one value.
+    cond, body = p.module[instr.attr("condition")], p.module[instr.attr("body")]
+    for path, _ in leaf_paths(instr.shape):
+        state = (comp.name, instr.name, path)
+        p.loop_state.add(state)
+        for sub in (cond, body):
+            p.uf.union(state, (sub.name, sub.parameters[0].name, path))
+
+
+@_aliases(*_ASYNC_DONES, "async-update")
+def _async_result(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    # The result an async pair computes lives in the start's buffer: the done (or update) reads it from
+    # there, so it shares it when the layouts agree (all-reduce-start is the result itself; the other
+    # starts hold it at index 1, async-update is its start again).
+    start = comp[instr.operands[0]]
+    part = () if start.opcode == "all-reduce-start" or instr.opcode == "async-update" else (1,)
+    for path, shape in leaf_paths(instr.shape):
+        source = (comp.name, start.name, part + path)
+        if p.shapes.get(source) == shape:
+            p.uf.union(source, (comp.name, instr.name, path))
+
+
+@_aliases("async-start")
+def _async_start(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    # XLA's short form (slice-start ...): element 0 of the start holds the operands themselves.
+    if instr.async_wrapped_instruction() is not None:
+        for i, o in enumerate(instr.operands):
+            p.union_same((comp.name, o, ()), (comp.name, instr.name, (0, i)), comp[o].shape)
+
+
+@_aliases("add-dependency", "domain")
+def _pass_through(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    # The value passes through unchanged (add-dependency's second operand is a token).
+    p.union_same((comp.name, instr.operands[0], ()), (comp.name, instr.name, ()), instr.shape)
+
+
+@_aliases("copy-start")
+def _copy_start(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    # (destination, source, context): the source part is the operand itself.
+    p.union_same((comp.name, instr.operands[0], ()), (comp.name, instr.name, (1,)), comp[instr.operands[0]].shape)
+
+
+@_aliases("copy-done")
+def _copy_done(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    p.union_same((comp.name, instr.operands[0], (0,)), (comp.name, instr.name, ()), instr.shape)

@@ -50,7 +50,7 @@ from typing import Any
 
 from tpusim.compiler.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
-from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from tpusim.compiler.hlo.opcodes import ELEMENTWISE
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.memory import Layout, Shape
@@ -62,9 +62,7 @@ Order = tuple[int, ...]
 
 Key = tuple[str, str]  # (computation, instruction)
 
-_ELEMENTWISE_LIKE = frozenset(
-    {"convert", "copy", "select", "clamp", "compare", "bitcast-convert", "reduce-precision", "map"}
-)
+_ELEMENTWISE_LIKE = ELEMENTWISE | {"bitcast-convert", "reduce-precision", "map"}
 _SAME_ORDER = frozenset({"slice", "pad", "reverse", "concatenate", "dynamic-slice", "dynamic-update-slice"})
 _FORWARDERS = frozenset({"tuple", "get-tuple-element", "while", "call", "conditional", "opt-barrier"})
 _SWEEPS = 8
@@ -448,7 +446,7 @@ def operand_order(instr: Instruction, i: int, operand: Shape, result: Shape) -> 
             return tuple(d if d in reduced else next(mapped) for d in range(operand.rank))
 
         return through
-    if op in _ELEMENTWISE_LIKE or op in _SAME_ORDER or op in UNARY_ELEMENTWISE or op in BINARY_ELEMENTWISE:
+    if op in _ELEMENTWISE_LIKE or op in _SAME_ORDER:
         return (lambda ro: ro) if operand.rank == result.rank else None
     return None
 

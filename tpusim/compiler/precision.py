@@ -20,14 +20,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
-from tpusim.compiler.hlo.opcodes import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE
+from tpusim.compiler.hlo.opcodes import ELEMENTWISE
 from tpusim.compiler.rewrite import rewrite_instructions, unique_name
 from tpusim.memory import Shape, element_type
 
 __all__ = ["normalize_precision"]
 
 # Operations computed elementwise in one type (whose result type follows their operands').
-_COMPUTE = (UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | {"select", "clamp", "compare"}) - {
+_COMPUTE = ELEMENTWISE - {
+    "convert",
+    "copy",
     "is-finite",
     "real",
     "imag",

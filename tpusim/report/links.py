@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ASYNC_COLLECTIVE_STARTS, COLLECTIVES
 from tpusim.isa import DmaStart, Program, Reg, ScalarAlu, ScalarLoad, Space
 from tpusim.report.timeline import merged_runs
 from tpusim.topology import Link, Topology, system_topology
@@ -38,12 +39,7 @@ __all__ = [
     "remote_targets",
 ]
 
-COLLECTIVE_OPCODES = frozenset(
-    {
-        "all-reduce", "all-reduce-start", "all-reduce-done", "all-gather", "all-gather-start", "all-gather-done",
-        "reduce-scatter", "all-to-all", "collective-permute", "collective-permute-start", "collective-permute-done",
-    }
-)  # fmt: skip
+COLLECTIVE_OPCODES = COLLECTIVES | ASYNC_COLLECTIVE_STARTS | ASYNC_COLLECTIVE_DONES
 
 _ALU = {
     "add": np.add,

@@ -11,9 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "ASYNC_COLLECTIVE_DONES",
+    "ASYNC_COLLECTIVE_STARTS",
     "ASYNC_SUFFIXES",
     "BINARY_ELEMENTWISE",
+    "COLLECTIVES",
     "COMMON_ATTRIBUTES",
+    "ELEMENTWISE",
     "OPCODES",
     "OPCODE_ALIASES",
     "TRANSCENDENTAL",
@@ -106,6 +110,15 @@ BINARY_ELEMENTWISE = _names(
     "add atan2 complex divide maximum minimum mulhi multiply power remainder subtract and or xor shift-left "
     "shift-right-arithmetic shift-right-logical"
 )
+ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | _names("clamp compare convert copy select")
+"""Ops whose result element at an index is computed from the operands' elements at that index alone (the
+groups the passes, layout choice, precision normalisation and buffer assignment reason with)."""
+
+COLLECTIVES = _names("all-reduce all-gather reduce-scatter all-to-all collective-permute collective-broadcast")
+"""Collectives that move array data between devices."""
+ASYNC_COLLECTIVE_STARTS = _names("all-reduce-start all-gather-start collective-permute-start")
+ASYNC_COLLECTIVE_DONES = _names("all-reduce-done all-gather-done collective-permute-done")
+"""The collectives with their own async opcode pair (the others run async wrapped in ``async-start``)."""
 
 # ---- elementwise ------------------------------------------------------------------------------
 _op(" ".join(sorted(TRANSCENDENTAL)), 1, optional="result_accuracy")

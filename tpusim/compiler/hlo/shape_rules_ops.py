@@ -469,3 +469,16 @@ def _infeed(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     out = _tuple(ins.shape, "the result of infeed", 2)
     if not (isinstance(out.elements[-1], Shape) and out.elements[-1].element_type.name == "token"):
         raise RuleError(f"infeed's result {out} should end with a token")
+
+
+@rule("rng-get-and-update-state")
+def _rng_state(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    # XLA's RngGetAndUpdateState returns the 128-bit generator state as u64[2].
+    _exact(ins, make_shape(element_type("u64"), (2,)), lambda: "the generator state is u64[2]")
+
+
+@rule("ragged-all-to-all")
+def _ragged_all_to_all(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    # (input, output, input_offsets, send_sizes, output_offsets, recv_sizes): the result is the output
+    # buffer, updated in place.
+    _exact(ins, ops[1], lambda: "ragged-all-to-all returns its output operand updated")

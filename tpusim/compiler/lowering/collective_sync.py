@@ -24,6 +24,7 @@ from math import prod
 
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Instruction, Module
+from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ASYNC_COLLECTIVE_STARTS, COLLECTIVES
 from tpusim.compiler.lowering.collective_plan import GroupAxis, GroupPlan, Participants
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.isa import DmaStart, MemRef, Reg, ScalarAlu, SemSignal, SemWait, Space
@@ -31,8 +32,6 @@ from tpusim.memory import Layout, Shape, geometry
 from tpusim.topology import Topology, system_topology
 
 __all__ = [
-    "ASYNC_STARTS",
-    "COLLECTIVES",
     "Bank",
     "CollectiveState",
     "Facts",
@@ -41,12 +40,8 @@ __all__ = [
     "wrapped_collective",
 ]
 
-ASYNC_STARTS = frozenset({"all-reduce-start", "all-gather-start", "collective-permute-start"})
-COLLECTIVES = frozenset(
-    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast"}
-)
-"""Collectives tpusim lowers (each also wrapped in an ``async-start``)."""
-_COLLECTIVES = COLLECTIVES | ASYNC_STARTS
+_COLLECTIVES = COLLECTIVES | ASYNC_COLLECTIVE_STARTS
+"""Collectives tpusim lowers (each also wrapped in an ``async-start``), and their own async starts."""
 
 
 def wrapped_collective(module: Module, instr: Instruction) -> Instruction | None:
@@ -166,10 +161,10 @@ def _banks_needed(module: Module) -> tuple[int, bool]:
             )
             if is_collective(instr.opcode) or wrapped or nested:
                 depth = max(depth, open_now + 1)
-            if instr.opcode in ASYNC_STARTS or wrapped:
+            if instr.opcode in ASYNC_COLLECTIVE_STARTS or wrapped:
                 open_now += 1
                 any_async = True
-            elif instr.opcode == "async-done" or instr.opcode.replace("-done", "-start") in ASYNC_STARTS:
+            elif instr.opcode == "async-done" or instr.opcode in ASYNC_COLLECTIVE_DONES:
                 open_now = max(0, open_now - 1)
     return depth, any_async
 

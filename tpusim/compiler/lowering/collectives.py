@@ -28,6 +28,7 @@ from math import ceil, prod
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.hlo.opcodes import COLLECTIVES
 from tpusim.compiler.lowering.collective_direct import all_to_all, collective_broadcast, collective_permute
 from tpusim.compiler.lowering.collective_plan import GroupPlan, plan_groups
 from tpusim.compiler.lowering.collective_ring import (
@@ -42,7 +43,6 @@ from tpusim.compiler.lowering.collective_ring import (
     zigzag_coordinate,
 )
 from tpusim.compiler.lowering.collective_sync import (
-    COLLECTIVES,
     PARTS,
     Bank,
     CollectiveState,
