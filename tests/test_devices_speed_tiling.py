@@ -1,4 +1,4 @@
-"""Closed forms for windows (tpusim.memory.tiling.is_separable / axis_slots, used by tpusim.devices.memory):
+"""Closed forms for windows (tpusim.memory.tiling.is_separable / axis_slots, used by tpusim.devices.stores):
 for every layout without ``*`` merges a slot is a sum of one term per dimension, so window slots and byte
 extents computed from per-dimension terms equal the index map's, element for element."""
 
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_layout_properties import tiled_shapes
 
-from tpusim.devices.memory import ByteStore, read_value, write_value
+from tpusim.devices.stores import ByteStore, read_value, write_value
 from tpusim.memory import geometry, pack, parse_shape, unpack
 from tpusim.memory.tiling import axis_slots, is_separable
 from tpusim.memory.windows import window_extent, window_slots, window_strides

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tpusim.devices import memory, values
-from tpusim.devices.memory import ByteStore, write_value
+from tpusim.devices import stores, values
+from tpusim.devices.stores import ByteStore, write_value
 from tpusim.memory import pack, parse_shape
 from tpusim.memory.windows import window_extent
 
@@ -66,7 +66,7 @@ def test_reads_never_alias_memory(monkeypatch):
     shape = parse_shape("f32[4,4]{1,0}")
     store = ByteStore("vmem", 1 << 16)
     store.write(0, pack(np.ones((4, 4), np.float32), shape))
-    monkeypatch.setattr(memory, "unpack", lambda buf, s: buf.view(np.float32).reshape(4, 4))
+    monkeypatch.setattr(stores, "unpack", lambda buf, s: buf.view(np.float32).reshape(4, 4))
     e = store.cached(0, shape, None, None, 0, 64)
     assert not np.may_share_memory(e.value, store.view(0, 64))
 

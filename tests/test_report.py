@@ -306,7 +306,7 @@ def test_cli_report_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_facts_from_the_program_equal_facts_parsed_from_the_trace(run: dict[str, Any]) -> None:
-    from tpusim.report.decode import decode_trace
+    from tpusim.report.entries import decode_trace
 
     r = run["result"]
     fast = decode_trace(r.trace, r.compiled.config, r.compiled.program)

@@ -37,7 +37,7 @@ from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape, Layout, Shape, TupleShape
 from tpusim.memory.reinterpret import bytes_agree, free_transpose
 
-__all__ = ["ALIGNMENT", "ALIASES", "Buffer", "BufferAssignment", "OutOfMemoryError", "assign_buffers"]
+__all__ = ["ALIASES", "ALIGNMENT", "Buffer", "BufferAssignment", "OutOfMemoryError", "assign_buffers"]
 
 _ASYNC_DONES = ASYNC_COLLECTIVE_DONES | {"async-done"}
 

@@ -10,8 +10,8 @@ Public surface (``docs/model.md`` documents every timing rule)::
 from tpusim.devices.core import DeadlockError
 from tpusim.devices.engine import events_scheduled
 from tpusim.devices.fallback import FallbackEvaluator
-from tpusim.devices.memory import ByteStore, MemoryAccessError
 from tpusim.devices.monitor import RunMonitor
+from tpusim.devices.stores import ByteStore, MemoryAccessError
 from tpusim.devices.system import Chip, RunResult, System
 from tpusim.devices.trace import Trace, TraceStream
 from tpusim.devices.units import ExecutionError

@@ -14,7 +14,7 @@ from tpusim.devices.core import Core
 from tpusim.devices.engine import make_env
 from tpusim.devices.fallback import FallbackEvaluator
 from tpusim.devices.flows import FlowNetwork
-from tpusim.devices.memory import ByteStore
+from tpusim.devices.stores import ByteStore
 from tpusim.devices.sync import BarrierState, Semaphores
 from tpusim.isa import Program, Space
 from tpusim.topology import Topology
@@ -27,7 +27,7 @@ class ChipState:
 
     def __init__(self, machine: Machine, index: int) -> None:
         cfg = machine.cfg
-        self.system = machine
+        self.machine = machine
         self.index = index
         self.hbm = ByteStore(f"hbm of chip {index}", cfg.hbm.bytes)
         n = cfg.core.count

@@ -54,7 +54,7 @@ class Core:
     """The sequencer and units of TensorCore ``index`` of a chip, running one stream.
 
     Args:
-        chip: the chip it belongs to (memories, semaphores, the system).
+        chip: the chip it belongs to (memories, semaphores, the machine).
         index: core number within the chip.
         stream: its instruction stream.
         stream_id: its number in the trace.
@@ -77,6 +77,7 @@ class Core:
         "finished",
         "first_try",
         "index",
+        "machine",
         "max_end",
         "mxu_ctx",
         "mxu_queues",
@@ -97,7 +98,6 @@ class Core:
         "stream",
         "stream_id",
         "sync_unit",
-        "system",
         "trips",
         "unit",
         "vmem",
@@ -109,19 +109,19 @@ class Core:
     )
 
     def __init__(self, chip: ChipState, index: int, stream: Stream, stream_id: int) -> None:
-        system = chip.system
-        cfg = system.cfg
-        self.system = system
+        machine = chip.machine
+        cfg = machine.cfg
+        self.machine = machine
         self.chip = chip
         self.index = index
         self.stream = stream
         self.stream_id = stream_id
         self.place = (chip.index, index)  # (chip, core): keys per-core facts kept on decoded instructions
         self.cfg = cfg
-        self.env = system.env
-        self.network = system.network
-        self.records = system.records
-        self.numeric = system.numeric
+        self.env = machine.env
+        self.network = machine.network
+        self.records = machine.records
+        self.numeric = machine.numeric
         self.regs = [0] * cfg.core.scalar_registers
         self.sems = chip.sems[index]
         self.vmem = chip.vmem[index]
@@ -138,13 +138,13 @@ class Core:
         self.fallback_free = 0
         self.max_end = 0  # latest end cycle of any compute instruction issued so far
         name = f"chip{chip.index}.core{index}"
-        self.unit = {u: system.unit_id(f"{name}.{u}") for u in ("scalar", "sync", "dma", "vpu", "fallback")}
+        self.unit = {u: machine.unit_id(f"{name}.{u}") for u in ("scalar", "sync", "dma", "vpu", "fallback")}
         self.vpu_unit = self.unit["vpu"]
         self.scalar_unit = self.unit["scalar"]
         self.sync_unit = self.unit["sync"]
         self.dma_unit = self.unit["dma"]
-        self.xlu_units = [system.unit_id(f"{name}.xlu{i}") for i in range(cfg.xlu.count)]
-        self.mxu_units = [system.unit_id(f"{name}.mxu{i}") for i in range(cfg.mxu.count)]
+        self.xlu_units = [machine.unit_id(f"{name}.xlu{i}") for i in range(cfg.xlu.count)]
+        self.mxu_units = [machine.unit_id(f"{name}.mxu{i}") for i in range(cfg.mxu.count)]
         # per MXU: its state, its FIFO of start cycles, its trace unit id and the FIFO's depth (issue_mxu_fast)
         self.mxu_ctx = [(m, q, u, depth) for m, q, u in zip(self.mxus, self.mxu_queues, self.mxu_units)]
         self.dma = DmaEngines(self)
@@ -188,7 +188,7 @@ class Core:
 
         Returns:
             ``(store, address, offsets, lo, hi, normalized offsets, byte shift)``: the window's offsets reduced
-            by the layout's periods and the shift that undoes it (:class:`~tpusim.devices.memory.Affine`;
+            by the layout's periods and the shift that undoes it (:class:`~tpusim.devices.stores.Affine`;
             the offsets themselves and 0 when the layout has no such structure).
         """
         regs = self.regs

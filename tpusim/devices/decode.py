@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from tpusim.devices.compute import issue_mxu_fast, issue_vpu_static
 from tpusim.devices.fallback import fallback_cost
 from tpusim.devices.hazards import OWN, box_of
-from tpusim.devices.memory import affine
 from tpusim.devices.mxu import MxuState, timing_facts
+from tpusim.devices.stores import affine
 from tpusim.devices.trace import InstructionTexts
 from tpusim.devices.units import COMPUTE, HANDLERS, Access, Cost, Handler
 from tpusim.isa import DmaStart, Fallback, MemRef, Reg, Space
@@ -213,7 +213,7 @@ class DecodedStream:
 def decoded_stream(core: Any) -> DecodedStream:
     """The decoded stream of ``core`` (from the cache when the same program, stream, config and mode ran
     before; the cache holds the program and stream, so their ids cannot be reused while it is there)."""
-    program, stream, cfg, numeric = core.system.program, core.stream, core.cfg, core.numeric
+    program, stream, cfg, numeric = core.machine.program, core.stream, core.cfg, core.numeric
     key = (id(program), id(stream), numeric)
     hit = _CACHE.get(key)
     if hit is not None and hit.program is program and hit.stream is stream and (hit.cfg is cfg or hit.cfg == cfg):

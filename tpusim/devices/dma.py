@@ -29,7 +29,7 @@ import numpy as np
 
 from tpusim.devices.engine import Event, Timeout
 from tpusim.devices.flows import Flow, resource
-from tpusim.devices.memory import read_value, write_value
+from tpusim.devices.stores import read_value, write_value
 from tpusim.devices.units import Access
 from tpusim.isa import Reg, Space
 from tpusim.memory import Shape, geometry
@@ -170,7 +170,7 @@ def strided_plan(
     gap_bytes: int = 0,
 ) -> TransferPlan:
     """:func:`transfer_plan`'s costs (payload, joint runs, each side's runs) without element maps, from the
-    windows' strided forms (:func:`~tpusim.devices.memory.window_strides`): a timing-only run needs no
+    windows' strided forms (:func:`~tpusim.devices.stores.window_strides`): a timing-only run needs no
     per-element arrays, and the work grows with the runs, not the elements (the d1024 decoder block spent 42 of
     its 55 s of simulation sorting the slots of 4,200 block transfers). Falls back to :func:`transfer_plan`
     where the closed form does not apply (a raw whole-buffer copy, an empty window, no strided form, digit
@@ -562,7 +562,7 @@ def _facts(core: Any, d: Any, key: tuple[Any, ...], dst_chip: Any, dst_core: int
     # Element maps only where the bytes move (a numeric run, or a value control flow reads); costs alone else.
     planner = transfer_plan if d.numeric else strided_plan
     plan = planner(sp.shape, key[-4], dp.shape, key[-3], sizes, cfg.dma.burst_bytes)
-    hops = core.system.topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
+    hops = core.machine.topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
     latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (sp.space, dp.space) else 0
     latency += len(hops) * cfg.cycles(cfg.ici.hop_latency_ns)
     src_port, dst_port = (core.chip.index, core.index), (dst_chip.index, dst_core)
@@ -655,7 +655,7 @@ def _prepare(core: Any, d: Any) -> tuple[TransferFacts, tuple[Any, ...], tuple[A
 def _destination(core: Any, d: Any) -> tuple[Any, int, Any, Any, dict[Any, TransferFacts]]:
     """``(chip, core, memory, scoreboard key, facts cache)`` of the destination of ``d``."""
     ins, i = d.ins, d.index
-    system = core.system
+    system = core.machine
     if ins.chip is None:
         dst_chip = core.chip
     else:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tpusim.devices.memory import read_value, write_value
+from tpusim.devices.stores import read_value, write_value
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
 from tpusim.isa import Fallback, FallbackKernel
 
@@ -38,8 +38,8 @@ def _cost(cfg: ChipConfig, ins: Fallback, reads: tuple[Access, ...], writes: tup
 
 
 def _execute(core: Any, ins: Fallback, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
-    kernel = core.system.program.fallback(ins.kernel)
-    evaluate = core.system.fallback_evaluator
+    kernel = core.machine.program.fallback(ins.kernel)
+    evaluate = core.machine.fallback_evaluator
     if evaluate is None:
         raise core.error(
             ins,

@@ -64,7 +64,7 @@ def _instructions(m: Machine) -> int:
 
 def limit_error(core: Core, index: int, t: int, limit: str, pending: int = -1) -> RunLimitError:
     """The error of ``core`` stopped at instruction ``index`` and cycle ``t`` by ``limit``."""
-    m = core.system
+    m = core.machine
     loop = current_loop(core, index, pending)
     where = f"at cycle {t:,} with {_instructions(m):,} instructions executed ({core.name})"
     value = m.max_steps if limit == "max_steps" else m.max_cycles

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tpusim.devices.memory import write_value
 from tpusim.devices.mxu_numerics import BF16, ResultBuffer, is_one_pass, matmul_f32, one_pass, split_bf16
+from tpusim.devices.stores import write_value
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
 from tpusim.isa import PRECISION_PASSES, MxuLoadWeights, MxuMatmul, MxuPop
 from tpusim.memory.windows import window_vregs

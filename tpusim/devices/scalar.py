@@ -15,7 +15,7 @@ import numpy as np
 
 from tpusim.devices.hazards import OWN
 from tpusim.devices.limits import count_jump, limit_error
-from tpusim.devices.memory import read_value, write_value
+from tpusim.devices.stores import read_value, write_value
 from tpusim.devices.units import handles
 from tpusim.isa import Branch, Halt, Jump, Reg, ScalarAlu, ScalarLoad, ScalarStore, Space
 
@@ -77,7 +77,7 @@ def _record(core: Any, d: Any, start: int, end: int, unit: str = "scalar") -> No
 _CORE_FACTS = {
     "chip_id": lambda core: core.chip.index,
     "core_id": lambda core: core.index,
-    "num_chips": lambda core: len(core.system.chips),
+    "num_chips": lambda core: len(core.machine.chips),
 }
 
 
@@ -162,7 +162,7 @@ def issue_scalar_store(core: Any, d: Any, t: int) -> Any:
 
 
 def _jump(core: Any, d: Any, t: int, label: str) -> int:
-    m = core.system
+    m = core.machine
     index = d.index
     target = core.stream.target(label)
     # run limits (tpusim.limits): every endless run takes jumps, so they are checked here

@@ -72,7 +72,7 @@ def issue_sem_wait(core: Any, d: Any, t: int) -> Any:
 @handles(SemSignal)
 def issue_sem_signal(core: Any, d: Any, t: int) -> int:
     ins = d.ins
-    system = core.system
+    system = core.machine
     chip_index = core.chip.index
     if ins.chip is not None:
         chip_index = core.regs[ins.chip.index] if isinstance(ins.chip, Reg) else ins.chip
@@ -108,13 +108,13 @@ def issue_barrier(core: Any, d: Any, t: int) -> Any:
             return core.block(d, "drains before the barrier: waits for {}", dma.wait_event(), dma)
         ready = max(t, core.max_end)
         key = (ins.scope, ins.id, core.chip.index if ins.scope == "chip" else None)
-        state = core.system.barrier(key)
+        state = core.machine.barrier(key)
         state.arrived += 1
         state.latest = max(state.latest, ready)
         ev = state.event
         core.barrier_event = ev
         if state.arrived == state.expected:
-            core.system.release_barrier(key, state)
+            core.machine.release_barrier(key, state)
     if not ev.processed:
         return core.block(d, f"waits at barrier {ins.id} ({ins.scope}) for the other cores to arrive", ev)
     core.barrier_event = None

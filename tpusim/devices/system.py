@@ -28,8 +28,8 @@ from tpusim.devices.core import DeadlockError
 from tpusim.devices.engine import events_scheduled
 from tpusim.devices.fallback import FallbackEvaluator
 from tpusim.devices.limits import ended_past_limit, position_of
-from tpusim.devices.memory import ByteStore, MemoryAccessError
 from tpusim.devices.monitor import RunMonitor
+from tpusim.devices.stores import ByteStore, MemoryAccessError
 from tpusim.devices.trace import Trace, TraceStream
 from tpusim.devices.units import ExecutionError
 from tpusim.errors import TpusimError

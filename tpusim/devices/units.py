@@ -19,7 +19,7 @@ from tpusim.memory import Shape
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
-    from tpusim.devices.memory import ByteStore
+    from tpusim.devices.stores import ByteStore
 
 __all__ = ["COMPUTE", "HANDLERS", "Access", "ComputeSpec", "Cost", "ExecutionError", "handles", "register_compute"]
 

@@ -2,10 +2,10 @@
 
 Unpacking an operand from its tiled bytes costs as much as a small matmul, and matmul loops read the same
 blocks again and again (an LHS panel for every weight column, weight tiles for every row block). A
-:class:`ValueCache` belongs to one :class:`~tpusim.devices.memory.ByteStore`; it keeps the value of a window
+:class:`ValueCache` belongs to one :class:`~tpusim.devices.stores.ByteStore`; it keeps the value of a window
 (and forms derived from it, such as the MXU's f32 matrix) until a write overlaps the window's bytes. Every
 write path of the store calls :meth:`ValueCache.invalidate`, so a cached value always equals what
-:func:`~tpusim.devices.memory.read_value` would return.
+:func:`~tpusim.devices.stores.read_value` would return.
 
 Cached arrays are read-only and never alias the memory: holding one is holding a snapshot.
 """

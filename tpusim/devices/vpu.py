@@ -12,7 +12,7 @@ padding included, see :func:`tpusim.memory.windows.window_vregs`)::
 most minor dimension, the sublane dimension the next one. Reductions and broadcasts along the lane
 dimension, transposes that move the lane or sublane dimension and copies that change the lane dimension
 cross lanes: they run on an XLU at its per-vreg cost instead. Numerics: see
-:mod:`tpusim.devices.elementwise`.
+:mod:`tpusim.devices.vpu_numerics`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tpusim.devices.elementwise import apply, combiner, convert, flush, result_types
-from tpusim.devices.memory import read_value, write_value
+from tpusim.devices.stores import read_value, write_value
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
+from tpusim.devices.vpu_numerics import apply, combiner, convert, flush, result_types
 from tpusim.errors import TpusimError
 from tpusim.isa import (
     VPU_FUNCTIONS,

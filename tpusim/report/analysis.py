@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tpusim.compiler.buffer_assignment import sequential_computations
-from tpusim.report.decode import TraceFacts, decode_trace, unit_kind
+from tpusim.report.entries import TraceFacts, decode_trace, unit_kind
 from tpusim.report.occupancy import Occupancy, Region, merge_ranges, occupancy
 from tpusim.report.timeline import assign_lanes, critical_path, merged_runs
 

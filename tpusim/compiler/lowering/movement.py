@@ -3,7 +3,7 @@ slice / concatenate / pad where a DMA beats a VMEM round trip.
 
 Every rule here moves bytes HBM to HBM with ``dma.start`` (the DMA engine relayouts between the two
 layouts); only ``pad`` touches VMEM, to build a block of the padding value once. The rules and the choice
-between a DMA and the vector path (:func:`tpusim.compiler.lowering.elementwise.lower_vector`, which loads
+between a DMA and the vector path (:func:`tpusim.compiler.lowering.vector.lower_vector`, which loads
 blocks into VMEM, moves them with the VPU/XLU and writes them back) are documented in docs/compiler.md,
 "Data movement, dot and reduce". In short: a DMA moves every byte once per HBM side and is as fast as HBM
 unless its *runs* (elements contiguous in both layouts, at ``dma.runs_per_cycle``) are short; the vector
@@ -23,8 +23,8 @@ from tpusim.compiler.blocks import tile_granule
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
-from tpusim.compiler.lowering.elementwise import lower_vector
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
+from tpusim.compiler.lowering.vector import lower_vector
 from tpusim.compiler.lowering.views import DmaSide, dma_cycles, view_shape
 from tpusim.isa import (
     Const,

@@ -31,7 +31,6 @@ from math import prod
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
-from tpusim.compiler.lowering.elementwise import combiner
 from tpusim.compiler.lowering.gather import check_types, chunk_rows, granule
 from tpusim.compiler.lowering.indexed import (
     MAX_SLICES,
@@ -46,6 +45,7 @@ from tpusim.compiler.lowering.indexed import (
     windowed,
 )
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
+from tpusim.compiler.lowering.vector import combiner
 from tpusim.compiler.lowering.views import view_shape
 from tpusim.isa import Const, DmaStart, FusedOp, MemRef, Reg, ScalarAlu, SemWait, Space, VpuCopy, VpuFused, VpuMap
 from tpusim.memory import ElementType, Shape, element_type

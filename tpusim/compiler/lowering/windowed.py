@@ -28,7 +28,6 @@ import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
-from tpusim.compiler.lowering.elementwise import combiner, reduce_identity
 from tpusim.compiler.lowering.immediates import scalar_constant
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.staging import (
@@ -46,6 +45,7 @@ from tpusim.compiler.lowering.staging import (
     stage,
     tap_window,
 )
+from tpusim.compiler.lowering.vector import combiner, reduce_identity
 from tpusim.isa import Const, FusedOp, MemRef, VpuBroadcast, VpuCopy, VpuFused, VpuMap, Window
 from tpusim.memory import ElementType, Shape, element_type
 from tpusim.semantics.combiners import exact_identity as reference_identity
