@@ -38,7 +38,8 @@ from markers import write_between
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "benchmarks" / "programs"
 BEGIN, END = "<!-- fidelity-targets:begin -->", "<!-- fidelity-targets:end -->"
-PEAK = {"tpu_v5e": 197e12, "tpu_v5p": 459e12, "tpu_v6e": 918e12}  # bf16 FLOP/s per chip (chips.md)
+# bf16 FLOP/s per chip, from Google Cloud's TPU pages (https://cloud.google.com/tpu/docs/v5e, .../v5p, .../v6e)
+PEAK = {"tpu_v5e": 197e12, "tpu_v5p": 459e12, "tpu_v6e": 918e12}
 
 MATMULS = [  # (name, n, rhs transposed, relu, measured seconds)
     ("bf16 8192^3", 8192, False, False, 6.05e-3),

@@ -215,8 +215,9 @@ def test_all_reduce_takes_twice_an_all_gather() -> None:
 
 
 def test_an_axis_without_wraparound_takes_twice_as_long() -> None:
-    """The same 16 v5e chips with and without the wraparound links of their axis (chips.md: v5e wraps only
-    16-chip axes)."""
+    """The same 16 v5e chips with and without the wraparound links of their axis (v5e wraps only 16-chip axes:
+    Google Cloud TPU v5e docs, https://cloud.google.com/tpu/docs/v5e, and the scaling book's TPU chapter,
+    https://jax-ml.github.io/scaling-book/tpus/)."""
     ring = load_config("tpu_v5e")
     line = load_config("tpu_v5e", ["ici.shape=[16]", "ici.wraparound=[false]"])
     assert ring.ici.wraps((16,)) == (True,) and line.ici.wraps((16,)) == (False,)

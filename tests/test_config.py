@@ -19,7 +19,8 @@ from tpusim.config import (
 )
 from tpusim.errors import ConfigError
 
-# Published figures (Google Cloud TPU pages, as collected in chips.md): peak bf16 FLOP/s, HBM bytes/s.
+# Published figures from Google Cloud's TPU pages (https://cloud.google.com/tpu/docs/v4, .../v5e, .../v5p,
+# .../v6e): peak bf16 FLOP/s, HBM bytes/s.
 PUBLISHED = {
     "tpu_v4": (275e12, 1200e9),
     "tpu_v5e": (197e12, 819e9),

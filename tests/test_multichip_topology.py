@@ -31,7 +31,7 @@ def test_routes_follow_dimension_order_the_short_way_round() -> None:
     ("chip", "shape", "wraps"),
     [
         ("tpu_v5e", (16, 16), (True, True)),
-        ("tpu_v5e", (8, 16), (False, True)),  # chips.md: an 8x16 v5e wraps its long axis only
+        ("tpu_v5e", (8, 16), (False, True)),  # an 8x16 wraps its long axis only (https://cloud.google.com/tpu/docs/v5e)
         ("tpu_v5e", (2, 4), (False, False)),
         ("tpu_v6e", (16,), (True,)),
         ("tpu_v4", (4, 4, 4), (True, True, True)),  # whole 4x4x4 cubes
