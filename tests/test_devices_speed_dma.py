@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tpusim.config import load_config
-from tpusim.devices import Chip, memory
+from tpusim.devices import Chip, stores
 from tpusim.devices.dma import transfer_plan
 from tpusim.isa import DmaStart, MemRef, Program, Reg, ScalarAlu, SemWait, Space, Symbol, Window
 from tpusim.memory import parse_shape
@@ -110,11 +110,11 @@ def test_arrays_placed_side_by_side_are_separate_segments(monkeypatch):
 
 def test_a_small_memory_is_one_segment_of_its_capacity():
     """VMEM-sized memories are one zeroed segment from the first touch: far-apart buffers never merge."""
-    store = memory.ByteStore("vmem", 1 << 20)
+    store = stores.ByteStore("vmem", 1 << 20)
     assert store.segments == [] and not store.read(0x8000, 4).any()  # untouched reads as zeros
     store.write(0xF0000, np.arange(8, dtype=np.uint8))
     store.write(0x100, np.full(4, 7, np.uint8))
     assert len(store.segments) == 1 and store.bases == [0] and store.touched == 1 << 20
     assert store.read(0xF0000, 8).tolist() == list(range(8)) and store.read(0xFE, 6).tolist() == [0, 0, 7, 7, 7, 7]
-    with pytest.raises(memory.MemoryAccessError, match="outside vmem"):
+    with pytest.raises(stores.MemoryAccessError, match="outside vmem"):
         store.view((1 << 20) - 4, 8)
