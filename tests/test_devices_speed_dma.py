@@ -95,7 +95,7 @@ def test_copies_within_one_memory_and_shifted_windows():
 
 
 def test_arrays_placed_side_by_side_are_separate_segments(monkeypatch):
-    monkeypatch.setattr(memory, "WHOLE_BYTES", 0)  # (the teaching chip's 1 MiB HBM would be one segment)
+    monkeypatch.setattr(stores, "WHOLE_BYTES", 0)  # (the teaching chip's 1 MiB HBM would be one segment)
     data = [np.full((256, 256), k, np.float32) for k in range(3)]
     n = 256 * 256 * 4
     syms = [Symbol(f"a{k}", ref("hbm", k * n, "f32[256,256]{1,0}")) for k in range(3)]
