@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo.ir import Computation, Instruction, custom_call_target
-from tpusim.compiler.lowering.context import Lowering
+from tpusim.compiler.lowering.context import Lowering, StateKey
 from tpusim.compiler.lowering.control import copy_arrays
 from tpusim.compiler.lowering.indexed import take_semaphores
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
@@ -41,8 +41,8 @@ __all__ = [
     "lower_slice_start",
 ]
 
-_STATE = "async-copies"
-"""``ctx.rule_state`` key: copy-start name -> (semaphore held for it, DMAs it issued)."""
+_STATE: StateKey[dict[str, tuple[int, int]]] = StateKey("async-copies")
+"""``ctx.rule_state`` entry: copy-start name -> (semaphore held for it, DMAs it issued)."""
 
 
 def _distinct(ctx: Lowering, comp: str, a: str, a_path: tuple[int, ...], b: str, b_path: tuple[int, ...]) -> bool:
@@ -89,12 +89,16 @@ def lower_copy_start(ctx: Lowering, comp: Computation, instr: Instruction) -> No
 def _hold(ctx: Lowering, start: Instruction, sem: int, count: int) -> None:
     """Keep ``sem`` past ``start``'s scope, for the done that waits for its ``count`` DMAs."""
     ctx.scope.semaphores.remove(sem)  # held until the done: the scope must not give it back
-    ctx.rule_state.setdefault(_STATE, {})[start.name] = (sem, count)
+    held = ctx.rule_state.get(_STATE)
+    if held is None:
+        held = {}
+        ctx.rule_state.set(_STATE, held)
+    held[start.name] = (sem, count)
 
 
 def _wait_for(ctx: Lowering, start: str, what: str) -> None:
     """Wait for the DMAs of ``start`` (held by :func:`_hold`) and give its semaphore back with this scope."""
-    held = ctx.rule_state.get(_STATE, {}).pop(start, None)
+    held = (ctx.rule_state.get(_STATE) or {}).pop(start, None)
     if held is None:
         raise NotLowerable(f"its operand {start} is not a {what} lowered before it")
     sem, count = held

@@ -26,7 +26,7 @@ from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Instruction, Module
 from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ASYNC_COLLECTIVE_STARTS, COLLECTIVES
 from tpusim.compiler.lowering.collective_plan import GroupAxis, GroupPlan, Participants
-from tpusim.compiler.lowering.context import Lowering
+from tpusim.compiler.lowering.context import Lowering, StateKey
 from tpusim.isa import DmaStart, MemRef, Reg, ScalarAlu, SemSignal, SemWait, Space
 from tpusim.memory import Layout, Shape, geometry
 from tpusim.topology import Topology, system_topology
@@ -169,15 +169,18 @@ def _banks_needed(module: Module) -> tuple[int, bool]:
     return depth, any_async
 
 
+_STATE: StateKey[CollectiveState] = StateKey("collectives")
+
+
 def collective_state(ctx: Lowering) -> CollectiveState:
     """The collective state of this compilation, created (and the semaphores reserved) on first use.
 
     Raises:
         CompileError: too few semaphores, or an earlier instruction already used the reserved ones.
     """
-    found = ctx.rule_state.get("collectives")
+    found = ctx.rule_state.get(_STATE)
     if found is not None:
-        return found  # type: ignore[no-any-return]
+        return found
     who = participants(ctx.module, ctx.config.ici.shape)
     topology = system_topology(ctx.config.ici, who.devices)
     axes = max(1, sum(1 for n in topology.shape if n > 1))
@@ -206,7 +209,7 @@ def collective_state(ctx: Lowering) -> CollectiveState:
         nums = reserved[b * per_bank : (b + 1) * per_bank]
         bank_list.append(Bank(nums[0], tuple(nums[1 : 1 + 2 * axes]), tuple(nums[1 + 2 * axes :])))
     state = CollectiveState(who, topology, bank_list)
-    ctx.rule_state["collectives"] = state
+    ctx.rule_state.set(_STATE, state)
     return state
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -26,12 +26,38 @@ from tpusim.isa import Barrier, DmaStart, Fallback, FallbackKernel, MemRef, Reg,
 from tpusim.memory import Layout, Shape
 from tpusim.memory.windows import window_extent
 
-__all__ = ["ControlSlice", "Lowering", "Mark", "OpScope", "control_slice"]
+__all__ = ["ControlSlice", "Lowering", "Mark", "OpScope", "RuleState", "StateKey", "control_slice"]
 
 Ranges = list[list[tuple[int, int]]]
 """Per core, HBM byte ranges ``(start, end)`` (megacore synchronisation)."""
 Accesses = tuple[Ranges, Ranges]
 """Per core, the HBM ranges read and the ranges written."""
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StateKey(Generic[T]):
+    """A typed key of :class:`RuleState`: each family of rules declares its own (``StateKey[CollectiveState]
+    ("collectives")``), so what it keeps between instructions has a type where it is declared."""
+
+    name: str
+
+
+class RuleState:
+    """State a family of rules keeps from one instruction to the next (the collectives' reserved semaphores,
+    the async copies' held semaphores, a split reduction's partial homes), one typed entry per key."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+
+    def get(self, key: StateKey[T]) -> T | None:
+        value: T | None = self._values.get(key.name)
+        return value
+
+    def set(self, key: StateKey[T], value: T) -> None:
+        self._values[key.name] = value
 
 
 @dataclass(frozen=True)
@@ -132,9 +158,8 @@ class Lowering:
         # HLO values control flow depends on: their instructions compute even in timing-only runs.
         self.control_slice = control_slice(module)
         self.control = False
-        # State a family of rules keeps from one instruction to the next (e.g. the collectives' reserved
-        # semaphores), keyed by a name of the family's choosing.
-        self.rule_state: dict[str, Any] = {}
+        # State a family of rules keeps from one instruction to the next, under the family's typed keys.
+        self.rule_state = RuleState()
         # (computation, dot) -> the elementwise fusion its rule applies to each result block (see
         # epilogue.py); the fusions whose code a dot emitted, which then emit nothing themselves (rolled back
         # with the dot's code).

@@ -24,7 +24,7 @@ from tpusim.compiler.blocks import (
     tile_granule,
 )
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, SliceDim
-from tpusim.compiler.lowering.context import Lowering, VmemExhausted
+from tpusim.compiler.lowering.context import Lowering, StateKey, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
 from tpusim.compiler.lowering.immediates import scalar_constant
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
@@ -254,12 +254,13 @@ class _Emitter:
         core 0's share is emitted (the first), found again by the others."""
         ctx = self.ctx
         assert ctx.share is not None and self.plan.accumulate is not None
-        key = f"megacore-partials:{ctx.hlo}"
+        key: StateKey[list[MemRef]] = StateKey(f"megacore-partials:{ctx.hlo}")
         if ctx.share[0] == 0:
             name = self.plan.accumulate
             shape, _ = block_shape(self.comp[name].array_shape, self.plan.needs[name], 0, self.block)
-            ctx.rule_state[key] = [ctx.scratch(shape) for _ in range(1, ctx.share[1])]
-        homes: list[MemRef] = ctx.rule_state[key]
+            ctx.rule_state.set(key, [ctx.scratch(shape) for _ in range(1, ctx.share[1])])
+        homes = ctx.rule_state.get(key)
+        assert homes is not None, "core 0's share allocates the partial homes first"
         return homes
 
     def _leave_partial(self, value: Operand) -> None:
