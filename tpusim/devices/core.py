@@ -40,7 +40,9 @@ from tpusim.isa import DmaStart, MemRef, Space, format_instruction
 from tpusim.memory.windows import window_extent
 
 if TYPE_CHECKING:
+    from tpusim.config import ChipConfig
     from tpusim.devices.chip import ChipState
+    from tpusim.devices.flows import FlowNetwork
     from tpusim.isa import Stream
 
 __all__ = ["Core", "DeadlockError", "Decoded"]
@@ -117,9 +119,9 @@ class Core:
         self.stream = stream
         self.stream_id = stream_id
         self.place = (chip.index, index)  # (chip, core): keys per-core facts kept on decoded instructions
-        self.cfg = cfg
+        self.cfg: ChipConfig = cfg
         self.env = machine.env
-        self.network = machine.network
+        self.network: FlowNetwork = machine.network
         self.records = machine.records
         self.numeric = machine.numeric
         self.regs = [0] * cfg.core.scalar_registers

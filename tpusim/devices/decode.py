@@ -29,6 +29,7 @@ from tpusim.memory.windows import window_extent
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
+    from tpusim.devices.core import Core
     from tpusim.isa import Instruction, Program, Stream
 
 __all__ = ["Decoded", "DecodedStream", "OperandPlan", "capacity", "decoded_stream"]
@@ -210,7 +211,7 @@ class DecodedStream:
         return p
 
 
-def decoded_stream(core: Any) -> DecodedStream:
+def decoded_stream(core: Core) -> DecodedStream:
     """The decoded stream of ``core`` (from the cache when the same program, stream, config and mode ran
     before; the cache holds the program and stream, so their ids cannot be reused while it is there)."""
     program, stream, cfg, numeric = core.machine.program, core.stream, core.cfg, core.numeric
@@ -227,7 +228,7 @@ def decoded_stream(core: Any) -> DecodedStream:
     return ds
 
 
-def _decode(core: Any, ds: DecodedStream, ins: Instruction, index: int) -> Decoded:
+def _decode(core: Core, ds: DecodedStream, ins: Instruction, index: int) -> Decoded:
     """Check ``ins`` against the config and precompute what does not depend on registers."""
     cfg = ds.cfg
     d = Decoded(ins, index)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,10 @@ from tpusim.devices.units import Access
 from tpusim.isa import Reg, Space
 from tpusim.memory import Shape, geometry
 from tpusim.memory.windows import window_slots, window_strides
+
+if TYPE_CHECKING:
+    from tpusim.devices.core import Core
+    from tpusim.devices.decode import Decoded
 
 __all__ = [
     "DmaEngines",
@@ -348,7 +352,7 @@ class Transfer(Flow):
 
     def __init__(
         self,
-        core: Any,
+        core: Core,
         index: int,
         issue: int,
         facts: TransferFacts,
@@ -482,7 +486,7 @@ class DmaEngines:
 
     __slots__ = ("core", "depth", "free", "network", "queue", "setup", "space_event")
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Core) -> None:
         self.core = core
         self.network = core.network
         self.depth = core.cfg.dma.queue_depth
@@ -553,7 +557,7 @@ def flow_specs(
     return specs, cap
 
 
-def _facts(core: Any, d: Any, key: tuple[Any, ...], dst_chip: Any, dst_core: int, s_at: int, d_at: int) -> Any:
+def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core: int, s_at: int, d_at: int) -> Any:
     """The :class:`TransferFacts` of a transfer of ``d`` whose windows start at ``s_at`` / ``d_at`` (their
     normalized offsets are ``key[-4]`` and ``key[-3]``)."""
     sp, dp = d.plans_r[0], d.plans_w[0]
@@ -570,7 +574,7 @@ def _facts(core: Any, d: Any, key: tuple[Any, ...], dst_chip: Any, dst_core: int
     return TransferFacts(plan, latency, [(resource(k, name, c), w) for k, name, c, w in specs], cap)
 
 
-def issue_dma(core: Any, d: Any, t: int) -> Any:
+def issue_dma(core: Core, d: Decoded, t: int) -> Any:
     """Issue handler of ``dma.start`` (registered by the core).
 
     A transfer's facts depend only on the layouts, the windows' offsets modulo the layouts' periods and
@@ -618,7 +622,7 @@ def issue_dma(core: Any, d: Any, t: int) -> Any:
     return t + 1
 
 
-def _prepare(core: Any, d: Any) -> tuple[TransferFacts, tuple[Any, ...], tuple[Any, ...], Any, int, Any]:
+def _prepare(core: Core, d: Decoded) -> tuple[TransferFacts, tuple[Any, ...], tuple[Any, ...], Any, int, Any]:
     """Resolve the operands of ``d``: ``(facts, read range, write range, destination chip and core, what
     copying needs or None)``; keeps the first four on ``d`` for fixed windows into the core's memories."""
     ins = d.ins
@@ -652,7 +656,7 @@ def _prepare(core: Any, d: Any) -> tuple[TransferFacts, tuple[Any, ...], tuple[A
     return facts, r, w, dst_chip, dst_core, copy
 
 
-def _destination(core: Any, d: Any) -> tuple[Any, int, Any, Any, dict[Any, TransferFacts]]:
+def _destination(core: Core, d: Decoded) -> tuple[Any, int, Any, Any, dict[Any, TransferFacts]]:
     """``(chip, core, memory, scoreboard key, facts cache)`` of the destination of ``d``."""
     ins, i = d.ins, d.index
     system = core.machine

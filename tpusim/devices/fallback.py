@@ -12,7 +12,7 @@ Timing: the core's single fallback unit is busy for the kernel's declared cost
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from tpusim.isa import Fallback, FallbackKernel
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
+    from tpusim.devices.core import Core
 
 __all__ = ["FallbackEvaluator", "fallback_cost"]
 
@@ -37,7 +38,7 @@ def _cost(cfg: ChipConfig, ins: Fallback, reads: tuple[Access, ...], writes: tup
     raise AssertionError("the core binds each fallback's cost to its kernel")  # see Core.decode
 
 
-def _execute(core: Any, ins: Fallback, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _execute(core: Core, ins: Fallback, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     kernel = core.machine.program.fallback(ins.kernel)
     evaluate = core.machine.fallback_evaluator
     if evaluate is None:

@@ -37,6 +37,7 @@ from tpusim.memory.windows import window_vregs
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
+    from tpusim.devices.core import Core
     from tpusim.devices.values import CachedValue
 
 __all__ = ["MxuState", "matmul_f32", "split_bf16", "timing_facts"]  # (the numerics are re-exported)
@@ -93,7 +94,7 @@ class MxuState:
         self._result = None
 
     # ------------------------------------------------------------------ timing
-    def schedule(self, ins: Any, t: int, need: int, cost: Cost, core: Any, index: int) -> tuple[int, int, int]:
+    def schedule(self, ins: Any, t: int, need: int, cost: Cost, core: Core, index: int) -> tuple[int, int, int]:
         """Place ``ins`` on this MXU's timeline.
 
         Args:
@@ -117,7 +118,7 @@ class MxuState:
         return MxuState.schedule_load if isinstance(ins, MxuLoadWeights) else MxuState.schedule_pop
 
     def schedule_matmul(
-        self, mx: tuple[int, ...], t: int, need: int, cost: Cost, core: Any, index: int
+        self, mx: tuple[int, ...], t: int, need: int, cost: Cost, core: Core, index: int
     ) -> tuple[int, int, int]:
         dims = self.weights_dims
         if dims is None:
@@ -152,7 +153,7 @@ class MxuState:
         return start, end, cost.flops * n
 
     def schedule_load(
-        self, mx: tuple[int, int], t: int, need: int, cost: Cost, core: Any, index: int
+        self, mx: tuple[int, int], t: int, need: int, cost: Cost, core: Core, index: int
     ) -> tuple[int, int, int]:
         self.weights_dims = mx
         occ = cost.occupancy
@@ -172,7 +173,7 @@ class MxuState:
         return start, start + occ, 0
 
     def schedule_pop(
-        self, mx: tuple[int, int], t: int, need: int, cost: Cost, core: Any, index: int
+        self, mx: tuple[int, int], t: int, need: int, cost: Cost, core: Core, index: int
     ) -> tuple[int, int, int]:
         start = need if need > t else t
         if self.pop_free > start:
@@ -237,7 +238,7 @@ def _cost_load(cfg: ChipConfig, ins: MxuLoadWeights, reads: tuple[Access, ...], 
     return Cost(occ, 0, v * cfg.vpu.vreg_bytes, 0, "mxu")
 
 
-def _exec_load(core: Any, ins: MxuLoadWeights, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_load(core: Core, ins: MxuLoadWeights, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     a = reads[0]
     st: MxuState = core.mxus[ins.mxu]
     # a cached value is a read-only snapshot: later writes to the memory do not change latched weights
@@ -282,7 +283,7 @@ def _cost_matmul(cfg: ChipConfig, ins: MxuMatmul, reads: tuple[Access, ...], wri
     return Cost(occ, cfg.mxu.rows - 1 + cfg.mxu.cols - 1, v * cfg.vpu.vreg_bytes, 2 * m * k, "mxu")
 
 
-def _exec_matmul(core: Any, ins: MxuMatmul, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_matmul(core: Core, ins: MxuMatmul, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     st: MxuState = core.mxus[ins.mxu]
     a = reads[0]
     w = st.weights
@@ -352,7 +353,7 @@ def _cost_pop(cfg: ChipConfig, ins: MxuPop, reads: tuple[Access, ...], writes: t
     return Cost(occ, 0, v * cfg.vpu.vreg_bytes, 0, "mxu")
 
 
-def _exec_pop(core: Any, ins: MxuPop, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_pop(core: Core, ins: MxuPop, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     st: MxuState = core.mxus[ins.mxu]
     a = writes[0]
     rows, n = a.dims[-2], a.dims[-1]

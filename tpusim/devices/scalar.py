@@ -9,7 +9,7 @@ steer control flow). Timing: one issue cycle each; ``s.load`` stalls the sequenc
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,10 @@ from tpusim.devices.limits import count_jump, limit_error
 from tpusim.devices.stores import read_value, write_value
 from tpusim.devices.units import handles
 from tpusim.isa import Branch, Halt, Jump, Reg, ScalarAlu, ScalarLoad, ScalarStore, Space
+
+if TYPE_CHECKING:
+    from tpusim.devices.core import Core
+    from tpusim.devices.decode import Decoded
 
 __all__ = ["SCALAR_ALU", "wrap32"]
 
@@ -70,7 +74,7 @@ _COND = {
 }
 
 
-def _record(core: Any, d: Any, start: int, end: int, unit: str = "scalar") -> None:
+def _record(core: Core, d: Decoded, start: int, end: int, unit: str = "scalar") -> None:
     core.records.extend((core.stream_id, d.index, core.unit[unit], core.first_try, start, end, 0, 0))
 
 
@@ -96,7 +100,7 @@ def _prepare_alu(ins: ScalarAlu) -> tuple[Any, int, int, int, int, int, bool]:
 
 
 @handles(ScalarAlu)
-def issue_scalar_alu(core: Any, d: Any, t: int) -> int:
+def issue_scalar_alu(core: Core, d: Decoded, t: int) -> int:
     prep = d.extra
     if prep is None:
         prep = d.extra = _prepare_alu(d.ins)
@@ -115,7 +119,7 @@ def issue_scalar_alu(core: Any, d: Any, t: int) -> int:
     return t + 1
 
 
-def _scalar_access(core: Any, d: Any, ref: Any) -> Any:
+def _scalar_access(core: Core, d: Decoded, ref: Any) -> Any:
     if ref.is_static:
         b = core.bound.get(d.index)
         if b is None:
@@ -125,7 +129,7 @@ def _scalar_access(core: Any, d: Any, ref: Any) -> Any:
 
 
 @handles(ScalarLoad)
-def issue_scalar_load(core: Any, d: Any, t: int) -> Any:
+def issue_scalar_load(core: Core, d: Decoded, t: int) -> Any:
     ins = d.ins
     a = _scalar_access(core, d, ins.src)
     need, dma = core.scoreboard.check(t, ((OWN[a.space], a.lo, a.hi),), ())
@@ -143,7 +147,7 @@ def issue_scalar_load(core: Any, d: Any, t: int) -> Any:
 
 
 @handles(ScalarStore)
-def issue_scalar_store(core: Any, d: Any, t: int) -> Any:
+def issue_scalar_store(core: Core, d: Decoded, t: int) -> Any:
     ins = d.ins
     a = _scalar_access(core, d, ins.dst)
     rng = ((OWN[a.space], a.lo, a.hi),)
@@ -161,7 +165,7 @@ def issue_scalar_store(core: Any, d: Any, t: int) -> Any:
     return start + 1
 
 
-def _jump(core: Any, d: Any, t: int, label: str) -> int:
+def _jump(core: Core, d: Decoded, t: int, label: str) -> int:
     m = core.machine
     index = d.index
     target = core.stream.target(label)
@@ -177,7 +181,7 @@ def _jump(core: Any, d: Any, t: int, label: str) -> int:
 
 
 @handles(Branch)
-def issue_branch(core: Any, d: Any, t: int) -> int:
+def issue_branch(core: Core, d: Decoded, t: int) -> int:
     prep = d.extra
     if prep is None:
         ins = d.ins
@@ -197,12 +201,12 @@ def issue_branch(core: Any, d: Any, t: int) -> int:
 
 
 @handles(Jump)
-def issue_jump(core: Any, d: Any, t: int) -> int:
+def issue_jump(core: Core, d: Decoded, t: int) -> int:
     return _jump(core, d, t, d.ins.target)
 
 
 @handles(Halt)
-def issue_halt(core: Any, d: Any, t: int) -> int:
+def issue_halt(core: Core, d: Decoded, t: int) -> int:
     _record(core, d, t, t + 1)
     core.pc = len(core.decoded)
     return t + 1

@@ -8,11 +8,15 @@ timed event. ``sem.wait`` is free when the count is already there, else it costs
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpusim.devices.engine import Event
 from tpusim.devices.units import handles
 from tpusim.isa import Barrier, Reg, SemSignal, SemWait
+
+if TYPE_CHECKING:
+    from tpusim.devices.core import Core
+    from tpusim.devices.decode import Decoded
 
 __all__ = ["BarrierState", "Semaphores"]
 
@@ -47,12 +51,12 @@ class BarrierState:
         self.event = env.event()
 
 
-def _record(core: Any, d: Any, start: int, end: int) -> None:
+def _record(core: Core, d: Decoded, start: int, end: int) -> None:
     core.records.extend((core.stream_id, d.index, core.sync_unit, core.first_try, start, end, 0, 0))
 
 
 @handles(SemWait)
-def issue_sem_wait(core: Any, d: Any, t: int) -> Any:
+def issue_sem_wait(core: Core, d: Decoded, t: int) -> Any:
     ins = d.ins
     bank = core.sems
     v = bank.values[ins.sem]
@@ -70,7 +74,7 @@ def issue_sem_wait(core: Any, d: Any, t: int) -> Any:
 
 
 @handles(SemSignal)
-def issue_sem_signal(core: Any, d: Any, t: int) -> int:
+def issue_sem_signal(core: Core, d: Decoded, t: int) -> int:
     ins = d.ins
     system = core.machine
     chip_index = core.chip.index
@@ -99,7 +103,7 @@ def issue_sem_signal(core: Any, d: Any, t: int) -> int:
 
 
 @handles(Barrier)
-def issue_barrier(core: Any, d: Any, t: int) -> Any:
+def issue_barrier(core: Core, d: Decoded, t: int) -> Any:
     ins = d.ins
     ev = core.barrier_event
     if ev is None:

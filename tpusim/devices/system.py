@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from tpusim.isa import Program, Space, Symbol
 from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS, check_limits, note_interrupt
 from tpusim.memory import pack, unpack
 from tpusim.topology import system_topology
+
+if TYPE_CHECKING:
+    from tpusim.devices.core import Core
 
 __all__ = ["Chip", "RunResult", "System"]
 
@@ -206,8 +209,9 @@ def _place(m: Machine, sym: Symbol, value: Any) -> None:
         pack(np.asarray(array), sym.ref.shape, out=store.writable(sym.ref.address, sym.ref.byte_size))
 
 
-def _trace_stream(core: Any) -> TraceStream:
+def _trace_stream(core: Core) -> TraceStream:
     ds = core.decoding
+    assert ds is not None  # (decoded when the core was made)
     return TraceStream(core.chip.index, core.index, ds.hlo, ds.texts)
 
 

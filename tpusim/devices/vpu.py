@@ -46,6 +46,7 @@ from tpusim.memory.windows import window_vregs
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
+    from tpusim.devices.core import Core
 
 __all__ = ["lane_dim", "sublane_dim"]
 
@@ -121,7 +122,7 @@ def _cost_map(cfg: ChipConfig, ins: VpuMap, reads: tuple[Access, ...], writes: t
     return _vpu_cost(cfg, ops, VPU_FUNCTIONS[ins.fn].cost_class, sum(v_srcs), v_out, ins.dst.element_count)
 
 
-def _scalar_value(core: Any, op: Const | Reg) -> np.ndarray:
+def _scalar_value(core: Core, op: Const | Reg) -> np.ndarray:
     if isinstance(op, Const):
         assert op.etype.dtype is not None
         return (
@@ -142,7 +143,7 @@ def _check_map(cfg: ChipConfig, ins: VpuMap) -> str | None:
     return result_types(ins.fn, [_operand_type(s) for s in ins.srcs], ins.dst.element_type)
 
 
-def _exec_map(core: Any, ins: VpuMap, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_map(core: Core, ins: VpuMap, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     it = iter(reads)
     args = [_read(next(it)) if isinstance(s, MemRef) else _scalar_value(core, s) for s in ins.srcs]
     try:
@@ -186,7 +187,7 @@ def _cost_fused(cfg: ChipConfig, ins: VpuFused, reads: tuple[Access, ...], write
     return Cost(occ, depth[-1], (v_in + v_out) * cfg.vpu.vreg_bytes, n * len(ins.ops), "vpu")
 
 
-def _exec_fused(core: Any, ins: VpuFused, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_fused(core: Core, ins: VpuFused, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     it = iter(reads)
     values = [_read(next(it)) if isinstance(s, MemRef) else _scalar_value(core, s) for s in ins.srcs]
     for k, step in enumerate(ins.ops):
@@ -232,7 +233,7 @@ def _reduce_dtype(et: ElementType) -> np.dtype:
     return np.dtype(np.float32)
 
 
-def _exec_reduce(core: Any, ins: VpuReduce, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_reduce(core: Core, ins: VpuReduce, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     x = _read(reads[0])
     ct = _reduce_dtype(ins.src.element_type)
     x = x.astype(ct, copy=False)
@@ -268,7 +269,7 @@ def _cost_broadcast(cfg: ChipConfig, ins: VpuBroadcast, reads: tuple[Access, ...
     return _vpu_cost(cfg, ops, "alu", v_in, v_out, n)
 
 
-def _exec_broadcast(core: Any, ins: VpuBroadcast, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_broadcast(core: Core, ins: VpuBroadcast, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     out = ins.dst.dims
     if reads:
         x = _read(reads[0])
@@ -286,7 +287,7 @@ def _cost_iota(cfg: ChipConfig, ins: VpuIota, reads: tuple[Access, ...], writes:
     return _vpu_cost(cfg, v, "alu", 0, v, ins.dst.element_count)
 
 
-def _exec_iota(core: Any, ins: VpuIota, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_iota(core: Core, ins: VpuIota, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     dims = ins.dst.dims
     idx = np.arange(dims[ins.dimension], dtype=np.int64).reshape(
         [-1 if i == ins.dimension else 1 for i in range(len(dims))]
@@ -324,15 +325,15 @@ def _cost_transpose(cfg: ChipConfig, ins: XluTranspose, reads: tuple[Access, ...
     return _move_cost(cfg, moved, reads, writes)
 
 
-def _exec_copy(core: Any, ins: VpuCopy, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_copy(core: Core, ins: VpuCopy, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     _write(writes[0], _read(reads[0]))
 
 
-def _exec_reshape(core: Any, ins: VpuReshape, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_reshape(core: Core, ins: VpuReshape, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     _write(writes[0], _read(reads[0]).reshape(ins.dst.dims))
 
 
-def _exec_transpose(core: Any, ins: XluTranspose, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
+def _exec_transpose(core: Core, ins: XluTranspose, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     _write(writes[0], _read(reads[0]).transpose(ins.permutation))
 
 
