@@ -40,6 +40,7 @@ __all__ = [
     "COMPILERS",
     "InputError",
     "SimulationResult",
+    "compile_checked",
     "load_program",
     "reference_evaluator",
     "simulate",
