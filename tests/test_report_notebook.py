@@ -3,6 +3,7 @@ result as its summary table (issue 18)."""
 
 from __future__ import annotations
 
+import base64
 import sys
 from typing import Any
 
@@ -48,6 +49,8 @@ def test_to_pandas_without_pandas_says_what_to_install(
 def test_a_notebook_shows_the_summary_table(result: tpusim.SimulationResult) -> None:
     html = summary_html(result)
     assert f"{result.cycles:,} cycles" in html and "<td>d</td>" in html and "tpu_v5e" in html
+    png = base64.b64decode(html.split("data:image/png;base64,")[1].split("'")[0])
+    assert png.startswith(b"\x89PNG")  # the timeline, inline
 
     class Formatter:
         def __init__(self) -> None:

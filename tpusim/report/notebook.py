@@ -1,4 +1,5 @@
-"""A simulation's summary as HTML, and the IPython extension that shows results so in a notebook::
+"""A simulation's summary as HTML (its time, busiest units, costliest HLO instructions and the timeline by
+unit as an inline image), and the IPython extension that shows results so in a notebook::
 
     %load_ext tpusim.report.notebook
     result = tpusim.simulate(...)
@@ -7,10 +8,12 @@
 
 from __future__ import annotations
 
+import base64
+import io
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from tpusim.report.analysis import analyse
+from tpusim.report.analysis import RunAnalysis, analyse
 
 if TYPE_CHECKING:
     from tpusim.api import SimulationResult
@@ -50,8 +53,21 @@ def summary_html(result: SimulationResult) -> str:
         "<table><thead><tr><th>unit</th><th>kind</th><th>busy</th></tr></thead>"
         f"<tbody>{unit_rows}</tbody></table>"
         "<table><thead><tr><th>HLO instruction</th><th>opcode</th><th>source</th><th>span (us)</th>"
-        f"<th>critical path</th><th>flops</th></tr></thead><tbody>{op_rows}</tbody></table></div>"
+        f"<th>critical path</th><th>flops</th></tr></thead><tbody>{op_rows}</tbody></table>"
+        f"<img alt='timeline by unit' src='data:image/png;base64,{_timeline_png(a)}'/></div>"
     )
+
+
+def _timeline_png(a: RunAnalysis, dpi: int = 80) -> str:
+    """The report's timeline figure (units over time) as base64 PNG."""
+    from tpusim.report import plots
+    from tpusim.report.chrome_trace import trace_events
+    from tpusim.report.summary_json import summary_from_analysis
+
+    fig = plots.timeline_figure(summary_from_analysis(a), {"traceEvents": list(trace_events(a))})
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=dpi)
+    return base64.b64encode(out.getvalue()).decode("ascii")
 
 
 def load_ipython_extension(ipython: Any) -> None:
