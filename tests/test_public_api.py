@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import tpusim
 from tpusim.cli import build_parser, main, shipped_presets
 from tpusim.config import CONFIG_DIR, PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,3 +94,14 @@ def test_format_summary_needs_no_made_up_host_time() -> None:
     assert result.compile_seconds > 0 and result.run_seconds > 0
     assert host.endswith(f"; {result.compile_seconds + result.run_seconds:.2f} s in all")
     assert format_summary(result, 12.5).splitlines()[1].endswith("; 12.50 s in all")
+
+
+def test_a_result_summarises_itself_and_gives_a_frame() -> None:
+    """``result.summary()`` is the text ``tpusim run`` prints; ``result.to_pandas()`` the per-op frame."""
+    from tpusim.report.summary import format_summary
+
+    result = tpusim.simulate(ROOT / "examples" / "mlp_bf16.hlo", timing_only=True)
+    assert result.summary() == format_summary(result)
+    assert result.summary().startswith("program ")
+    frame = result.to_pandas()
+    assert len(frame) > 0 and "span_cycles" in frame.columns

@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "simulate": "tpusim.api", "simulate_jax": "tpusim.api", "compile_program": "tpusim.api",
     "SimulationResult": "tpusim.api", "InputError": "tpusim.api",
-    "CompileOptions": "tpusim.compiler.lowering.context", "CompiledProgram": "tpusim.compiler.pipeline",
+    "CompileOptions": "tpusim.compiler.options", "CompiledProgram": "tpusim.compiler.pipeline",
     "CompileError": "tpusim.compiler.errors", "load_config": "tpusim.config", "ChipConfig": "tpusim.config",
     "ConfigError": "tpusim.errors", "RunLimitError": "tpusim.limits",
 }  # fmt: skip

@@ -96,6 +96,20 @@ class SimulationResult:
     def fallbacks(self) -> tuple[tuple[str, str, str, str], ...]:
         return self.compiled.fallbacks
 
+    # Conveniences on the result that the report package computes; imported on use (the one place the API
+    # reaches up to report, see docs/architecture.md).
+    def summary(self) -> str:
+        """The summary ``tpusim run`` prints (:func:`tpusim.report.summary.format_summary`)."""
+        from tpusim.report.summary import format_summary
+
+        return format_summary(self)
+
+    def to_pandas(self) -> Any:
+        """Per-HLO-op metrics as a pandas DataFrame (:func:`tpusim.report.to_pandas`; needs pandas)."""
+        from tpusim.report.frames import to_pandas
+
+        return to_pandas(self)
+
 
 def load_program(program: str | Path | Module) -> Module:
     """An HLO module from a Module, HLO text, or the path of a file holding HLO text."""
