@@ -37,15 +37,16 @@ ALLOWED: dict[str, set[str]] = {
 by :data:`FORBIDDEN`."""
 
 FORBIDDEN: dict[str, set[str]] = {
-    "api": {"report", "sweep", "cli"},  # (summary() and to_pandas() excepted: COMPOSERS)
+    "api": {"report", "sweep", "cli"},  # (the result's report conveniences excepted: COMPOSERS)
     "report": {"sweep", "cli"},
     "sweep": {"cli"},
 }
 
 COMPOSERS = {"tpusim/compiler/pipeline.py": {"compiler.lowering"}, "tpusim/api.py": {"report"}}
 """Files allowed one edge outside the table: the compiler's pipeline runs the lowering after the passes
-(which run before layouts exist and so must not depend on it); ``SimulationResult.summary()`` and
-``.to_pandas()`` import the report package on use (conveniences on the result, as pandas' ``.plot``)."""
+(which run before layouts exist and so must not depend on it); ``SimulationResult.summary()``,
+``.to_pandas()`` and ``._repr_html_()`` import the report package on use (conveniences on the result, as
+pandas' ``.plot``)."""
 
 
 def layer(module: str) -> str:

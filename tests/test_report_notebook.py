@@ -51,6 +51,7 @@ def test_a_notebook_shows_the_summary_table(result: tpusim.SimulationResult) -> 
     assert f"{result.cycles:,} cycles" in html and "<td>d</td>" in html and "tpu_v5e" in html
     png = base64.b64decode(html.split("data:image/png;base64,")[1].split("'")[0])
     assert png.startswith(b"\x89PNG")  # the timeline, inline
+    assert result._repr_html_() == html  # what Jupyter shows without the extension
 
     class Formatter:
         def __init__(self) -> None:

@@ -96,13 +96,20 @@ class SimulationResult:
     def fallbacks(self) -> tuple[tuple[str, str, str, str], ...]:
         return self.compiled.fallbacks
 
-    # Conveniences on the result that the report package computes; imported on use (the one place the API
-    # reaches up to report, see docs/architecture.md).
+    # Conveniences on the result that the report package computes, imported on use (the one place the API
+    # reaches up to report, see docs/architecture.md): the text summary, notebook HTML and a DataFrame.
     def summary(self) -> str:
         """The summary ``tpusim run`` prints (:func:`tpusim.report.summary.format_summary`)."""
         from tpusim.report.summary import format_summary
 
         return format_summary(self)
+
+    def _repr_html_(self) -> str:
+        """What a notebook shows for a result: :func:`tpusim.report.notebook.summary_html` (the summary
+        tables and the timeline)."""
+        from tpusim.report.notebook import summary_html
+
+        return summary_html(self)
 
     def to_pandas(self) -> Any:
         """Per-HLO-op metrics as a pandas DataFrame (:func:`tpusim.report.to_pandas`; needs pandas)."""
