@@ -163,10 +163,11 @@ def _traced_step(x: Any, w: Any) -> Any:
 
 def test_reports_name_the_user_source_line() -> None:
     """simulate_jax lowers with JAX's debug info, so the module carries each op's stack frame and the terminal
-    summary names the user's file and line beside each hot HLO instruction, not only ``dot_general.1``."""
+    summary names the user's file, line and function beside each hot HLO instruction, not only
+    ``dot_general.1``."""
     from tpusim.report.summary import format_summary
 
     result = tpusim.simulate_jax(_traced_step, jnp.ones((128, 256), jnp.float32), jnp.ones((256, 128), jnp.float32))
     line = _traced_step.__code__.co_firstlineno + 1
     text = format_summary(result, 0.0, None)
-    assert f"test_simulate_jax_api.py:{line}" in text, text
+    assert f"test_simulate_jax_api.py:{line} (_traced_step)" in text, text

@@ -297,7 +297,7 @@ def hlo_index(result: SimulationResult) -> dict[str, tuple[str, str, str | None]
     for comp in [module[c] for c in first] + [c for c in module.computations if c.name not in first]:
         for ins in comp.instructions:
             loc = ins.loc
-            src = f"{loc.source_file}:{loc.source_line}" if loc is not None and loc.source_file else None
+            src = loc.user_code if loc is not None else None
             out.setdefault(ins.name, (comp.name, ins.opcode, src))
     return out
 

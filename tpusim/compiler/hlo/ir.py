@@ -238,6 +238,15 @@ class SourceLoc:
     op_name: str | None = None
     source_file: str | None = None
     source_line: int | None = None
+    source_function: str | None = None  # from the stack-frame tables JAX writes (FunctionNames)
+
+    @property
+    def user_code(self) -> str | None:
+        """``file:line`` of the user's code, with ``(function)`` when the HLO names it; None when unknown."""
+        if not self.source_file:
+            return None
+        where = f"{self.source_file}:{self.source_line}"
+        return f"{where} ({self.source_function})" if self.source_function else where
 
     def __str__(self) -> str:
         user = f" ({self.source_file}:{self.source_line})" if self.source_file else ""

@@ -158,7 +158,7 @@ class _Parser:
         self.shapes: dict[str, AnyShape] = {}
         self.computations: list[Computation] = []
         self.computation_at: dict[str, int] = {}
-        self.frames: dict[int, tuple[str | None, int | None]] = {}
+        self.frames: dict[int, tuple[str | None, int | None, str | None]] = {}  # file, line, function
         self._line_pos = 0
         self._line_no = 1
 
@@ -247,13 +247,15 @@ class _Parser:
 
     def _resolve_frames(self, tables: dict[str, dict[int, str]]) -> None:
         files = tables.get("FileNames", {})
+        functions = tables.get("FunctionNames", {})
         locations = {}
         for k, body in tables.get("FileLocations", {}).items():
             fields = {f: int(v) for f, v in _FIELD.findall(body)}
-            locations[k] = (files.get(fields.get("file_name_id", 0)), fields.get("line"))
+            function = functions.get(fields.get("function_name_id", 0))
+            locations[k] = (files.get(fields.get("file_name_id", 0)), fields.get("line"), function)
         for k, body in tables.get("StackFrames", {}).items():
             fields = {f: int(v) for f, v in _FIELD.findall(body)}
-            self.frames[k] = locations.get(fields.get("file_location_id", 0), (None, None))
+            self.frames[k] = locations.get(fields.get("file_location_id", 0), (None, None, None))
 
     # ------------------------------------------------------------------------------------ computation
     def _computation(self, pos: int, is_entry: bool) -> tuple[Computation, int]:
@@ -554,9 +556,10 @@ class _Parser:
                 source_line = int(int_value) if int_value else None
             else:
                 frame = int(int_value) if int_value else None
+        function = None
         if source_file is None and frame in self.frames:
-            source_file, source_line = self.frames[frame]
-        return SourceLoc(self._line_no, column, self.source, op_name, source_file, source_line)
+            source_file, source_line, function = self.frames[frame]
+        return SourceLoc(self._line_no, column, self.source, op_name, source_file, source_line, function)
 
 
 def _line(instruction: Instruction) -> int:
