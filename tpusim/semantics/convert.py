@@ -32,6 +32,7 @@ import ml_dtypes
 import numpy as np
 
 from tpusim.memory import ElementType, element_type, element_type_of_dtype
+from tpusim.semantics.errors import SemanticsError
 
 __all__ = [
     "bitcast_convert",
@@ -120,7 +121,7 @@ def convert(x: np.ndarray, to: ElementType | str) -> np.ndarray:
     to = element_type(to)
     src = element_type_of_dtype(x.dtype)
     if to.dtype is None:
-        raise ValueError("cannot convert to token")
+        raise SemanticsError("cannot convert to token")
     if src == to:
         return x
     if to.kind == "pred":
@@ -131,7 +132,7 @@ def convert(x: np.ndarray, to: ElementType | str) -> np.ndarray:
         return x.astype(np.uint8).astype(to.dtype) if to.bits >= 8 else wrap_int(x.astype(np.int64), to)
     if src.kind == "complex":
         if to.kind != "complex":
-            raise ValueError(f"convert from {src.name} to {to.name} is not allowed (XLA rejects complex to real)")
+            raise SemanticsError(f"convert from {src.name} to {to.name} is not allowed (XLA rejects complex to real)")
         return x.astype(to.dtype)
     if to.kind in ("signed", "unsigned"):
         if src.kind == "float":
@@ -177,7 +178,7 @@ def bitcast_convert(x: np.ndarray, to: ElementType | str) -> np.ndarray:
     src = element_type_of_dtype(x.dtype)
     if src.kind == "complex" or to.kind == "complex":
         if src.bits != to.bits:
-            raise ValueError(f"bitcast-convert between {src.name} and {to.name} needs equal widths")
+            raise SemanticsError(f"bitcast-convert between {src.name} and {to.name} needs equal widths")
         return np.asarray(x, order="C").view(_np_dtype(to))
     if src.bits == to.bits:
         return _from_bits(_bits_u64(x, src), to)
@@ -188,7 +189,7 @@ def bitcast_convert(x: np.ndarray, to: ElementType | str) -> np.ndarray:
         return _from_bits(parts, to)
     k = to.bits // src.bits
     if x.ndim == 0 or x.shape[-1] != k:
-        raise ValueError(f"bitcast-convert {src.name} -> {to.name} needs a minor dimension of size {k}")
+        raise SemanticsError(f"bitcast-convert {src.name} -> {to.name} needs a minor dimension of size {k}")
     shifts = np.arange(k, dtype=np.uint64) * np.uint64(src.bits)
     combined = np.bitwise_or.reduce(_bits_u64(x, src) << shifts, axis=-1)
     return _from_bits(np.asarray(combined, dtype=np.uint64), to)
@@ -208,7 +209,7 @@ def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> n
     """
     et = element_type_of_dtype(x.dtype)
     if et.kind != "float":
-        raise ValueError(f"reduce-precision needs a float operand, not {et.name}")
+        raise SemanticsError(f"reduce-precision needs a float operand, not {et.name}")
     if et.name == "bf16":
         src_exp, src_mant = 8, 7
     elif et.bits in _FLOAT_FORMAT and et.name in ("f16", "f32", "f64"):

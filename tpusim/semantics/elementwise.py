@@ -46,9 +46,10 @@ from tpusim.semantics.convert import (
     round_result,
     wrap_int,
 )
+from tpusim.semantics.errors import SemanticsError
 from tpusim.semantics.special import erf
 
-__all__ = ["KERNELS", "NOT_ELEMENTWISE", "PRED_ARITHMETIC", "Attrs", "Kernel", "SemanticsError", "total_order_key"]
+__all__ = ["KERNELS", "NOT_ELEMENTWISE", "PRED_ARITHMETIC", "Attrs", "Kernel", "total_order_key"]
 
 
 
@@ -65,10 +66,6 @@ KERNELS: dict[str, Kernel] = {}
 
 NOT_ELEMENTWISE = frozenset({"bitcast-convert"})
 """Kernels that are not shape-agnostic (a bitcast-convert between widths adds or removes a dimension)."""
-
-
-class SemanticsError(ValueError):
-    """Operands an operation does not accept (the message says which and why)."""
 
 
 def kernel(*opcodes: str) -> Callable[[Kernel], Kernel]:
@@ -616,18 +613,12 @@ def _copy(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.nd
 
 @kernel("convert")
 def _convert(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.ndarray:
-    try:
-        return np.asarray(convert(args[0], out))
-    except ValueError as exc:
-        raise SemanticsError(str(exc)) from None
+    return np.asarray(convert(args[0], out))
 
 
 @kernel("bitcast-convert")
 def _bitcast_convert(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.ndarray:
-    try:
-        return np.asarray(bitcast_convert(args[0], out))
-    except ValueError as exc:
-        raise SemanticsError(str(exc)) from None
+    return np.asarray(bitcast_convert(args[0], out))
 
 
 @kernel("reduce-precision")
@@ -636,7 +627,4 @@ def _reduce_precision(op: str, args: Sequence[Any], out: ElementType, attrs: Att
     if exponent_bits is None or mantissa_bits is None or exponent_bits < 1 or mantissa_bits < 0:
         got = f"{exponent_bits}, {mantissa_bits}"
         raise SemanticsError(f"needs exponent_bits >= 1 and mantissa_bits >= 0, got {got}")
-    try:
-        return reduce_precision(args[0], int(exponent_bits), int(mantissa_bits))
-    except ValueError as exc:
-        raise SemanticsError(str(exc)) from None
+    return reduce_precision(args[0], int(exponent_bits), int(mantissa_bits))

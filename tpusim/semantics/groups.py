@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpusim.semantics.elementwise import SemanticsError
+from tpusim.semantics.errors import SemanticsError
 
 __all__ = [
     "CROSS_PARTITION",

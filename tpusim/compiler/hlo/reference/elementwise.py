@@ -15,7 +15,8 @@ from typing import Any
 from tpusim.compiler.hlo.ir import Instruction
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, RefFn, Value, register
 from tpusim.memory import Shape
-from tpusim.semantics.elementwise import KERNELS, NOT_ELEMENTWISE, Kernel, SemanticsError
+from tpusim.semantics.elementwise import KERNELS, NOT_ELEMENTWISE, Kernel
+from tpusim.semantics.errors import SemanticsError
 
 __all__: list[str] = []
 
