@@ -3,6 +3,8 @@ nothing of one run, core or chip may leak into another through them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -132,3 +134,37 @@ def test_the_cache_is_bounded_and_keeps_what_it_holds_alive():
     assert all(d.program is not first for d in decode._CACHE.values())
     core = Chip(TEACH).run(first)._machine.cores[0]
     assert decoded_stream(core) is core.decoding  # and it is decoded again, then found
+
+
+def test_the_register_scan_reads_every_field_that_can_hold_a_register():
+    """Decoding checks register numbers only in fields whose type can hold a register or a memory reference
+    (a speed-up); on real programs that finds exactly the registers a scan of every field finds."""
+    from tpusim.api import compile_program
+    from tpusim.devices.decode import _registers
+    from tpusim.isa import MemRef, Reg
+    from tpusim.isa.kernels import matmul_relu_loop_nest
+
+    def every_field(ins):
+        out = []
+        for name in ins.__dataclass_fields__:
+            v = getattr(ins, name)
+            for x in v if isinstance(v, tuple) else (v,):
+                if isinstance(x, Reg):
+                    out.append(x)
+                elif isinstance(x, MemRef) and (x.base is not None or x.window is not None):
+                    out.extend(x.registers)
+        return out
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    programs = [compile_program(examples / name, config="tpu_v5e").program for name in ("attention_bf16.hlo",)]
+    # loops with register-relative windows, and collectives (chip ids, ring positions, dynamic windows)
+    programs.append(matmul_relu_loop_nest(1024))
+    spmd = with_overrides(load_config("tpu_v5e"), {"ici.shape": [8]})
+    programs.append(compile_program(examples / "spmd" / "dp_train_step_f32_8chips.hlo", config=spmd).program)
+    seen = 0
+    for program in programs:
+        for stream in program.streams:
+            for ins in stream.instructions:
+                assert _registers(ins) == every_field(ins), ins
+                seen += bool(every_field(ins))
+    assert seen > 100

@@ -299,13 +299,20 @@ def _fixed(p: OperandPlan) -> bool:
 
 
 _REG_FIELDS: dict[type, tuple[str, ...]] = {}
+_REGISTER_TYPES = ("Reg", "MemRef", "Scalar", "Operand")
+"""Instruction field types that can hold a register (``Scalar`` and ``Operand`` are unions with ``Reg``)."""
 
 
 def _registers(ins: Any) -> list[Reg]:
     cls = type(ins)
     names = _REG_FIELDS.get(cls)
     if names is None:
-        names = _REG_FIELDS[cls] = tuple(getattr(cls, "__dataclass_fields__", {}))
+        # only fields whose type can hold a register or a memory reference (not flags, names, sizes)
+        names = _REG_FIELDS[cls] = tuple(
+            name
+            for name, f in getattr(cls, "__dataclass_fields__", {}).items()
+            if any(t in str(f.type) for t in _REGISTER_TYPES)
+        )
     out: list[Reg] = []
     for name in names:
         v = getattr(ins, name)
