@@ -380,9 +380,7 @@ def run_hlo_on_xla(text: str, *args: np.ndarray) -> list[np.ndarray]:
     device = jax.devices("cpu")[0]
     with jmlir.make_ir_context():
         parsed = mlir_ir.Module.parse(stablehlo)
-        exe = device.client.compile_and_load(
-            str(parsed), xla_client.DeviceList((device,)), xla_client.CompileOptions()
-        )
+        exe = device.client.compile_and_load(str(parsed), xla_client.DeviceList((device,)), xla_client.CompileOptions())
     with jax.enable_x64(True):
         buffers = [jax.device_put(np.asarray(a), device) for a in args]
         results = exe.execute_sharded(buffers)
@@ -425,7 +423,10 @@ def ops_module(param_types: Sequence[str], dims: Sequence[int], ops: Sequence[Op
         lines.append(f"  r{k} = {op.result}[{d}] {op.opcode}({operands}){op.attrs_text}")
         instrs.append(
             ir.Instruction(
-                f"r{k}", op.opcode, Shape(op.result, tuple(dims)), tuple(f"p{i}" for i in op.operands),
+                f"r{k}",
+                op.opcode,
+                Shape(op.result, tuple(dims)),
+                tuple(f"p{i}" for i in op.operands),
                 ir.Attributes(op.attrs),
             )
         )
@@ -434,7 +435,9 @@ def ops_module(param_types: Sequence[str], dims: Sequence[int], ops: Sequence[Op
     lines.append(f"  ROOT out = ({shapes}) tuple({names})")
     instrs.append(
         ir.Instruction(
-            "out", "tuple", TupleShape(tuple(Shape(op.result, tuple(dims)) for op in ops)),
+            "out",
+            "tuple",
+            TupleShape(tuple(Shape(op.result, tuple(dims)) for op in ops)),
             tuple(f"r{k}" for k in range(len(ops))),
         )
     )

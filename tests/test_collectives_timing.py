@@ -84,9 +84,7 @@ def _serial_seconds(kind: str, nbytes: int, config: ChipConfig, shape: tuple[int
     return total + hop
 
 
-def _axes_at_once_seconds(
-    kind: str, nbytes: int, config: ChipConfig, shape: tuple[int, ...], axes: list[int]
-) -> float:
+def _axes_at_once_seconds(kind: str, nbytes: int, config: ChipConfig, shape: tuple[int, ...], axes: list[int]) -> float:
     """Several torus axes at once: two parts of the data take the axes in rotated orders, so in every round
     the parts' rings are on different axes and run together; a round takes as long as its slower ring."""
     wraps = config.ici.wraps(shape)

@@ -111,6 +111,6 @@ ENTRY e {
     assert retained < held + (1 << 20), (retained, held)
     want = (a.astype(np.float32) @ b.astype(np.float32)).astype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(run.read("out0"), result.outputs[0])
-    assert np.max(np.abs(result.outputs[0].astype(np.float32) - want.astype(np.float32))) <= 2 ** -7 * np.max(
+    assert np.max(np.abs(result.outputs[0].astype(np.float32) - want.astype(np.float32))) <= 2**-7 * np.max(
         np.abs(want.astype(np.float32))
     )

@@ -20,7 +20,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     marker = readme.index("<!-- test-command -->")
     assert readme[marker + 1] == "```sh"
     command = readme[marker + 2]
-    assert all(step in command for step in ("ruff check", "mypy", "pytest")), command
+    assert all(step in command for step in ("ruff check", "ruff format --check", "mypy", "pytest")), command
     assert "<!-- test-command -->" in (ROOT / ".ci" / "run").read_text()
 
 

@@ -82,6 +82,7 @@ def test_matches_reference_without_fallback(name: str, chip: str) -> None:
 def test_rule_choices_follow_contiguous_runs() -> None:
     """A relayout that only changes the tiling keeps long runs: one DMA. A transposing relayout would move
     single elements (runs of 1): on tpu_v5e it goes through VMEM and the XLU instead."""
+
     def ops(name: str, chip: str = "tpu_v5e") -> Counter:
         m = parse_module(CASES[name])
         return opcounts(run_checked(m, random_inputs(m)[0], config=chip).result)

@@ -80,9 +80,7 @@ def test_scatter_modes(mode: str) -> None:
 def test_scatter_windows_and_pred() -> None:
     x = _rand((5, 4), np.bool_)
     check_against_jax(lambda a, i: a.at[i, 1:3].set(True), x, np.array([0, 4, 4], np.int32))
-    check_against_jax(
-        lambda a, i, v: a.at[:, i].add(v), _rand((3, 5)), np.array([1, 1, 4], np.int32), _rand((3, 3))
-    )
+    check_against_jax(lambda a, i, v: a.at[:, i].add(v), _rand((3, 5)), np.array([1, 1, 4], np.int32), _rand((3, 3)))
 
 
 def test_vmapped_scatter_uses_batching_dims() -> None:

@@ -90,9 +90,7 @@ def test_jax_cholesky_uses_lapack_potrf(dtype: object) -> None:
     check_against_jax(jnp.linalg.cholesky, _spd((3,), 6, dtype))
 
 
-@pytest.mark.parametrize(
-    ("lower", "trans", "unit"), list(itertools.product([True, False], [0, 1, 2], [False, True]))
-)
+@pytest.mark.parametrize(("lower", "trans", "unit"), list(itertools.product([True, False], [0, 1, 2], [False, True])))
 def test_jax_solve_triangular_uses_lapack_trsm(lower: bool, trans: int, unit: bool) -> None:
     def f(a: jax.Array, b: jax.Array) -> jax.Array:
         return jax.scipy.linalg.solve_triangular(a, b, lower=lower, trans=trans, unit_diagonal=unit)

@@ -22,6 +22,7 @@ from tpusim.memory import element_type_of_dtype
 
 RNG = np.random.default_rng(0)  # reseeded for every test (conftest.py)
 
+
 def _r(*shape: int, dtype: object = np.float32, scale: float = 1.0) -> np.ndarray:
     return (RNG.standard_normal(shape) * scale).astype(dtype)
 

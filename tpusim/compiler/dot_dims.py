@@ -59,7 +59,6 @@ class DotDims:
     rhs_units: tuple[int, ...] = ()
     out_units: tuple[int, ...] = ()
 
-
     def swapped(self) -> DotDims:
         """The same product with its operands exchanged (the result is the same array: ``A @ B`` is the
         transpose of ``B.T @ A.T``, and the result's dimensions keep their places)."""

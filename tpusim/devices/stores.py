@@ -188,7 +188,6 @@ def _window_view(raw: np.ndarray, shape: Shape, offsets: tuple[int, ...], sizes:
     return np.ndarray(dims, raw.dtype, raw, start * size, tuple(g * size for g in strides))
 
 
-
 class Affine:
     """Translation structure of a layout: moving a window by whole first-level tiles moves every element's
     slot by the same amount, so window facts computed at ``offsets % periods`` hold everywhere after a

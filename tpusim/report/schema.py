@@ -61,6 +61,7 @@ _OP = _obj({
 _STEPS = _obj({"cycles": {"type": "array", "items": _INT}, "bytes": {"type": "array", "items": _INT}})
 _SERIES_MAP = {"type": "object", "additionalProperties": {"type": "array", "items": _NUM}}
 
+# fmt: off
 _XLA = {"oneOf": [{"type": "null"}, _obj({
     "caveat": _STR,
     "program": {"oneOf": [{"type": "null"}, _obj({
@@ -70,6 +71,7 @@ _XLA = {"oneOf": [{"type": "null"}, _obj({
         "tpusim_share": _NUM, "ratio": _NUM_OR_NULL})},
 })]}
 """XLA:TPU's estimates beside tpusim's, for a module XLA:TPU compiled (tpusim.report.xla_compare)."""
+# fmt: on
 
 _TOP = _obj({
     "schema": {"const": SCHEMA_ID},

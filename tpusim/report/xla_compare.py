@@ -63,6 +63,7 @@ def xla_kernels(result: SimulationResult) -> list[XlaKernel]:
     total_xla = sum(c for _, _, c in found) or 1
     total = max(result.cycles, 1)
     out = []
+
     def part_of(n: str, name: str) -> bool:
         if n == name:
             return True

@@ -52,7 +52,6 @@ from tpusim.semantics.special import erf
 __all__ = ["KERNELS", "NOT_ELEMENTWISE", "PRED_ARITHMETIC", "Attrs", "Kernel", "total_order_key"]
 
 
-
 class Attrs(Protocol):
     """An instruction's attributes, as far as a kernel reads them (a dict does)."""
 

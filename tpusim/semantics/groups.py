@@ -54,9 +54,7 @@ def group_mode(opcode: str, has_channel: bool, use_global_device_ids: bool) -> s
     return FLATTENED_ID if use_global_device_ids else CROSS_REPLICA_AND_PARTITION
 
 
-def participant_groups(
-    mode: str, listed: Sequence[Sequence[int]], replicas: int, partitions: int
-) -> list[list[int]]:
+def participant_groups(mode: str, listed: Sequence[Sequence[int]], replicas: int, partitions: int) -> list[list[int]]:
     """The groups of device ids a collective of ``mode`` with ``replica_groups`` ``listed`` works in, each in
     its concatenation/reduction order.
 

@@ -55,8 +55,6 @@ def megacore_cores(module: Module, config: ChipConfig, options: CompileOptions) 
     return config.core.count
 
 
-
-
 def lower_module(
     module: Module,
     buffers: BufferAssignment,

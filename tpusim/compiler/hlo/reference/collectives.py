@@ -27,6 +27,7 @@ from tpusim.semantics.groups import CROSS_PARTITION, GroupError
 
 __all__ = ["participant_groups"]
 
+
 def participant_groups(ctx: EvalContext, instr: Instruction) -> list[list[int]]:
     """The groups of device ids ``instr`` works in, each in its concatenation/reduction order."""
     try:
