@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 
 from tpusim.memory import ELEMENT_TYPES
-from tpusim.semantics.elementwise import PRED_ARITHMETIC
+from tpusim.semantics.elementwise import INT_ARITHMETIC, PRED_ARITHMETIC
 
 __all__ = ["NARROW_FLOATS", "exact_identity", "ufunc_for"]
 
@@ -18,21 +18,12 @@ NARROW_FLOATS = frozenset(
     et.dtype for et in ELEMENT_TYPES.values() if et.kind == "float" and et.bits < 32 and et.dtype is not None
 )
 
-_UFUNCS: dict[str, np.ufunc] = {
-    "add": np.add,
-    "multiply": np.multiply,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "and": np.bitwise_and,
-    "or": np.bitwise_or,
-    "xor": np.bitwise_xor,
-}
-
 
 def ufunc_for(opcode: str, dtype: np.dtype) -> np.ufunc:
-    """The numpy ufunc computing XLA's ``opcode`` on ``dtype`` (pred arithmetic is logical:
-    :data:`~tpusim.semantics.elementwise.PRED_ARITHMETIC`)."""
-    return PRED_ARITHMETIC[opcode] if dtype == np.bool_ else _UFUNCS[opcode]
+    """The numpy ufunc computing XLA's ``opcode`` on ``dtype``: the elementwise kernels' own tables (pred
+    arithmetic is logical, :data:`~tpusim.semantics.elementwise.PRED_ARITHMETIC`; floats combine with the
+    same ufuncs as integers, their rounding and flushing being the caller's)."""
+    return PRED_ARITHMETIC[opcode] if dtype == np.bool_ else INT_ARITHMETIC[opcode]
 
 
 def exact_identity(opcode: str, dtype: np.dtype) -> np.ndarray | None:

@@ -49,7 +49,7 @@ from tpusim.semantics.convert import (
 from tpusim.semantics.errors import SemanticsError
 from tpusim.semantics.special import erf
 
-__all__ = ["KERNELS", "NOT_ELEMENTWISE", "PRED_ARITHMETIC", "Attrs", "Kernel", "total_order_key"]
+__all__ = ["INT_ARITHMETIC", "KERNELS", "NOT_ELEMENTWISE", "PRED_ARITHMETIC", "Attrs", "Kernel", "total_order_key"]
 
 
 class Attrs(Protocol):
@@ -251,12 +251,11 @@ def _abs(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.nda
 @kernel("negate")
 def _negate(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.ndarray:
     x = args[0]
-    et = out
     kind = _kind(x)
     if kind in ("float", "complex"):
         return _arr(np.negative(x), _np_dtype(out))  # flips the sign bit: denormals are kept
-    if et.bits < 8:
-        return wrap_int(-x.astype(np.int64), et)
+    if out.bits < 8:
+        return wrap_int(-x.astype(np.int64), out)
     return _arr(np.negative(x), _np_dtype(out))
 
 
@@ -421,7 +420,7 @@ _FLOAT_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "minimum": _float_min,
 }
 
-_INT_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+INT_ARITHMETIC: dict[str, np.ufunc] = {
     "add": np.add,
     "subtract": np.subtract,
     "multiply": np.multiply,
@@ -436,8 +435,6 @@ _INT_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 @kernel("add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "power")
 def _arith(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.ndarray:
     a, b = args[0], args[1]
-    op = op
-    et = out
     kind = _kind(a)
     if kind == "pred":
         if op not in PRED_ARITHMETIC:
@@ -459,10 +456,10 @@ def _arith(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.n
     signed = kind == "signed"
     if op in ("divide", "remainder"):
         q, r = _int_divide(wa, wb, signed)
-        return _int_result(q if op == "divide" else r, et)
+        return _int_result(q if op == "divide" else r, out)
     if op == "power":
-        return _int_result(_int_power(wa, wb), et)
-    return _int_result(_INT_BINARY[op](wa, wb), et)
+        return _int_result(_int_power(wa, wb), out)
+    return _int_result(INT_ARITHMETIC[op](wa, wb), out)
 
 
 @kernel("and", "or", "xor")
@@ -473,13 +470,12 @@ def _bitwise(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np
         return np.asarray(PRED_ARITHMETIC[op](a, b))
     if kind not in ("signed", "unsigned"):
         raise SemanticsError(f"{op} needs pred or integer operands, not {a.dtype}")
-    return _int_result(_INT_BINARY[op](_int_work(a), _int_work(b)), out)
+    return _int_result(INT_ARITHMETIC[op](_int_work(a), _int_work(b)), out)
 
 
 @kernel("shift-left", "shift-right-logical", "shift-right-arithmetic")
 def _shift(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.ndarray:
     a, b = args[0], args[1]
-    et = out
     if _kind(a) not in ("signed", "unsigned"):
         raise SemanticsError(f"{op} needs integer operands, not {a.dtype}")
     value, bits = _unsigned_bits(a)
@@ -497,21 +493,20 @@ def _shift(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.n
         r = np.where(in_range, shifted, fill)
     mask = np.uint64((1 << bits) - 1) if bits < 64 else ~np.uint64(0)
     r = np.asarray(r & mask, dtype=np.uint64)
-    return r.astype(et.raw_dtype).view(_np_dtype(out)) if bits >= 8 else wrap_int(r.astype(np.int64), et)
+    return r.astype(out.raw_dtype).view(_np_dtype(out)) if bits >= 8 else wrap_int(r.astype(np.int64), out)
 
 
 @kernel("mulhi")
 def _mulhi(op: str, args: Sequence[Any], out: ElementType, attrs: Attrs) -> np.ndarray:
     """The high half of the full-width product (signed for signed types, unsigned for unsigned ones)."""
     a, b = args[0], args[1]
-    et = out
     if _kind(a) not in ("signed", "unsigned"):
         raise SemanticsError(f"mulhi needs integer operands, not {a.dtype}")
     signed = _kind(a) == "signed"
-    if et.bits < 64:
+    if out.bits < 64:
         wide = np.int64 if signed else np.uint64
         product = a.astype(wide) * b.astype(wide)
-        return _int_result(product >> wide(et.bits), et)
+        return _int_result(product >> wide(out.bits), out)
     ua, ub = a.view(np.uint64), b.view(np.uint64)
     lo32 = np.uint64(0xFFFF_FFFF)
     s32 = np.uint64(32)
