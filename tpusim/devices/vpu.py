@@ -25,7 +25,7 @@ import numpy as np
 
 from tpusim.devices.stores import read_value, write_value
 from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
-from tpusim.devices.vpu_numerics import apply, combiner, convert, flush, result_types
+from tpusim.devices.vpu_numerics import apply, convert, result_types
 from tpusim.errors import TpusimError
 from tpusim.isa import (
     VPU_FUNCTIONS,
@@ -43,6 +43,8 @@ from tpusim.isa import (
 )
 from tpusim.memory import ElementType, Shape, element_type
 from tpusim.memory.windows import window_vregs
+from tpusim.semantics.combiners import ufunc_for
+from tpusim.semantics.convert import flush
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
@@ -237,7 +239,7 @@ def _exec_reduce(core: Core, ins: VpuReduce, reads: tuple[Access, ...], writes: 
     x = _read(reads[0])
     ct = _reduce_dtype(ins.src.element_type)
     x = x.astype(ct, copy=False)
-    uf = combiner(ins.fn, x.dtype)
+    uf = ufunc_for(ins.fn, x.dtype)
     arith = ins.fn in ("add", "multiply")  # (denormals read as zero, a denormal result is zero)
     with np.errstate(all="ignore"):
         if arith:

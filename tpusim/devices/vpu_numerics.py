@@ -4,7 +4,8 @@ the reference interpreter computes with, so the device and the oracle cannot dri
 The rules they implement (each pinned against XLA on CPU by the reference's tests): floats narrower than
 f32 computed in f32 and rounded once; denormals flushed as on TPUs; transcendentals correctly rounded in
 f32; integer arithmetic wraps; XLA's division-by-zero, shift and saturating-convert rules. A reduction's
-combiner (:func:`combiner`) and denormal flushing (:func:`flush`) come from the same package.
+combiner (:func:`tpusim.semantics.combiners.ufunc_for`) and denormal flushing
+(:func:`tpusim.semantics.convert.flush`) come from the same package.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from tpusim.memory import ElementType
-from tpusim.semantics.combiners import ufunc_for
-from tpusim.semantics.convert import flush as semantic_flush
 from tpusim.semantics.elementwise import KERNELS
 
-__all__ = ["apply", "combiner", "convert", "flush", "result_types"]
+__all__ = ["apply", "convert", "result_types"]
 
 
 def apply(fn: str, args: list[np.ndarray], out: ElementType, direction: str | None = None) -> np.ndarray:
@@ -32,18 +31,6 @@ def apply(fn: str, args: list[np.ndarray], out: ElementType, direction: str | No
     with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the point, not a warning
         result = np.asarray(KERNELS[fn](fn, args, out, attrs))
     return result if result.dtype == out.dtype else result.astype(out.dtype)
-
-
-def combiner(fn: str, dtype: np.dtype) -> np.ufunc:
-    """The numpy ufunc of reduction combiner ``fn`` (add, multiply, maximum, minimum, and, or, xor) on
-    ``dtype``, as the reference reduces with it (pred arithmetic is logical: add is or, multiply is and)."""
-    return ufunc_for(fn, dtype)
-
-
-def flush(x: np.ndarray) -> np.ndarray:
-    """Denormal f32/f64 values as zeros of their sign (other types unchanged), as TPU arithmetic reads and
-    writes them."""
-    return semantic_flush(x)
 
 
 def convert(x: np.ndarray, to: ElementType) -> np.ndarray:
