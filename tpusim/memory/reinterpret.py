@@ -20,6 +20,7 @@ __all__ = [
     "MEANING_CHECK_ELEMENTS",
     "LayoutViewError",
     "bytes_agree",
+    "bytes_agree_by_elements",
     "free_transpose",
     "merged_shape",
     "untiled",
@@ -147,6 +148,16 @@ def bytes_agree(src: Shape, dst: Shape, row_major: bool = False) -> bool | None:
         return fs == fd
     if dst.element_count > MEANING_CHECK_ELEMENTS:
         return None
+    return bytes_agree_by_elements(src, dst, row_major)
+
+
+def bytes_agree_by_elements(src: Shape, dst: Shape, row_major: bool = False) -> bool:
+    """:func:`bytes_agree` element by element, at any size (memory and time grow with the element count):
+    every element of ``dst`` read from ``src``'s bytes is the element the operation means. The mechanism
+    for layouts with ``*`` merges, and the oracle the digit forms are tested against."""
+    gs, gd = geometry(src), geometry(dst)
+    if gs.element_bits != gd.element_bits or src.byte_size != dst.byte_size:
+        return False
     slot = geometry(untiled(dst, row_major)).linear_map().reshape(-1)  # where each dst element sits untiled
     source_index, _ = geometry(untiled(src, row_major)).logical_index(slot)  # the src element at that slot
     return bool(np.array_equal(gs.linear_index(source_index), gd.linear_map().reshape(-1)))
