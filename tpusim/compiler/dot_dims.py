@@ -88,15 +88,27 @@ def oriented(d: DotDims, lhs: Shape, rhs: Shape, out: Shape) -> tuple[DotDims, b
     when the result's most minor dimension belongs to the left operand (``A @ B`` computed as ``(B.T @
     A.T).T``, so the result's lanes are the right operand's columns): XLA:TPU lays out ``x @ W`` head
     projections with the sequence in lanes, for example."""
-    out_order = _minor_first(out)
-    lanes = next((o for o in out_order if out.dimensions[o] > 1), None)
+    return oriented_by_order(d, _minor_first(lhs), _minor_first(rhs), _minor_first(out), out.dimensions)
+
+
+def oriented_by_order(
+    d: DotDims,
+    lhs_minor_first: tuple[int, ...],
+    rhs_minor_first: tuple[int, ...],
+    out_minor_first: tuple[int, ...],
+    out_dims: tuple[int, ...],
+) -> tuple[DotDims, bool]:
+    """:func:`oriented` from the operands' and the result's minor-to-major orders alone (what layout choice
+    has while it weighs orders, without building shapes)."""
+    lanes = next((o for o in out_minor_first if out_dims[o] > 1), None)
     swap = lanes is not None and lanes in d.out_lhs_free and lanes not in d.out_rhs_free
+    lhs_order = lhs_minor_first
     if swap:
-        d, lhs, rhs = d.swapped(), rhs, lhs
-    rank_out = {o: i for i, o in enumerate(out_order)}
+        d, lhs_order = d.swapped(), rhs_minor_first
+    rank_out = {o: i for i, o in enumerate(out_minor_first)}
     m = _last(d.lhs_free, d.out_lhs_free, key=lambda pair: -rank_out[pair[1]])
     n = _last(d.rhs_free, d.out_rhs_free, key=lambda pair: -rank_out[pair[1]])
-    rank_lhs = {o: i for i, o in enumerate(_minor_first(lhs))}
+    rank_lhs = {o: i for i, o in enumerate(lhs_order)}
     k = _last(d.lhs_contracting, d.rhs_contracting, key=lambda pair: -rank_lhs[pair[0]])
     return (
         DotDims(

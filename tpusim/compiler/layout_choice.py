@@ -42,13 +42,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from itertools import permutations, product
 from math import ceil
 from math import prod as _prod
 from typing import Any
 
-from tpusim.compiler.dot_dims import DotDims, dot_dims, oriented
+from tpusim.compiler.dot_dims import DotDims, dot_dims, oriented_by_order
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import ELEMENTWISE
 from tpusim.compiler.tiling_rules import TilingRules
@@ -287,7 +287,8 @@ class _Problem:
                 self._edge(comp, instr, r, v, i, _relayout_cost(rule, 2 * shape.byte_size / self.rate))
 
     def _edge(self, comp: Computation, instr: Instruction, r: int, o: int, i: int, cost: Callable[..., float]) -> None:
-        self.edges.append(_Edge(comp, instr, r, o, i, cost))
+        # (the search weighs each pair of orders many times; a cost is a function of the pair alone)
+        self.edges.append(_Edge(comp, instr, r, o, i, cache(cost)))
 
     # ------------------------------------------------------------------ search
     def solve(self) -> None:
@@ -511,8 +512,7 @@ def dot_cost(
     must be transposed window by window (the left one without K in its lanes, the right one with neither K nor
     N) and of a result whose lanes are not N."""
     (a, ao), (b, bo), (c, co) = lhs, rhs, out
-    with_orders = [s.with_layout(Layout(tuple(reversed(o)))) for s, o in (lhs, rhs, out)]
-    d, swap = oriented(dims, *with_orders)
+    d, swap = oriented_by_order(dims, ao[::-1], bo[::-1], co[::-1], c.dimensions)
     if swap:
         (a, ao), (b, bo) = (b, bo), (a, ao)
     if not d.lhs_contracting:
