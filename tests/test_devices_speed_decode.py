@@ -168,3 +168,60 @@ def test_the_register_scan_reads_every_field_that_can_hold_a_register():
                 assert _registers(ins) == every_field(ins), ins
                 seen += bool(every_field(ins))
     assert seen > 100
+
+
+def test_equal_instructions_share_one_decoding_at_their_own_index():
+    """An unrolled kernel repeats equal instructions (its slots rotate); they are decoded once, and each
+    entry still runs at its own index (a trace row, an error and the next pc name it)."""
+    from tpusim.devices.decode import Decoded
+
+    x, y = ref("vmem", 0, "f32[16,8]{1,0:T(8,8)}"), ref("vmem", 0x400, "f32[16,8]{1,0:T(8,8)}")
+
+    def double() -> VpuMap:  # a new instruction object each time, equal in value
+        return VpuMap("multiply", y, (x, Const(2.0, "f32")))
+
+    prog = Program.single([double(), VpuMap("add", y, (y, x)), double()], symbols=[Symbol("y", y)])
+    res = Chip(TEACH).run(prog, {})
+    decoded = res._machine.cores[0].decoding.decoded
+    first, again = decoded[0], decoded[2]
+    assert (first.index, again.index) == (0, 2) and first is not again
+    assert first.plans_r is again.plans_r and first.cost is again.cost  # one decoding
+    for name in Decoded.__slots__:  # every fact but the index is the first one's (a new slot must be copied)
+        if name != "index":
+            assert getattr(again, name) is getattr(first, name), name
+    assert sorted(res.trace.index.tolist()) == [0, 1, 2]
+
+
+def test_fixed_windows_share_costs_across_tile_periods_and_move_the_right_bytes():
+    """A transfer's costs are computed at its window's offsets reduced by the layout's tiles (and shifted
+    back): four DMAs of 8-row windows of a [32,8] array in (8,8) tiles share one cost, and each moves its
+    own rows (the numeric copy applies the shift)."""
+    from tpusim.devices.dma import strided_plan
+    from tpusim.isa import Window
+
+    big, part = "f32[32,8]{1,0:T(8,8)}", "f32[8,8]{1,0:T(8,8)}"
+    src = ref("hbm", 0, big)
+    dst = ref("vmem", 0, big)
+    moves = [
+        DmaStart(
+            MemRef(Space.HBM, 0, src.shape, Window((8 * k, 0), (8, 8))), ref("vmem", 0x1000 * (k + 1), part), sem=0
+        )
+        for k in range(4)
+    ]
+    back = [
+        DmaStart(
+            ref("vmem", 0x1000 * (k + 1), part),
+            MemRef(Space.VMEM, 0, dst.shape, Window((8 * (3 - k), 0), (8, 8))),
+            sem=0,
+        )
+        for k in range(4)
+    ]
+    prog = Program.single([*moves, SemWait(0, 4), *back, SemWait(0, 4)], symbols=[Symbol("x", src), Symbol("y", dst)])
+    x = np.arange(256, dtype=np.float32).reshape(32, 8)
+    strided_plan.cache_clear()
+    for _ in range(2):  # (the second run takes the fixed-window path with the facts the first one kept)
+        got = Chip(TEACH).run(prog, {"x": x}).read("y")
+        np.testing.assert_array_equal(got, x.reshape(4, 8, 8)[::-1].reshape(32, 8))  # the blocks in reverse order
+    Chip(TEACH).run(prog, {"x": x}, timing_only=True)
+    info = strided_plan.cache_info()
+    assert info.misses <= 2 < info.hits  # (one cost per direction; the other six transfers find it)

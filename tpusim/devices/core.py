@@ -202,9 +202,8 @@ class Core:
             lo, hi = 0, p.nbytes
             shift = 0
         elif p.offsets is not None:
-            offsets = norm = p.offsets
+            offsets, norm, shift = p.offsets, p.norm, p.shift
             lo, hi = p.extent
-            shift = 0
         else:
             offs: list[int] = []
             parts: list[int] = []

@@ -114,6 +114,34 @@ class Decoded:
         self.fast: Any = None
         self.numeric = False  # the instruction's numeric effect is applied (a numeric run, or control)
 
+    def at(self, index: int) -> Decoded:
+        """The same decoding for an equal instruction at ``index`` (its facts are functions of the
+        instruction's value; only the index differs)."""
+        twin = object.__new__(Decoded)
+        twin.index = index
+        twin.box = self.box
+        twin.cost = self.cost
+        twin.cost_fn = self.cost_fn
+        twin.extra = self.extra
+        twin.fast = self.fast
+        twin.handler = self.handler
+        twin.ins = self.ins
+        twin.mx = self.mx
+        twin.mxu = self.mxu
+        twin.numeric = self.numeric
+        twin.plans_r = self.plans_r
+        twin.plans_w = self.plans_w
+        twin.read_refs = self.read_refs
+        twin.reads = self.reads
+        twin.rr = self.rr
+        twin.rw = self.rw
+        twin.sched = self.sched
+        twin.spec = self.spec
+        twin.static = self.static
+        twin.write_refs = self.write_refs
+        twin.writes = self.writes
+        return twin
+
 
 class OperandPlan:
     """What resolving one MemRef needs, computed once per program."""
@@ -129,9 +157,11 @@ class OperandPlan:
         "extents",
         "key",
         "nbytes",
+        "norm",
         "offsets",
         "ref",
         "shape",
+        "shift",
         "sizes",
         "space",
         "wspec",
@@ -150,14 +180,21 @@ class OperandPlan:
         self.sizes = w.sizes if w is not None else None
         self.clamp = w.clamp if w is not None else False
         self.offsets: tuple[int, ...] | None = None
+        # fixed offsets reduced by the layout's periods and the byte shift that undoes it (see Core.resolve):
+        # transfers of different windows with the same reduced offsets share their costs
+        self.norm: tuple[int, ...] | None = None
+        self.shift = 0
         self.dynamic: tuple[int, ...] = ()
         self.extents: dict[tuple[int, ...], tuple[int, int]] = {}  # by offsets modulo the layout's periods
         self.affine = affine(ref.shape) if w is not None and not w.is_static else None
         self.extent = (0, self.nbytes)
         if w is not None:
             if w.is_static:
-                self.offsets = w.offsets  # type: ignore[assignment]
+                self.offsets = self.norm = w.offsets  # type: ignore[assignment]
                 self.extent = window_extent(ref.shape, self.offsets, w.sizes)
+                aff = affine(ref.shape)
+                if aff is not None:
+                    self.norm, self.shift = aff.split(self.offsets)  # type: ignore[arg-type]
             else:
                 # register index, or -(immediate + 1) for an immediate offset
                 self.dynamic = tuple(o.index if isinstance(o, Reg) else -o - 1 for o in w.offsets)
@@ -221,7 +258,22 @@ def decoded_stream(core: Core) -> DecodedStream:
         _CACHE.move_to_end(key)
         return hit
     ds = DecodedStream(program, stream, cfg, numeric)
-    ds.decoded = [_decode(core, ds, ins, i) for i, ins in enumerate(stream.instructions)]
+    # An unrolled kernel repeats the same instruction many times (its VMEM slots rotate): the d1024 decoder
+    # block has 10,900 distinct instructions among 99,133. Equal compute and DMA instructions share one
+    # decoding (their facts depend on the value only); control flow is decoded per index (a branch knows
+    # whether it jumps back).
+    first: dict[Instruction, Decoded] = {}
+    decoded = ds.decoded
+    for i, ins in enumerate(stream.instructions):
+        if ins.__class__ is not DmaStart and ins.__class__ not in COMPUTE:
+            decoded.append(_decode(core, ds, ins, i))
+            continue
+        seen = first.get(ins)
+        if seen is None:
+            seen = first[ins] = _decode(core, ds, ins, i)
+            decoded.append(seen)
+        else:
+            decoded.append(seen.at(i))
     _CACHE[key] = ds
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

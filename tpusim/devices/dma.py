@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import ceil
+from math import ceil, prod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,7 +37,7 @@ from tpusim.memory.windows import window_slots, window_strides
 
 if TYPE_CHECKING:
     from tpusim.devices.core import Core
-    from tpusim.devices.decode import Decoded
+    from tpusim.devices.decode import Decoded, OperandPlan
 
 __all__ = [
     "DmaEngines",
@@ -196,7 +196,7 @@ def _closed_form(
     gap_bytes: int,
 ) -> TransferPlan | None:
     """The body of :func:`strided_plan`; None where the closed form does not apply."""
-    n = int(np.prod(sizes))
+    n = prod(sizes)
     bits = geometry(src).element_bits
     form = _joint_digits(src, src_off, dst, dst_off, sizes) if n else None
     if form is None or bits != geometry(dst).element_bits:
@@ -247,10 +247,10 @@ def _joint_digits(
     (s0, ra, ga), (d0, rb, gb) = a, b
 
     def below(radices: tuple[int, ...]) -> list[int]:  # per digit (outermost first), the elements below it
-        return [int(np.prod(radices[k + 1 :])) for k in range(len(radices))]
+        return [prod(radices[k + 1 :]) for k in range(len(radices))]
 
     cuts = sorted(set(below(ra)) | set(below(rb)))
-    total = int(np.prod(sizes))
+    total = prod(sizes)
     if any(hi % lo for lo, hi in zip(cuts, [*cuts[1:], total])):
         return None  # boundaries that do not nest: no common digit system
     radix = [hi // lo for lo, hi in zip(cuts, [*cuts[1:], total])]
@@ -287,7 +287,7 @@ def _strided_runs(
     while k < len(digits) and digits[k][0] == length:
         length *= digits[k][1]
         k += 1
-    if int(np.prod([x for _, x in digits[k:]])) > _MAX_STRIDED_RUNS:
+    if prod(x for _, x in digits[k:]) > _MAX_STRIDED_RUNS:
         return None
     starts = np.full(1, first, np.int64)
     for g, x in digits[k:]:
@@ -596,7 +596,7 @@ def issue_dma(core: Core, d: Decoded, t: int) -> Any:
             src = Access(core.stores[sp.space], sp.space, sp.address, sp.shape, sp.offsets, sp.sizes, r[1], r[2])
             dst_store = dst_chip.store(dp.space, dst_core)
             dst = Access(dst_store, dp.space, dp.address, dp.shape, dp.offsets, dp.sizes, w[1], w[2])
-            copy = (src, dst, (0, 0))
+            copy = (src, dst, _slot_shifts(sp, dp, sp.shift, dp.shift))
     else:
         facts, r, w, dst_chip, dst_core, copy = _prepare(core, d)
     sb = core.scoreboard
@@ -650,10 +650,15 @@ def _prepare(core: Core, d: Decoded) -> tuple[TransferFacts, tuple[Any, ...], tu
     if d.numeric:
         src = Access(s_store, sp.space, s_addr, sp.shape, s_off, sp.sizes, s_lo, s_hi)
         dst = Access(d_store, dp.space, d_addr, dp.shape, d_off, dp.sizes, d_lo, d_hi)
-        eb_s = max(1, geometry(sp.shape).element_bits // 8)
-        eb_d = max(1, geometry(dp.shape).element_bits // 8)
-        copy = (src, dst, (s_shift // eb_s, d_shift // eb_d))
+        copy = (src, dst, _slot_shifts(sp, dp, s_shift, d_shift))
     return facts, r, w, dst_chip, dst_core, copy
+
+
+def _slot_shifts(sp: OperandPlan, dp: OperandPlan, s_shift: int, d_shift: int) -> tuple[int, int]:
+    """The byte shifts of the actual windows from the plan's reduced ones, in slots of each side."""
+    eb_s = max(1, geometry(sp.shape).element_bits // 8)
+    eb_d = max(1, geometry(dp.shape).element_bits // 8)
+    return s_shift // eb_s, d_shift // eb_d
 
 
 def _destination(core: Core, d: Decoded) -> tuple[Any, int, Any, Any, dict[Any, TransferFacts]]:

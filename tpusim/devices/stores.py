@@ -206,6 +206,17 @@ class Affine:
         self.strides = strides
         self.element_bytes = element_bytes
 
+    def split(self, offsets: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+        """``(offsets reduced by the periods, byte shift that undoes it)``: an untiled dimension's offset
+        goes wholly into the shift (what ``Core.resolve`` does inline for register offsets)."""
+        parts: list[int] = []
+        steps = 0
+        for v, period, stride in zip(offsets, self.periods, self.strides):
+            q, r = (v, 0) if period == 1 else divmod(v, period)
+            parts.append(r)
+            steps += q * stride
+        return tuple(parts), steps * self.element_bytes
+
 
 @lru_cache(maxsize=1024)
 def affine(shape: Shape) -> Affine | None:

@@ -24,7 +24,7 @@ def window_slots(shape: Shape, offsets: tuple[int, ...], sizes: tuple[int, ...])
     NOTE: speed. For layouts without ``*`` merges a slot is a sum of one term per dimension
     (:func:`~tpusim.memory.tiling.is_separable`): the window is the outer sum of ``rank`` short vectors, not
     ``prod(sizes)`` evaluations of the index map."""
-    count = int(np.prod(sizes))  # a rank-0 window (a scalar) holds one element
+    count = prod(sizes)  # a rank-0 window (a scalar) holds one element
     geo = geometry(shape)
     terms = _axis_terms(geo, offsets, sizes)
     if terms is not None:
@@ -146,4 +146,8 @@ def window_vregs(shape: Shape, offsets: tuple[int, ...] | None, sizes: tuple[int
         return 0
     slots = window_slots(shape, offsets, sizes)
     pieces = (geo.prefix_bytes + slots * geo.element_bits // 8) // vreg_bytes
-    return int(np.unique(pieces).size)
+    # distinct pieces by marking them (linear in the window; sorting for np.unique took 9 ms a window)
+    lo = int(pieces.min())
+    touched = np.zeros(int(pieces.max()) - lo + 1, np.bool_)
+    touched[pieces - lo] = True
+    return int(np.count_nonzero(touched))
