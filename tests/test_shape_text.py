@@ -152,3 +152,31 @@ def test_python_built_layouts_are_validated() -> None:
         Shape("f32", (-1,))
     with pytest.raises(KeyError, match="unknown element type 'f7'"):
         Shape("f7", (1,))
+
+
+def test_cached_hashes_are_not_compared_copied_or_pickled():
+    """Shape and Layout keep their hash once computed (decode hashes every instruction); the cache must not
+    change equality, must not survive ``replace`` (another value) or pickling (a string's hash differs between
+    processes)."""
+    import dataclasses
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    s = parse_shape("bf16[256,512]{1,0:T(8,128)(2,1)}")
+    fresh = parse_shape("bf16[256,512]{1,0:T(8,128)(2,1)}")
+    assert hash(s) == hash(fresh) and s == fresh  # (one hashed, one not: still equal)
+    assert dataclasses.replace(s, dimensions=(256, 256))._hash is None
+    assert pickle.loads(pickle.dumps(s))._hash is None
+    # in another process (another string-hash seed) the unpickled shape hashes as that process's own shapes do
+    code = (
+        "import pickle, sys; from tpusim.memory import parse_shape; "
+        "s = pickle.loads(sys.stdin.buffer.read()); t = parse_shape(str(s)); "
+        "print(hash(s) == hash(t) and {s: 1}.get(t) == 1)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(s), capture_output=True, check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )  # fmt: skip
+    assert out.stdout.strip() == b"True"

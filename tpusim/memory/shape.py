@@ -43,6 +43,29 @@ UNBOUNDED: Final = -1
 DIM_LEVEL_TYPES: Final = ("D", "C", "S", "H")
 
 
+class _CachedHash:
+    """A frozen dataclass's hash, computed once (a Shape or Layout is hashed every time a cache or a decoded
+    stream looks up an instruction that holds it: 2 s of the d1024 decoder block's decode went to re-hashing
+    the same layouts). The cache field is not compared, not copied by ``replace`` and not pickled: a string's
+    hash differs between processes."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        h: int | None = self._hash  # type: ignore[attr-defined]
+        if h is None:
+            h = hash(tuple(getattr(self, name) for name in self._HASHED))  # type: ignore[attr-defined]
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> list[object]:
+        return [None if name == "_hash" else getattr(self, name) for name in self.__dataclass_fields__]  # type: ignore[attr-defined]
+
+    def __setstate__(self, state: list[object]) -> None:
+        for name, value in zip(self.__dataclass_fields__, state):  # type: ignore[attr-defined]
+            object.__setattr__(self, name, value)
+
+
 @dataclass(frozen=True, slots=True)
 class Tile:
     """One tiling level: tile sizes for the most-minor dimensions, major to minor (``T(8,128)``).
@@ -72,7 +95,7 @@ class SplitConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class Layout:
+class Layout(_CachedHash):
     """How an array is laid out in memory (XLA's ``Layout``).
 
     Attributes:
@@ -107,6 +130,7 @@ class Layout:
     dynamic_shape_metadata_prefix_bytes: int = 0
     padded_dimensions: tuple[int, ...] | None = field(default=None, compare=True)
     padding_value: float = 0
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @staticmethod
     def default(rank: int) -> Layout:
@@ -151,7 +175,7 @@ class Layout:
 
 
 @dataclass(frozen=True, slots=True)
-class Shape:
+class Shape(_CachedHash):
     """An array shape: element type, dimension sizes and an optional layout.
 
     Attributes:
@@ -165,6 +189,7 @@ class Shape:
     dimensions: tuple[int, ...] = ()
     dynamic: tuple[bool, ...] = ()
     layout: Layout | None = None
+    _hash: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.element_type, ElementType):
@@ -330,3 +355,12 @@ def validate_layout(shape: Shape, layout: Layout) -> None:
         for i, (d, p) in enumerate(zip(shape.dimensions, pads)):
             if p < d:
                 raise LayoutError(f"padded_dimensions[{i}] = {p} is smaller than the dimension size {d}")
+
+
+# (dataclass() writes its own __hash__ and pickling methods into each class: put the cached ones back)
+for _cls in (Layout, Shape):
+    _cls._HASHED = tuple(f for f in _cls.__dataclass_fields__ if f != "_hash")  # type: ignore[attr-defined]
+    _cls.__hash__ = _CachedHash.__hash__  # type: ignore[method-assign]
+    _cls.__getstate__ = _CachedHash.__getstate__  # type: ignore[method-assign]
+    _cls.__setstate__ = _CachedHash.__setstate__  # type: ignore[method-assign]
+del _cls
