@@ -64,8 +64,9 @@ def _need(cond: bool, message: str) -> None:
 
 
 def _need_space(ref: MemRef, spaces: tuple[Space, ...], what: str) -> None:
-    names = " or ".join(s.value for s in spaces)
-    _need(ref.space in spaces, f"{what} must be in {names}, not {ref.space.value}")
+    if ref.space not in spaces:
+        names = " or ".join(s.value for s in spaces)
+        raise IsaError(f"{what} must be in {names}, not {ref.space.value}")
 
 
 # ---------------------------------------------------------------------------------------------------------

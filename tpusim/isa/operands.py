@@ -145,7 +145,7 @@ class MemRef:
             object.__setattr__(self, "space", Space(self.space))
         if not isinstance(self.shape, Shape):
             raise IsaError(f"a memory reference needs an array shape, not {self.shape}")
-        if self.shape.is_unbounded or any(self.shape.dynamic):
+        if True in self.shape.dynamic:  # (an unbounded dimension is a dynamic one)
             raise IsaError(f"a memory reference needs a static shape, not {self.shape}")
         if self.shape.element_type.dtype is None:
             raise IsaError(f"element type {self.shape.element_type} has no bytes")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from tpusim.compiler.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.hlo.ir import Computation, Instruction
@@ -220,6 +221,7 @@ def _resized(slot: MemRef, dims: tuple[int, ...]) -> MemRef:
     return MemRef(slot.space, slot.address, Shape(slot.element_type, dims, layout=slot.shape.layout))
 
 
+@lru_cache(maxsize=4096)  # (a kernel's MXU instructions take the same few windows of its rotating slots)
 def _sub2(ref: MemRef, offsets: tuple[int, int], sizes: tuple[int, int]) -> MemRef:
     """A window over the last two dimensions of a block whose other dimensions are 1."""
     if sizes == tuple(ref.dims[-2:]) and offsets == (0, 0):
