@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from math import prod
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 from tpusim.errors import LayoutError
 from tpusim.memory.dtypes import ElementType, element_type
@@ -50,11 +50,12 @@ class _CachedHash:
     hash differs between processes."""
 
     __slots__ = ()
+    _HASHED: ClassVar[tuple[str, ...]] = ()  # the compared fields (set below, once the dataclasses exist)
 
     def __hash__(self) -> int:
         h: int | None = self._hash  # type: ignore[attr-defined]
         if h is None:
-            h = hash(tuple(getattr(self, name) for name in self._HASHED))  # type: ignore[attr-defined]
+            h = hash(tuple(getattr(self, name) for name in self._HASHED))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -359,7 +360,7 @@ def validate_layout(shape: Shape, layout: Layout) -> None:
 
 # (dataclass() writes its own __hash__ and pickling methods into each class: put the cached ones back)
 for _cls in (Layout, Shape):
-    _cls._HASHED = tuple(f for f in _cls.__dataclass_fields__ if f != "_hash")  # type: ignore[attr-defined]
+    _cls._HASHED = tuple(f for f in _cls.__dataclass_fields__ if f != "_hash")
     _cls.__hash__ = _CachedHash.__hash__  # type: ignore[method-assign]
     _cls.__getstate__ = _CachedHash.__getstate__  # type: ignore[method-assign]
     _cls.__setstate__ = _CachedHash.__setstate__  # type: ignore[method-assign]
