@@ -229,3 +229,55 @@ def test_blocked_1024_matmul_in_fori_loops() -> None:
     numeric, pairs = run_both(blocked, a, b)
     assert_close(pairs)
     assert _mxu(numeric)[1] == 2 * n**3
+
+
+COUNTDOWN_HLO = """HloModule countdown
+
+cond {
+  s = (s32[], f32[8,128]) parameter(0)
+  n = s32[] get-tuple-element(s), index=0
+  zero = s32[] constant(0)
+  ROOT more = pred[] compare(n, zero), direction=GT
+}
+
+body {
+  s = (s32[], f32[8,128]) parameter(0)
+  n = s32[] get-tuple-element(s), index=0
+  one = s32[] constant(1)
+  m = s32[] subtract(n, one)
+  x = f32[8,128] get-tuple-element(s), index=1
+  y = f32[8,128] add(x, x)
+  ROOT t = (s32[], f32[8,128]) tuple(m, y)
+}
+
+ENTRY main {
+  n = s32[] parameter(0)
+  x = f32[8,128] parameter(1)
+  init = (s32[], f32[8,128]) tuple(n, x)
+  w = (s32[], f32[8,128]) while(init), condition=cond, body=body
+  ROOT r = f32[8,128] get-tuple-element(w), index=1
+}
+"""
+
+
+def test_timing_only_runs_without_inputs_draw_them_only_when_control_flow_reads_them() -> None:
+    """A timing-only run given no inputs skips drawing random ones when no instruction reads a value (a
+    matmul); when a loop's trip count is an input it draws the same seeded inputs a numeric run does, on one
+    chip and on several (where it used to start from zeroed memory and run no iteration)."""
+    from tpusim.api import compile_checked, inputs_matter
+    from tpusim.config import load_config
+
+    config = load_config("tpu_v5e")
+    loop = compile_checked(load_program(COUNTDOWN_HLO), config)
+    assert inputs_matter(loop, timing_only=True) and inputs_matter(loop, timing_only=False)
+    matmul = "HloModule m\nENTRY e {\n  a = f32[128,128] parameter(0)\n  ROOT d = f32[128,128] dot(a, a), "
+    matmul += "lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n"
+    assert not inputs_matter(compile_checked(load_program(matmul), config), timing_only=True)
+
+    n = np.int32(5)  # (the seeded random s32 scalar is in [-8, 8]: pass the count to run some iterations)
+    numeric = tpusim.simulate(loop, [n, np.ones((8, 128), np.float32)])
+    assert tpusim.simulate(loop, [n, np.ones((8, 128), np.float32)], timing_only=True).cycles == numeric.cycles
+    drawn = tpusim.simulate(loop)
+    assert tpusim.simulate(loop, timing_only=True).instructions == drawn.instructions
+    on_two = tpusim.simulate(COUNTDOWN_HLO, chips=2)
+    assert tpusim.simulate(COUNTDOWN_HLO, chips=2, timing_only=True).instructions == on_two.instructions

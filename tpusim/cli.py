@@ -163,7 +163,7 @@ def _run_run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from tpusim.api import load_program, simulate
+    from tpusim.api import inputs_matter, load_program, simulate
     from tpusim.compiler.hlo.reference.io import (
         DEFAULT_SEED,
         load_inputs,
@@ -219,8 +219,16 @@ def _run_run(args: argparse.Namespace) -> int:
         compiled = _compile_for_run(module, config, args, topology)
         compiled_in = time.perf_counter() - began
         seed = DEFAULT_SEED if args.seed is None else args.seed
-        per_device = load_inputs(args.inputs, module, n) if args.inputs else random_inputs(module, seed, n)
-        inputs = [_stack([d[i] for d in per_device]) for i in range(len(per_device[0]))] if many else per_device[0]
+        per_device = (
+            load_inputs(args.inputs, module, n) if args.inputs
+            else random_inputs(module, seed, n) if inputs_matter(compiled, args.timing_only)
+            else None  # a timing-only run that reads no value: no inputs to draw
+        )  # fmt: skip
+        inputs = (
+            None if per_device is None
+            else [_stack([d[i] for d in per_device]) for i in range(len(per_device[0]))] if many
+            else per_device[0]
+        )  # fmt: skip
         result = simulate(
             compiled, inputs, timing_only=args.timing_only, chips=n if many else None,
             topology=topology.shape if topology is not None else None, monitor=monitor,
@@ -228,7 +236,10 @@ def _run_run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         result = dataclasses.replace(result, compile_seconds=compiled_in, xla=xla)
     wall = time.perf_counter() - began
-    checks = _check(module, result, per_device, many, args.max_steps) if args.check and not args.timing_only else None
+    checks = None
+    if args.check and not args.timing_only:
+        assert per_device is not None  # (a numeric run draws or loads its inputs)
+        checks = _check(module, result, per_device, many, args.max_steps)
     print(format_summary(result, wall, checks))
     if many:
         from tpusim.report.links import format_links
