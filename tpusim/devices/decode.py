@@ -262,18 +262,24 @@ def decoded_stream(core: Core) -> DecodedStream:
     # block has 10,900 distinct instructions among 99,133. Equal compute and DMA instructions share one
     # decoding (their facts depend on the value only); control flow is decoded per index (a branch knows
     # whether it jumps back).
+    # (The compiler appends the same object again where it can: looked up by identity first, then by value.)
     first: dict[Instruction, Decoded] = {}
+    same_object: dict[int, Decoded] = {}
     decoded = ds.decoded
     for i, ins in enumerate(stream.instructions):
-        if ins.__class__ is not DmaStart and ins.__class__ not in COMPUTE:
-            decoded.append(_decode(core, ds, ins, i))
-            continue
-        seen = first.get(ins)
+        seen = same_object.get(id(ins))
         if seen is None:
-            seen = first[ins] = _decode(core, ds, ins, i)
-            decoded.append(seen)
-        else:
-            decoded.append(seen.at(i))
+            if ins.__class__ is not DmaStart and ins.__class__ not in COMPUTE:
+                decoded.append(_decode(core, ds, ins, i))
+                continue
+            seen = first.get(ins)
+            if seen is None:
+                seen = first[ins] = _decode(core, ds, ins, i)
+                same_object[id(ins)] = seen
+                decoded.append(seen)
+                continue
+            same_object[id(ins)] = seen
+        decoded.append(seen.at(i))
     _CACHE[key] = ds
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

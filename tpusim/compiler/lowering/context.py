@@ -186,6 +186,12 @@ class Lowering:
             self.streams[c].emit(instr)
         return instr
 
+    def append(self, instructions: Sequence[Any]) -> None:
+        """Append instructions built earlier by :meth:`emit` (under the same HLO name and control flag) to the
+        stream of every core in :attr:`targets` again."""
+        for c in self.targets:
+            self.streams[c].emit(*instructions)
+
     @contextmanager
     def on(self, cores: Sequence[int]) -> Iterator[None]:
         """Emit to the streams of ``cores`` (labels too) inside the block."""

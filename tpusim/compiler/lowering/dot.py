@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 from tpusim.compiler.dot_dims import DotDims, dot_dims, oriented
 from tpusim.compiler.hlo.ir import Computation, Instruction
@@ -440,6 +441,7 @@ class _DotEmitter:
     ) -> None:
         self.ctx, self.v, self.precision, self.epilogue = ctx, views, precision, epilogue
         self.cfg = ctx.config.mxu
+        self._built: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # a step's MXU instructions (see _multiply)
         lhs, rhs, out = views.lhs.shape, views.rhs.shape, views.out.shape
         self.a_stream = _minor(lhs) == lhs.rank - 1  # K in lanes: windows stream as loaded
         self.b_mode = "plain" if _minor(rhs) == rhs.rank - 1 else "transposed" if _minor(rhs) == rhs.rank - 2 else ""
@@ -728,6 +730,24 @@ class _DotEmitter:
         ]
 
     def _multiply(
+        self, st: _Step, block: _Block, a_slot: MemRef, b_slot: MemRef, plan: DotPlan, acc_half: list[int], half: int
+    ) -> None:
+        ctx = self.ctx
+        _, _, _, ms, ks = st.a_key
+        # The instructions are a function of the slots, the block's sizes, the first step and the result
+        # buffer halves: an unrolled product repeats them (8,192 steps of the d1024 decoder block make 536
+        # distinct weight loads), so they are built once and appended again.
+        key = (id(a_slot), id(b_slot), ms, ks, block.ns, st.first, tuple(acc_half), half, ctx.hlo, ctx.control)
+        built = self._built.get(key)
+        if built is not None:
+            ctx.append(built)
+            return
+        emitted = ctx.streams[ctx.targets[0]].instructions
+        mark = len(emitted)
+        self._emit_multiply(st, block, a_slot, b_slot, plan, acc_half, half)
+        self._built[key] = tuple(emitted[mark:])
+
+    def _emit_multiply(
         self, st: _Step, block: _Block, a_slot: MemRef, b_slot: MemRef, plan: DotPlan, acc_half: list[int], half: int
     ) -> None:
         ctx, cfg = self.ctx, self.cfg
