@@ -180,15 +180,19 @@ class Lowering:
     def emit(self, cls: type, **fields: Any) -> Any:
         """Construct an instruction of ``cls`` stamped with the current HLO name, append it to the stream of
         every core in :attr:`targets`, return it."""
-        control = self.control or fields.pop("control", False)
-        instr = cls(**fields, control=control, hlo=self.hlo)
+        instr = self.build(cls, **fields)
         for c in self.targets:
             self.streams[c].emit(instr)
         return instr
 
+    def build(self, cls: type, **fields: Any) -> Any:
+        """An instruction of ``cls`` as :meth:`emit` makes it, not appended (see :meth:`append`)."""
+        control = self.control or fields.pop("control", False)
+        return cls(**fields, control=control, hlo=self.hlo)
+
     def append(self, instructions: Sequence[Any]) -> None:
-        """Append instructions built earlier by :meth:`emit` (under the same HLO name and control flag) to the
-        stream of every core in :attr:`targets` again."""
+        """Append instructions made by :meth:`build` (under the current HLO name and control flag) to the
+        stream of every core in :attr:`targets`: a rule that repeats an instruction appends one object."""
         for c in self.targets:
             self.streams[c].emit(*instructions)
 

@@ -441,7 +441,7 @@ class _DotEmitter:
     ) -> None:
         self.ctx, self.v, self.precision, self.epilogue = ctx, views, precision, epilogue
         self.cfg = ctx.config.mxu
-        self._built: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # a step's MXU instructions (see _multiply)
+        self._built: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # MXU instruction pairs by what makes them (see _multiply)
         lhs, rhs, out = views.lhs.shape, views.rhs.shape, views.out.shape
         self.a_stream = _minor(lhs) == lhs.rank - 1  # K in lanes: windows stream as loaded
         self.b_mode = "plain" if _minor(rhs) == rhs.rank - 1 else "transposed" if _minor(rhs) == rhs.rank - 2 else ""
@@ -732,45 +732,40 @@ class _DotEmitter:
     def _multiply(
         self, st: _Step, block: _Block, a_slot: MemRef, b_slot: MemRef, plan: DotPlan, acc_half: list[int], half: int
     ) -> None:
-        ctx = self.ctx
-        _, _, _, ms, ks = st.a_key
-        # The instructions are a function of the slots, the block's sizes, the first step and the result
-        # buffer halves: an unrolled product repeats them (8,192 steps of the d1024 decoder block make 536
-        # distinct weight loads), so they are built once and appended again.
-        key = (id(a_slot), id(b_slot), ms, ks, block.ns, st.first, tuple(acc_half), half, ctx.hlo, ctx.control)
-        built = self._built.get(key)
-        if built is not None:
-            ctx.append(built)
-            return
-        emitted = ctx.streams[ctx.targets[0]].instructions
-        mark = len(emitted)
-        self._emit_multiply(st, block, a_slot, b_slot, plan, acc_half, half)
-        self._built[key] = tuple(emitted[mark:])
-
-    def _emit_multiply(
-        self, st: _Step, block: _Block, a_slot: MemRef, b_slot: MemRef, plan: DotPlan, acc_half: list[int], half: int
-    ) -> None:
         ctx, cfg = self.ctx, self.cfg
         _, _, _, ms, ks = st.a_key
-        a = _resized(a_slot, (*(1,) * (a_slot.shape.rank - 2), ms, ks))
-        b = _resized(b_slot, (*(1,) * (b_slot.shape.rank - 2), ks, block.ns))
         transpose = self.b_mode == "transposed"
-        if transpose:
-            b = MemRef(b.space, b.address, _swap_last(b.shape))
-        mapping = self._mxu_map(block, plan)
+        a = b = None  # the slots as this step's blocks (made when an instruction is first built)
+        # An unrolled product repeats its MXU instructions (its slots rotate: the d1024 decoder block's 38,912
+        # weight loads are 536 distinct ones): each is built once, from a key of plain numbers, and appended
+        # again (one object, which decoding then finds by identity).
+        built = self._built
+        where = (id(a_slot), id(b_slot), ms, ks, block.ns, ctx.hlo, ctx.control)
         for k0 in range(0, ks, cfg.rows):
             kt = min(cfg.rows, ks - k0)
-            for mxu, n0, nt, r0, rs in mapping:
-                w = _sub2(b, (n0, k0), (nt, kt)) if transpose else _sub2(b, (k0, n0), (kt, nt))
-                ctx.emit(MxuLoadWeights, mxu=mxu, src=w, transpose=transpose, precision=self.precision)
-                ctx.emit(
-                    MxuMatmul,
-                    mxu=mxu,
-                    lhs=_sub2(a, (r0, k0), (rs, kt)),
-                    acc=acc_half[mxu] * half,
-                    accumulate=not (st.first and k0 == 0),
-                    precision=self.precision,
-                )
+            for mxu, n0, nt, r0, rs in self._mxu_map(block, plan):
+                acc, accumulate = acc_half[mxu] * half, not (st.first and k0 == 0)
+                key = (where, k0, mxu, n0, nt, r0, rs, acc, accumulate)
+                pair = built.get(key)
+                if pair is None:
+                    if a is None or b is None:
+                        a = _resized(a_slot, (*(1,) * (a_slot.shape.rank - 2), ms, ks))
+                        b = _resized(b_slot, (*(1,) * (b_slot.shape.rank - 2), ks, block.ns))
+                        if transpose:
+                            b = MemRef(b.space, b.address, _swap_last(b.shape))
+                    w = _sub2(b, (n0, k0), (nt, kt)) if transpose else _sub2(b, (k0, n0), (kt, nt))
+                    pair = built[key] = (
+                        ctx.build(MxuLoadWeights, mxu=mxu, src=w, transpose=transpose, precision=self.precision),
+                        ctx.build(
+                            MxuMatmul,
+                            mxu=mxu,
+                            lhs=_sub2(a, (r0, k0), (rs, kt)),
+                            acc=acc,
+                            accumulate=accumulate,
+                            precision=self.precision,
+                        ),
+                    )
+                ctx.append(pair)
 
     def _pop(self, block: _Block, slot: MemRef, plan: DotPlan, acc_half: list[int], half: int) -> MemRef:
         c = _resized(slot, (*(1,) * (slot.shape.rank - 2), block.ms, block.ns))
