@@ -441,7 +441,7 @@ class _DotEmitter:
     ) -> None:
         self.ctx, self.v, self.precision, self.epilogue = ctx, views, precision, epilogue
         self.cfg = ctx.config.mxu
-        self._built: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # MXU instruction pairs by what makes them (see _multiply)
+        self._built: dict[tuple[Any, ...], Any] = {}  # MXU instructions by what makes them (see _multiply)
         lhs, rhs, out = views.lhs.shape, views.rhs.shape, views.out.shape
         self.a_stream = _minor(lhs) == lhs.rank - 1  # K in lanes: windows stream as loaded
         self.b_mode = "plain" if _minor(rhs) == rhs.rank - 1 else "transposed" if _minor(rhs) == rhs.rank - 2 else ""
@@ -735,37 +735,40 @@ class _DotEmitter:
         ctx, cfg = self.ctx, self.cfg
         _, _, _, ms, ks = st.a_key
         transpose = self.b_mode == "transposed"
-        a = b = None  # the slots as this step's blocks (made when an instruction is first built)
         # An unrolled product repeats its MXU instructions (its slots rotate: the d1024 decoder block's 38,912
         # weight loads are 536 distinct ones): each is built once, from a key of plain numbers, and appended
         # again (one object, which decoding then finds by identity).
         built = self._built
-        where = (id(a_slot), id(b_slot), ms, ks, block.ns, ctx.hlo, ctx.control)
+        flags = (ctx.hlo, ctx.control)
         for k0 in range(0, ks, cfg.rows):
             kt = min(cfg.rows, ks - k0)
             for mxu, n0, nt, r0, rs in self._mxu_map(block, plan):
-                acc, accumulate = acc_half[mxu] * half, not (st.first and k0 == 0)
-                key = (where, k0, mxu, n0, nt, r0, rs, acc, accumulate)
-                pair = built.get(key)
-                if pair is None:
-                    if a is None or b is None:
-                        a = _resized(a_slot, (*(1,) * (a_slot.shape.rank - 2), ms, ks))
-                        b = _resized(b_slot, (*(1,) * (b_slot.shape.rank - 2), ks, block.ns))
-                        if transpose:
-                            b = MemRef(b.space, b.address, _swap_last(b.shape))
+                w_key = ("w", id(b_slot), ks, block.ns, k0, kt, n0, nt, mxu, flags)
+                load = built.get(w_key)
+                if load is None:
+                    b = self._b_block(b_slot, ks, block.ns)
                     w = _sub2(b, (n0, k0), (nt, kt)) if transpose else _sub2(b, (k0, n0), (kt, nt))
-                    pair = built[key] = (
-                        ctx.build(MxuLoadWeights, mxu=mxu, src=w, transpose=transpose, precision=self.precision),
-                        ctx.build(
-                            MxuMatmul,
-                            mxu=mxu,
-                            lhs=_sub2(a, (r0, k0), (rs, kt)),
-                            acc=acc,
-                            accumulate=accumulate,
-                            precision=self.precision,
-                        ),
+                    load = built[w_key] = ctx.build(
+                        MxuLoadWeights, mxu=mxu, src=w, transpose=transpose, precision=self.precision
                     )
-                ctx.append(pair)
+                acc, accumulate = acc_half[mxu] * half, not (st.first and k0 == 0)
+                m_key = ("m", id(a_slot), ms, ks, k0, kt, r0, rs, mxu, acc, accumulate, flags)
+                matmul = built.get(m_key)
+                if matmul is None:
+                    matmul = built[m_key] = ctx.build(
+                        MxuMatmul,
+                        mxu=mxu,
+                        lhs=_sub2(_resized(a_slot, (*(1,) * (a_slot.shape.rank - 2), ms, ks)), (r0, k0), (rs, kt)),
+                        acc=acc,
+                        accumulate=accumulate,
+                        precision=self.precision,
+                    )
+                ctx.append((load, matmul))
+
+    def _b_block(self, slot: MemRef, ks: int, ns: int) -> MemRef:
+        """The weights' slot as a ``ks x ns`` block (its last two dimensions exchanged when transposed)."""
+        b = _resized(slot, (*(1,) * (slot.shape.rank - 2), ks, ns))
+        return MemRef(b.space, b.address, _swap_last(b.shape)) if self.b_mode == "transposed" else b
 
     def _pop(self, block: _Block, slot: MemRef, plan: DotPlan, acc_half: list[int], half: int) -> MemRef:
         c = _resized(slot, (*(1,) * (slot.shape.rank - 2), block.ms, block.ns))
