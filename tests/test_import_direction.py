@@ -18,8 +18,9 @@ import tpusim
 
 ROOT = Path(tpusim.__file__).parent
 
-BASE = {"errors", "limits", "paths", "flags", "yamlio", "lazy"}
-"""Leaf modules anything may use (errors, limits, file paths, flags, YAML reading, lazy imports)."""
+BASE = {"errors", "limits", "paths", "flags", "yamlio", "lazy", "gcpause"}
+"""Leaf modules anything may use (errors, limits, file paths, flags, YAML reading, lazy imports, pausing the
+garbage collector)."""
 
 ALLOWED: dict[str, set[str]] = {
     "memory": set(),

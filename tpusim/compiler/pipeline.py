@@ -29,6 +29,7 @@ from tpusim.compiler.tiling_rules import load_tiling_rules
 from tpusim.compiler.verify import verify_program
 from tpusim.config import ChipConfig
 from tpusim.flags import debug_level, verify_enabled
+from tpusim.gcpause import paused_gc
 from tpusim.isa import MemRef, Program, Space, Symbol
 from tpusim.isa.text import print_program
 from tpusim.memory import Shape
@@ -81,6 +82,11 @@ def compile_module(module: Module, config: ChipConfig, options: CompileOptions |
     Raises:
         CompileError / OutOfMemoryError: naming the instruction, buffer and sizes involved.
     """
+    with paused_gc():  # (an unrolled program is hundreds of thousands of long-lived objects: tpusim.gcpause)
+        return _compile(module, config, options)
+
+
+def _compile(module: Module, config: ChipConfig, options: CompileOptions | None) -> CompiledProgram:
     options = options or CompileOptions()
     source = module
     check_supported(module)

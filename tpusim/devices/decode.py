@@ -24,6 +24,7 @@ from tpusim.devices.mxu import MxuState, timing_facts
 from tpusim.devices.stores import affine
 from tpusim.devices.trace import InstructionTexts
 from tpusim.devices.units import COMPUTE, HANDLERS, Access, Cost, Handler
+from tpusim.gcpause import paused_gc
 from tpusim.isa import DmaStart, Fallback, MemRef, Reg, Space
 from tpusim.memory.windows import window_extent
 
@@ -257,6 +258,15 @@ def decoded_stream(core: Core) -> DecodedStream:
     if hit is not None and hit.program is program and hit.stream is stream and (hit.cfg is cfg or hit.cfg == cfg):
         _CACHE.move_to_end(key)
         return hit
+    with paused_gc():  # (one long-lived decoding per instruction: tpusim.gcpause)
+        ds = _decode_stream(core, program, stream, cfg, numeric)
+    _CACHE[key] = ds
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return ds
+
+
+def _decode_stream(core: Core, program: Program, stream: Stream, cfg: ChipConfig, numeric: bool) -> DecodedStream:
     ds = DecodedStream(program, stream, cfg, numeric)
     # An unrolled kernel repeats the same instruction many times (its VMEM slots rotate): the d1024 decoder
     # block has 10,900 distinct instructions among 99,133. Equal compute and DMA instructions share one
@@ -280,9 +290,6 @@ def decoded_stream(core: Core) -> DecodedStream:
                 continue
             same_object[id(ins)] = seen
         decoded.append(seen.at(i))
-    _CACHE[key] = ds
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
     return ds
 
 

@@ -17,7 +17,6 @@ expected and found.
 from __future__ import annotations
 
 import difflib
-import gc
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from tpusim.compiler.hlo.literals import parse_literal
 from tpusim.compiler.hlo.opcodes import COMMON_ATTRIBUTES, OPCODE_ALIASES, OPCODES, OpcodeInfo, lookup_async
 from tpusim.compiler.hlo.shape_rules import compatible
 from tpusim.errors import LayoutError
+from tpusim.gcpause import paused_gc
 from tpusim.memory import AnyShape, ShapeReader
 
 __all__ = ["decode_text", "load_module", "parse_module", "read_hlo_text"]
@@ -91,15 +91,8 @@ def parse_module(text: str, source: str | None = None, *, verify: bool = True) -
         HloParseError: the text is not HLO; the message has file, line, column and a caret.
         HloVerifyError: (when ``verify``) the module breaks an HLO rule.
     """
-    # NOTE: parsing builds hundreds of thousands of small acyclic objects; the cyclic garbage collector
-    # would rescan them again and again (superlinear time), so it is paused while the parser runs.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():  # (hundreds of thousands of small acyclic objects, see tpusim.gcpause)
         module = _Parser(text, source).module()
-    finally:
-        if enabled:
-            gc.enable()
     if verify:
         from tpusim.compiler.hlo.verifier import verify_module
 

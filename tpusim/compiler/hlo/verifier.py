@@ -12,14 +12,13 @@ the rule and the shapes involved.
 
 from __future__ import annotations
 
-import gc
-
 import tpusim.compiler.hlo.shape_rules_ops  # noqa: F401  (registers the remaining shape rules)
 from tpusim.compiler.hlo.errors import HloVerifyError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module, ProgramShape
 from tpusim.compiler.hlo.opcodes import OPCODES
 from tpusim.compiler.hlo.shape_rules import SHAPE_RULES, RuleError, compatible
 from tpusim.errors import TpusimError
+from tpusim.gcpause import paused_gc
 from tpusim.memory import AnyShape
 
 __all__ = ["verify_module"]
@@ -31,15 +30,8 @@ def verify_module(module: Module) -> None:
     Args:
         module: a parsed or hand-built module.
     """
-    # NOTE: the collector is paused as in parse_module: rules allocate little, but a large module makes
-    # each collection expensive.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():  # (rules allocate little, but a large module makes each collection expensive)
         _verify(module)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _verify(module: Module) -> None:
