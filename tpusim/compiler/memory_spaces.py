@@ -7,10 +7,17 @@ same for a module it lays out itself: every intermediate array value is marked `
 assignment keeps in VMEM those that fit the resident budget at the same time (the largest move to HBM
 first, :func:`tpusim.compiler.buffer_assignment.assign_buffers`).
 
+A ``while`` loop's state is one buffer across the loop, its body and its condition. A state element the
+program does not read after the loop (the weights and inputs a scan carries through every iteration, XLA's
+loop-invariant values) is kept on chip too: its layout says ``S(1)`` in the loop's, the body's and the
+condition's views of the state, and buffer assignment copies it in once before the first iteration, as XLA:TPU
+keeps such state in VMEM (its compiled scans' ``while`` tuples are ``S(1)``). The elements read after the loop
+stay in HBM (they are often the program's results).
+
 Not kept on chip: the entry parameters and results (the host reads and writes HBM), constants, integer and
-pred scalars (SMEM's, for the scalar unit), control flow's values (loop state, branch and call results: one
-buffer across computations), async copies' parts, and the values of instructions that talk to the host or
-other devices.
+pred scalars (SMEM's, for the scalar unit), other control-flow values (state read after its loop, branch and
+call results: one buffer across computations), async copies' parts, and the values of instructions that talk
+to the host or other devices.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from dataclasses import replace
 from tpusim.compiler.buffer_assignment import sequential_computations
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.passes import on_chip_shape
-from tpusim.memory import Shape
+from tpusim.memory import AnyShape, Shape, TupleShape
 
 __all__ = ["keep_on_chip"]
 
@@ -32,18 +39,93 @@ _NOT_RESIDENT = frozenset(
 
 
 def keep_on_chip(module: Module) -> Module:
-    """Mark every intermediate array value of the sequential computations ``S(1)`` (see the module
-    docstring)."""
+    """Mark every intermediate array value of the sequential computations ``S(1)``, and the loop state not read
+    after its loop (see the module docstring)."""
     comps = []
     sequential = set(sequential_computations(module))
+    state = _resident_state(module, sequential)
     for comp in module.computations:
         if comp.name not in sequential:
             comps.append(comp)
             continue
-        returned = _returned(comp)
-        body = tuple(_resident(i, returned) for i in comp.instructions)
+        kept = state.get(comp.name, frozenset())
+        returned = _returned(comp, kept)
+        body = tuple(_with_state(_resident(i, returned), comp, kept, state) for i in comp.instructions)
         comps.append(replace(comp, instructions=body))
     return replace(module, computations=tuple(comps))
+
+
+def _resident_state(module: Module, sequential: set[str]) -> dict[str, frozenset[int]]:
+    """Per loop body and condition (and, keyed ``computation/while``, per loop): the top-level state elements
+    kept on chip, the array elements nothing reads after the loop."""
+    callers: dict[str, int] = {}
+    for comp in module.computations:
+        for instr in comp.instructions:
+            for attr in ("body", "condition", "calls", "to_apply"):
+                name = instr.attr(attr, None)
+                if isinstance(name, str):
+                    callers[name] = callers.get(name, 0) + 1
+    out: dict[str, frozenset[int]] = {}
+    for comp in module.computations:
+        if comp.name not in sequential:
+            continue
+        for instr in comp.instructions:
+            if instr.opcode != "while" or not isinstance(instr.shape, TupleShape):
+                continue
+            body, cond = instr.attr("body"), instr.attr("condition")
+            if callers.get(body) != 1 or callers.get(cond) != 1 or body not in sequential or cond not in sequential:
+                continue  # (a computation several loops run has one state type for all of them)
+            kept = frozenset(
+                k
+                for k, leaf in enumerate(instr.shape.elements)
+                if _state_leaf(leaf) and not _read_after(comp, instr.name, k)
+            )
+            if kept:
+                out[body] = out[cond] = kept
+                out[f"{comp.name}/{instr.name}"] = kept
+    return out
+
+
+def _state_leaf(shape: object) -> bool:
+    return isinstance(shape, Shape) and shape.rank > 0 and shape.element_type.kind != "token"
+
+
+def _read_after(comp: Computation, loop: str, k: int) -> bool:
+    """Whether anything in ``comp`` reads element ``k`` of the loop's result (directly, or the whole tuple)."""
+    for instr in comp.instructions:
+        if loop in instr.operands and not (instr.opcode == "get-tuple-element" and instr.attr("index") != k):
+            return True
+    return comp.root == loop
+
+
+def _with_state(
+    instr: Instruction, comp: Computation, kept: frozenset[int], state: dict[str, frozenset[int]]
+) -> Instruction:
+    """``instr`` with the kept state elements ``S(1)`` where it is, or forwards, a view of the loop state: the
+    loop itself, and in a body or condition its parameter, the elements taken from it and the root tuple."""
+    if instr.opcode == "while":
+        own = state.get(f"{comp.name}/{instr.name}")
+        return replace(instr, shape=_state_shape(instr.shape, own)) if own else instr
+    if not kept:
+        return instr
+    if instr.opcode == "parameter" or (instr.opcode == "tuple" and instr.name == comp.root):
+        return replace(instr, shape=_state_shape(instr.shape, kept))
+    if instr.opcode == "get-tuple-element" and instr.attr("index") in kept:
+        source = comp[instr.operands[0]]
+        if source.opcode == "parameter" and isinstance(instr.shape, Shape):
+            return replace(instr, shape=on_chip_shape(instr.shape))
+    return instr
+
+
+def _state_shape(shape: AnyShape, kept: frozenset[int]) -> AnyShape:
+    if not isinstance(shape, TupleShape):
+        return shape
+    return replace(
+        shape,
+        elements=tuple(
+            on_chip_shape(e) if k in kept and isinstance(e, Shape) else e for k, e in enumerate(shape.elements)
+        ),
+    )
 
 
 def _resident(instr: Instruction, returned: set[str]) -> Instruction:
@@ -60,9 +142,10 @@ def _resident(instr: Instruction, returned: set[str]) -> Instruction:
     return replace(instr, shape=on_chip_shape(shape))
 
 
-def _returned(comp: Computation) -> set[str]:
+def _returned(comp: Computation, kept: frozenset[int] = frozenset()) -> set[str]:
     """The values a computation returns (its root and, through tuples, their elements): they are another
-    computation's values too (the entry's are the program's outputs), so they keep their memory."""
+    computation's values too (the entry's are the program's outputs), so they keep their memory; but the
+    elements of a loop body's root in the ``kept`` state positions are the next state, kept on chip."""
     out: set[str] = set()
     work = [comp.root]
     while work:
@@ -70,5 +153,5 @@ def _returned(comp: Computation) -> set[str]:
         out.add(name)
         instr = comp[name]
         if instr.opcode == "tuple":
-            work += list(instr.operands)
+            work += [o for k, o in enumerate(instr.operands) if not (name == comp.root and k in kept)]
     return out
