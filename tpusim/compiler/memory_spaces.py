@@ -7,17 +7,16 @@ same for a module it lays out itself: every intermediate array value is marked `
 assignment keeps in VMEM those that fit the resident budget at the same time (the largest move to HBM
 first, :func:`tpusim.compiler.buffer_assignment.assign_buffers`).
 
-A ``while`` loop's state is one buffer across the loop, its body and its condition. A state element the
-program does not read after the loop (the weights and inputs a scan carries through every iteration, XLA's
-loop-invariant values) is kept on chip too: its layout says ``S(1)`` in the loop's, the body's and the
-condition's views of the state, and buffer assignment copies it in once before the first iteration, as XLA:TPU
-keeps such state in VMEM (its compiled scans' ``while`` tuples are ``S(1)``). The elements read after the loop
-stay in HBM (they are often the program's results).
+A ``while`` loop's state is one buffer across the loop, its body and its condition. Its array elements are
+kept on chip too, as XLA:TPU keeps a scan's state in VMEM (its compiled scans' ``while`` tuples are ``S(1)``):
+their layouts say ``S(1)`` in the loop's, the body's and the condition's views of the state, buffer
+assignment copies them in once before the first iteration, and an element read after the loop is copied out
+once to a value with its old name and memory (often a program result, in HBM).
 
 Not kept on chip: the entry parameters and results (the host reads and writes HBM), constants, integer and
-pred scalars (SMEM's, for the scalar unit), other control-flow values (state read after its loop, branch and
-call results: one buffer across computations), async copies' parts, and the values of instructions that talk
-to the host or other devices.
+pred scalars (SMEM's, for the scalar unit), branch and call results (one buffer across computations), the
+state of a loop whose whole tuple is read after it, async copies' parts, and the values of instructions that
+talk to the host or other devices.
 """
 
 from __future__ import annotations
@@ -25,8 +24,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tpusim.compiler.buffer_assignment import sequential_computations
-from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
 from tpusim.compiler.passes import on_chip_shape
+from tpusim.compiler.rewrite import unique_name
 from tpusim.memory import AnyShape, Shape, TupleShape
 
 __all__ = ["keep_on_chip"]
@@ -39,8 +39,8 @@ _NOT_RESIDENT = frozenset(
 
 
 def keep_on_chip(module: Module) -> Module:
-    """Mark every intermediate array value of the sequential computations ``S(1)``, and the loop state not read
-    after its loop (see the module docstring)."""
+    """Mark every intermediate array value of the sequential computations ``S(1)``, and loop state (see the module
+    docstring)."""
     comps = []
     sequential = set(sequential_computations(module))
     state = _resident_state(module, sequential)
@@ -50,14 +50,34 @@ def keep_on_chip(module: Module) -> Module:
             continue
         kept = state.get(comp.name, frozenset())
         returned = _returned(comp, kept)
-        body = tuple(_with_state(_resident(i, returned), comp, kept, state) for i in comp.instructions)
-        comps.append(replace(comp, instructions=body))
+        body = [_with_state(_resident(i, returned), comp, kept, state) for i in comp.instructions]
+        comps.append(replace(comp, instructions=tuple(_copied_out(body, comp, state))))
     return replace(module, computations=tuple(comps))
+
+
+def _copied_out(body: list[Instruction], comp: Computation, state: dict[str, frozenset[int]]) -> list[Instruction]:
+    """``body`` with each element of a loop's on-chip state that is read after the loop taken as the state's
+    element (``S(1)``, renamed) and copied out to a value of its old name, shape and memory: the loop keeps
+    its state on chip, the program's results (and anything else after the loop) stay where they were."""
+    loops = {i.name: state[f"{comp.name}/{i.name}"] for i in body if f"{comp.name}/{i.name}" in state}
+    if not loops:
+        return body
+    taken = {i.name for i in comp.instructions}
+    out: list[Instruction] = []
+    for instr in body:
+        kept = loops.get(instr.operands[0]) if instr.opcode == "get-tuple-element" else None
+        if kept is None or instr.attr("index") not in kept or not isinstance(instr.shape, Shape):
+            out.append(instr)
+            continue
+        element = unique_name(f"{instr.name}.state", taken)
+        out.append(replace(instr, name=element, shape=on_chip_shape(instr.shape)))
+        out.append(Instruction(instr.name, "copy", instr.shape, (element,), Attributes()))
+    return out
 
 
 def _resident_state(module: Module, sequential: set[str]) -> dict[str, frozenset[int]]:
     """Per loop body and condition (and, keyed ``computation/while``, per loop): the top-level state elements
-    kept on chip, the array elements nothing reads after the loop."""
+    kept on chip (the array elements of a loop only read after it element by element)."""
     callers: dict[str, int] = {}
     for comp in module.computations:
         for instr in comp.instructions:
@@ -75,11 +95,11 @@ def _resident_state(module: Module, sequential: set[str]) -> dict[str, frozenset
             body, cond = instr.attr("body"), instr.attr("condition")
             if callers.get(body) != 1 or callers.get(cond) != 1 or body not in sequential or cond not in sequential:
                 continue  # (a computation several loops run has one state type for all of them)
-            kept = frozenset(
-                k
-                for k, leaf in enumerate(instr.shape.elements)
-                if _state_leaf(leaf) and not _read_after(comp, instr.name, k)
-            )
+            if comp.root == instr.name or any(
+                instr.name in i.operands and i.opcode != "get-tuple-element" for i in comp.instructions
+            ):
+                continue  # (the whole state is read after the loop: it keeps its memory)
+            kept = frozenset(k for k, leaf in enumerate(instr.shape.elements) if _state_leaf(leaf))
             if kept:
                 out[body] = out[cond] = kept
                 out[f"{comp.name}/{instr.name}"] = kept
@@ -88,14 +108,6 @@ def _resident_state(module: Module, sequential: set[str]) -> dict[str, frozenset
 
 def _state_leaf(shape: object) -> bool:
     return isinstance(shape, Shape) and shape.rank > 0 and shape.element_type.kind != "token"
-
-
-def _read_after(comp: Computation, loop: str, k: int) -> bool:
-    """Whether anything in ``comp`` reads element ``k`` of the loop's result (directly, or the whole tuple)."""
-    for instr in comp.instructions:
-        if loop in instr.operands and not (instr.opcode == "get-tuple-element" and instr.attr("index") != k):
-            return True
-    return comp.root == loop
 
 
 def _with_state(
