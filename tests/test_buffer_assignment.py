@@ -359,7 +359,7 @@ ENTRY main {
     np.testing.assert_allclose(np.asarray(run.outputs[0]), want, rtol=0, atol=2e-2 * np.abs(want).max())
 
 
-SCAN = """HloModule scan
+WEIGHTS_SCAN = """HloModule weights_scan
 
 body {
   s = (s32[], f32[64,256], f32[256,256]) parameter(0)
@@ -401,7 +401,7 @@ def test_loop_state_stays_in_vmem_across_iterations() -> None:
     from tpusim.compiler.hlo.reference import evaluate
 
     config = load_config("tpu_v5e")
-    module = parse_module(SCAN)
+    module = parse_module(WEIGHTS_SCAN)
     compiled = compile_checked(module, config)
     loop = compiled.module.entry_computation["loop"]
     spaces = [e.layout.memory_space if e.rank else None for e in loop.shape.elements]
@@ -419,3 +419,25 @@ def test_loop_state_stays_in_vmem_across_iterations() -> None:
     got = tpusim.simulate(compiled, inputs).outputs[0]
     want = evaluate(module, inputs)[0]
     np.testing.assert_allclose(got, want, atol=2e-2)  # (one bf16 pass per f32 dot, as XLA's DEFAULT on TPU)
+
+
+def test_values_a_tuple_forwards_stay_in_vmem() -> None:
+    """A tuple and the elements taken from it forward their operands' buffers (an inlined call's results, a
+    multi-output fusion's): they take their operands' memory, so the values stay on chip (they went to HBM
+    when the tuple kept the default memory: the corpus GRU's new carry, the train step's results)."""
+    from tpusim.api import compile_checked
+
+    text = """HloModule forward
+ENTRY main {
+  a = f32[64,128] parameter(0)
+  b = f32[64,128] negate(a)
+  c = f32[64,128] exponential(a)
+  t = (f32[64,128], f32[64,128]) tuple(b, c)
+  g0 = f32[64,128] get-tuple-element(t), index=0
+  g1 = f32[64,128] get-tuple-element(t), index=1
+  ROOT r = f32[64,128] add(g0, g1)
+}
+"""
+    compiled = compile_checked(parse_module(text), V5E)
+    spaces = {v: compiled.buffers.buffer("main", v).space for v in ("b", "g0", "g1", "r")}
+    assert spaces == {"b": "vmem", "g0": "vmem", "g1": "vmem", "r": "hbm"}

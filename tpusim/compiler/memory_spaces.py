@@ -51,8 +51,26 @@ def keep_on_chip(module: Module) -> Module:
         kept = state.get(comp.name, frozenset())
         returned = _returned(comp, kept)
         body = [_with_state(_resident(i, returned), comp, kept, state) for i in comp.instructions]
-        comps.append(replace(comp, instructions=tuple(_copied_out(body, comp, state))))
+        body = _forwarded(_copied_out(body, comp, state), comp.root)
+        comps.append(replace(comp, instructions=tuple(body)))
     return replace(module, computations=tuple(comps))
+
+
+def _forwarded(body: list[Instruction], root: str) -> list[Instruction]:
+    """``body`` with each tuple (but the root) and each element taken from one in its values' memories: they
+    forward their operands' buffers (an inlined call's results), which one memory must hold."""
+    shapes: dict[str, AnyShape] = {}
+    tuples: dict[str, TupleShape] = {}  # the tuples made here (not parameters' or loops')
+    out = []
+    for instr in body:
+        if instr.opcode == "tuple" and instr.name != root and all(o in shapes for o in instr.operands):
+            made = tuples[instr.name] = TupleShape(tuple(shapes[o] for o in instr.operands))
+            instr = replace(instr, shape=made)
+        elif instr.opcode == "get-tuple-element" and instr.operands[0] in tuples:
+            instr = replace(instr, shape=tuples[instr.operands[0]].elements[instr.attr("index")])
+        shapes[instr.name] = instr.shape
+        out.append(instr)
+    return out
 
 
 def _copied_out(body: list[Instruction], comp: Computation, state: dict[str, frozenset[int]]) -> list[Instruction]:
