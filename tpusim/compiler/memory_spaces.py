@@ -38,12 +38,13 @@ _NOT_RESIDENT = frozenset(
 )
 
 
-def keep_on_chip(module: Module) -> Module:
-    """Mark every intermediate array value of the sequential computations ``S(1)``, and loop state (see the module
-    docstring)."""
+def keep_on_chip(module: Module, loop_state: bool = True) -> Module:
+    """Mark every intermediate array value of the sequential computations ``S(1)``, and with ``loop_state`` the
+    loops' state (see the module docstring; a program on several cores keeps no value on chip, and its loop
+    state needs no copy out)."""
     comps = []
     sequential = set(sequential_computations(module))
-    state = _resident_state(module, sequential)
+    state = _resident_state(module, sequential) if loop_state else {}
     for comp in module.computations:
         if comp.name not in sequential:
             comps.append(comp)

@@ -100,14 +100,14 @@ def _compile(module: Module, config: ChipConfig, options: CompileOptions | None)
         verify_module(module)
     laid_out = assign_layouts(module, rules, config)  # every array value gets a complete tiled layout
     module = laid_out.module
-    if laid_out.chosen:  # tpusim laid the module out: it also decides what stays in VMEM (XLA's MSA)
-        module = keep_on_chip(module)
-    _debug("layout assignment", lambda: print_module(module))
-    if checking:
-        verify_module(module)
     # VMEM-resident buffers (S(1)) are per core: a program split across TensorCores, or one that exchanges
     # data with other chips (its collectives move HBM arrays), keeps its values in HBM.
     single = megacore_cores(module, config, options) == 1 and not talks_to_other_devices(module)
+    if laid_out.chosen:  # tpusim laid the module out: it also decides what stays in VMEM (XLA's MSA)
+        module = keep_on_chip(module, loop_state=single)
+    _debug("layout assignment", lambda: print_module(module))
+    if checking:
+        verify_module(module)
     resident = int(config.vmem.bytes * options.resident_vmem_fraction) if single else 0
     vreg = config.vpu.sublanes * config.vpu.lanes * 4
     # An epilogue fusion's code runs inside its product's: its result is live from the product on.
