@@ -20,7 +20,7 @@ from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import evaluate
 from tpusim.compiler.hlo.reference.io import random_inputs
 from tpusim.compiler.options import CompileOptions
-from tpusim.isa import DmaStart, MxuMatmul
+from tpusim.isa import DmaStart, MxuMatmul, MxuPop
 
 CHIPS = ("tpu_v5e", "teaching")
 HIGHEST = CompileOptions(matmul_precision="highest")
@@ -329,3 +329,59 @@ ENTRY main {
     got = np.asarray(run.outputs[0], np.float32)
     want = np.asarray(evaluate(m, inputs)[0], np.float32)
     np.testing.assert_allclose(got, want, rtol=0, atol=2**-5 * np.abs(want).max())
+
+
+def test_operands_already_in_vmem_are_read_in_place() -> None:
+    """A product of two values the program keeps in VMEM (``S(1)``) takes their windows where they are, as a
+    kernel reads a VMEM-resident input: no DMA copies them into slots first (each step's copies had sat on
+    the path of small products: a scan's six per step). Outputs as the reference interpreter's."""
+    text = """HloModule resident_operands
+ENTRY main {
+  x = bf16[256,512] parameter(0)
+  w = bf16[512,256] parameter(1)
+  a = bf16[256,512] exponential(x)
+  b = bf16[512,256] negate(w)
+  ROOT d = f32[256,256] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+    m = parse_module(text)
+    rng = np.random.default_rng(0)
+    inputs = [(rng.standard_normal(s) * 0.1).astype(ml_dtypes.bfloat16) for s in ((256, 512), (512, 256))]
+    checked = run_checked(m, inputs, config="tpu_v5e")
+    checked.assert_ok("resident operands")
+    compiled = checked.result.compiled
+    body = compiled.program.streams[0].instructions
+    resident = {compiled.buffers.buffer("main", v).offset for v in ("a", "b")}
+    assert all(compiled.buffers.buffer("main", v).space == "vmem" for v in ("a", "b"))
+    copies = [i for i in body if isinstance(i, DmaStart) and i.src.space.value == "vmem" and i.src.address in resident]
+    assert copies == []
+    reads = {i.lhs.address for i in body if isinstance(i, MxuMatmul)}
+    assert reads <= resident and reads
+
+
+def test_a_result_kept_in_vmem_is_popped_into_place() -> None:
+    """A product whose result stays in VMEM in the type and layout the MXUs pop takes no DMA on the way out:
+    its blocks are popped into their windows of the result's buffer. Outputs as the reference's."""
+    text = """HloModule resident_result
+ENTRY main {
+  x = bf16[256,512] parameter(0)
+  w = bf16[512,256] parameter(1)
+  d = f32[256,256] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT e = f32[256,256] negate(d)
+}
+"""
+    m = parse_module(text)
+    rng = np.random.default_rng(1)
+    inputs = [(rng.standard_normal(s) * 0.1).astype(ml_dtypes.bfloat16) for s in ((256, 512), (512, 256))]
+    checked = run_checked(m, inputs, config="tpu_v5e")
+    checked.assert_ok("resident result")
+    compiled = checked.result.compiled
+    home = compiled.buffers.buffer("main", "d")
+    assert home.space == "vmem"
+    body = compiled.program.streams[0].instructions
+    pops = [i for i in body if isinstance(i, MxuPop)]
+    assert pops and {i.dst.address for i in pops} == {home.offset}
+    writes = [
+        i for i in body if isinstance(i, DmaStart) and i.dst.space.value == "vmem" and i.dst.address == home.offset
+    ]
+    assert writes == []

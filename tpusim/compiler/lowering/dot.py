@@ -223,12 +223,15 @@ def _resized(slot: MemRef, dims: tuple[int, ...]) -> MemRef:
 
 
 @lru_cache(maxsize=4096)  # (a kernel's MXU instructions take the same few windows of its rotating slots)
-def _sub2(ref: MemRef, offsets: tuple[int, int], sizes: tuple[int, int]) -> MemRef:
-    """A window over the last two dimensions of a block whose other dimensions are 1."""
-    if sizes == tuple(ref.dims[-2:]) and offsets == (0, 0):
-        return ref
-    lead = len(ref.dims) - 2
-    return MemRef(ref.space, ref.address, ref.shape, Window((*(0,) * lead, *offsets), (*(1,) * lead, *sizes)))
+def _sub2(ref: MemRef, offsets: tuple[int, int], sizes: tuple[int, int], lead: tuple[int, ...] | None = None) -> MemRef:
+    """A window over the last two dimensions of ``ref`` at index ``lead`` of the others (default: a block whose
+    other dimensions are 1)."""
+    n = len(ref.dims) - 2
+    if lead is None:
+        lead = (0,) * n
+        if sizes == tuple(ref.dims[-2:]) and offsets == (0, 0):
+            return ref
+    return MemRef(ref.space, ref.address, ref.shape, Window((*lead, *offsets), (*(1,) * n, *sizes)))
 
 
 def _minor(shape: Shape) -> int:
@@ -260,6 +263,17 @@ class _Slots:
 
     def touch(self, slot: int, step: int) -> None:
         self.used[slot] = step
+
+
+_Place = tuple[str, MemRef, tuple[Any, ...]]
+"""Where a step reads an operand: ``("slot", slot, key)`` or ``("ref", operand, key)`` (read in place); ``key``
+is the step's ``(lead, offset, offset, size, size)`` of it."""
+
+
+def _place_id(at: _Place) -> tuple[Any, ...]:
+    """What the instructions reading ``at`` depend on: the slot, or the operand and the window's origin."""
+    kind, ref, (lead, o0, o1, _, _) = at
+    return (id(ref),) if kind == "slot" else (id(ref), lead, o0, o1)
 
 
 @dataclass(frozen=True)
@@ -557,6 +571,11 @@ class _DotEmitter:
         sem_in, sem_out = ctx.semaphore(), [ctx.semaphore(), ctx.semaphore()]
 
         blocks, steps = self._steps(plan)
+        # An operand already in VMEM in the layout a slot would give it is read where it is (the MXUs take its
+        # windows), as a kernel reads a VMEM-resident input: no slot copy before each step.
+        in_place = (v.lhs.space is Space.VMEM and self.a_stream, v.rhs.space is Space.VMEM and self.b_mode != "")
+        # Likewise a result kept in VMEM in the layout and type the MXUs pop: popped into its home, no DMA.
+        pop_home = v.out.space is Space.VMEM and convert is None and store is None and self.epilogue is None
         # Per step: the slots its windows are in, the DMAs that bring them, relayouts to do on arrival.
         where: list[tuple[int, int]] = [(0, 0)] * len(steps)
         loads = [0] * len(steps)
@@ -569,6 +588,9 @@ class _DotEmitter:
             for op, (cache, stage, key, ref) in enumerate(
                 ((a_cache, a_stage, st.a_key, v.lhs), (b_cache, b_stage, st.b_key, v.rhs))
             ):
+                if in_place[op]:
+                    found.append(-1)  # (read where it is: no slot, no DMA)
+                    continue
                 slot = cache.find(key)
                 if slot is not None:
                     cache.touch(slot, j)
@@ -612,7 +634,9 @@ class _DotEmitter:
                 # (its slots held the block before this one, whose epilogue has been issued)
                 for j in range(0 if st.block == 0 else st.block + 1, min(st.block + 2, len(blocks))):
                     self._load_sides(blocks[j], side_slots, j % 2, sem_side[j % 2])
-            self._multiply(st, block, a_cache.slots[where[i][0]], b_cache.slots[where[i][1]], plan, acc_half, half)
+            a_at = ("ref", v.lhs, st.a_key) if in_place[0] else ("slot", a_cache.slots[where[i][0]], st.a_key)
+            b_at = ("ref", v.rhs, st.b_key) if in_place[1] else ("slot", b_cache.slots[where[i][1]], st.b_key)
+            self._multiply(st, block, a_at, b_at, plan, acc_half, half)
             if not st.last:
                 continue
             slot = done_blocks % 2
@@ -620,6 +644,9 @@ class _DotEmitter:
             if pending_out[slot]:
                 ctx.emit(SemWait, sem=sem_out[slot], count=pending_out[slot])
                 pending_out[slot] = 0
+            if pop_home:  # (the result is in VMEM as popped: the MXUs write its block where it lives)
+                self._pop(block, pops[slot], plan, acc_half, half, home=v.out)
+                continue
             src = self._pop(block, pops[slot], plan, acc_half, half)
             if convert is not None:
                 conv = _resized(convert, src.dims)
@@ -730,7 +757,7 @@ class _DotEmitter:
         ]
 
     def _multiply(
-        self, st: _Step, block: _Block, a_slot: MemRef, b_slot: MemRef, plan: DotPlan, acc_half: list[int], half: int
+        self, st: _Step, block: _Block, a_at: _Place, b_at: _Place, plan: DotPlan, acc_half: list[int], half: int
     ) -> None:
         ctx, cfg = self.ctx, self.cfg
         _, _, _, ms, ks = st.a_key
@@ -740,41 +767,63 @@ class _DotEmitter:
         # again (one object, which decoding then finds by identity).
         built = self._built
         flags = (ctx.hlo, ctx.control)
+        a_id, b_id = _place_id(a_at), _place_id(b_at)
         for k0 in range(0, ks, cfg.rows):
             kt = min(cfg.rows, ks - k0)
             for mxu, n0, nt, r0, rs in self._mxu_map(block, plan):
-                w_key = ("w", id(b_slot), ks, block.ns, k0, kt, n0, nt, mxu, flags)
+                w_key = ("w", b_id, ks, block.ns, k0, kt, n0, nt, mxu, flags)
                 load = built.get(w_key)
                 if load is None:
-                    b = self._b_block(b_slot, ks, block.ns)
-                    w = _sub2(b, (n0, k0), (nt, kt)) if transpose else _sub2(b, (k0, n0), (kt, nt))
+                    b, lead, (o0, o1) = self._block(b_at, (ks, block.ns), transpose)
+                    at, size = ((o0 + n0, o1 + k0), (nt, kt)) if transpose else ((o0 + k0, o1 + n0), (kt, nt))
+                    w = _sub2(b, at, size, lead)
                     load = built[w_key] = ctx.build(
                         MxuLoadWeights, mxu=mxu, src=w, transpose=transpose, precision=self.precision
                     )
                 acc, accumulate = acc_half[mxu] * half, not (st.first and k0 == 0)
-                m_key = ("m", id(a_slot), ms, ks, k0, kt, r0, rs, mxu, acc, accumulate, flags)
+                m_key = ("m", a_id, ms, ks, k0, kt, r0, rs, mxu, acc, accumulate, flags)
                 matmul = built.get(m_key)
                 if matmul is None:
+                    a, lead, (o0, o1) = self._block(a_at, (ms, ks), False)
                     matmul = built[m_key] = ctx.build(
                         MxuMatmul,
                         mxu=mxu,
-                        lhs=_sub2(_resized(a_slot, (*(1,) * (a_slot.shape.rank - 2), ms, ks)), (r0, k0), (rs, kt)),
+                        lhs=_sub2(a, (o0 + r0, o1 + k0), (rs, kt), lead),
                         acc=acc,
                         accumulate=accumulate,
                         precision=self.precision,
                     )
                 ctx.append((load, matmul))
 
-    def _b_block(self, slot: MemRef, ks: int, ns: int) -> MemRef:
-        """The weights' slot as a ``ks x ns`` block (its last two dimensions exchanged when transposed)."""
-        b = _resized(slot, (*(1,) * (slot.shape.rank - 2), ks, ns))
-        return MemRef(b.space, b.address, _swap_last(b.shape)) if self.b_mode == "transposed" else b
+    def _block(
+        self, at: _Place, sizes: tuple[int, int], transpose: bool
+    ) -> tuple[MemRef, tuple[int, ...] | None, tuple[int, int]]:
+        """A step's operand block as ``(array, index of its leading dimensions, offsets of its last two)``: a
+        slot seen as a ``sizes`` block at its origin, or the window of an operand read in place; the last two
+        dimensions exchanged when ``transpose``."""
+        kind, ref, (lead, o0, o1, _, _) = at
+        index: tuple[int, ...] | None
+        if kind == "slot":
+            ref, index, offsets = _resized(ref, (*(1,) * (ref.shape.rank - 2), *sizes)), None, (0, 0)
+        else:
+            index, offsets = lead, (o0, o1)
+        if transpose:
+            ref, offsets = MemRef(ref.space, ref.address, _swap_last(ref.shape)), (offsets[1], offsets[0])
+        return ref, index, offsets
 
-    def _pop(self, block: _Block, slot: MemRef, plan: DotPlan, acc_half: list[int], half: int) -> MemRef:
+    def _pop(
+        self, block: _Block, slot: MemRef, plan: DotPlan, acc_half: list[int], half: int, home: MemRef | None = None
+    ) -> MemRef:
+        """Pop ``block`` into ``slot`` (seen as a block at its origin), or into its window of the result
+        ``home``; returns the slot's block."""
         c = _resized(slot, (*(1,) * (slot.shape.rank - 2), block.ms, block.ns))
         used = set()
         for mxu, n0, nt, r0, rs in self._mxu_map(block, plan):
-            self.ctx.emit(MxuPop, mxu=mxu, dst=_sub2(c, (r0, n0), (rs, nt)), acc=acc_half[mxu] * half)
+            if home is None:
+                dst = _sub2(c, (r0, n0), (rs, nt))
+            else:
+                dst = _sub2(home, (block.m0 + r0, block.n0 + n0), (rs, nt), block.lead)
+            self.ctx.emit(MxuPop, mxu=mxu, dst=dst, acc=acc_half[mxu] * half)
             used.add(mxu)
         for mxu in used:
             acc_half[mxu] ^= 1
