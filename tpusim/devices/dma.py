@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tpusim.devices.engine import Event, Timeout
-from tpusim.devices.flows import Flow, resource
+from tpusim.devices.flows import Flow, resource, uses_arrays
 from tpusim.devices.stores import read_value, write_value
 from tpusim.devices.units import Access
 from tpusim.isa import Reg, Space
@@ -320,9 +320,10 @@ class TransferFacts:
         shape: :meth:`Flow.shape_of` of them.
     """
 
-    __slots__ = ("bytes", "cap", "latency", "payload", "plan", "shape", "uses")
+    __slots__ = ("arrays", "bytes", "cap", "latency", "payload", "plan", "shape", "uses")
 
     def __init__(self, plan: TransferPlan, latency: int, uses: list[Any], cap: float) -> None:
+        self.arrays: tuple[Any, Any] | None = None  # uses_arrays(uses), made when a large network needs it
         self.plan = plan
         self.bytes = plan.payload
         self.payload = float(plan.payload)  # a flow's bytes left, as the network counts them
@@ -389,6 +390,13 @@ class Transfer(Flow):
         if self.event is None:
             self.event = Event(self.core.env)
         return self.event
+
+    def resource_arrays(self) -> tuple[Any, Any]:
+        """:meth:`Flow.resource_arrays`, kept on the facts that every transfer of this window shares."""
+        facts = self.facts
+        if facts.arrays is None:
+            facts.arrays = uses_arrays(facts.uses)
+        return facts.arrays
 
     def finish(self, now: int) -> None:
         """The flow moved its last byte at ``now``: free the engine; complete after the latency."""

@@ -22,22 +22,30 @@ from collections.abc import Callable
 from math import ceil
 from typing import Any
 
+import numpy as np
+
 from tpusim.devices.engine import Timeout
 
-__all__ = ["Flow", "FlowNetwork", "Resource", "resource"]
+__all__ = ["Flow", "FlowNetwork", "Resource", "resource", "uses_arrays"]
 
 _EPS = 1e-6  # bytes: a flow with less left is finished (float rounding)
 _INF = float("inf")
 
 
-class Resource:
-    """A shared bandwidth: ``capacity`` bytes per cycle."""
+_CAPACITIES: list[float] = []
+"""Every resource's capacity by its number (for the array filling, :func:`_rates_arrays`)."""
 
-    __slots__ = ("capacity", "name")
+
+class Resource:
+    """A shared bandwidth: ``capacity`` bytes per cycle (``number``: its place in :data:`_CAPACITIES`)."""
+
+    __slots__ = ("capacity", "name", "number")
 
     def __init__(self, name: str, capacity: float) -> None:
         self.name = name
         self.capacity = capacity
+        self.number = len(_CAPACITIES)
+        _CAPACITIES.append(capacity)
 
     def __repr__(self) -> str:
         return f"Resource({self.name!r}, {self.capacity})"
@@ -66,7 +74,7 @@ class Flow:
         on_done: called with the cycle the last byte moved.
     """
 
-    __slots__ = ("cap", "on_done", "rate", "remaining", "seq", "sig", "solo", "uses")
+    __slots__ = ("arrays", "cap", "on_done", "rate", "remaining", "seq", "sig", "solo", "uses")
 
     def __init__(
         self,
@@ -82,8 +90,15 @@ class Flow:
         self.on_done = on_done
         self.rate = 0.0
         self.seq = 0
+        self.arrays: tuple[np.ndarray, np.ndarray] | None = None  # resource numbers and weights (made when used)
         # (rate alone, which resources it crosses); callers that start many equal flows pass it precomputed
         self.solo, self.sig = shape if shape is not None else Flow.shape_of(uses, cap)
+
+    def resource_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The numbers of the resources the flow crosses and its weights on them, as arrays (made once)."""
+        if self.arrays is None:
+            self.arrays = uses_arrays(self.uses)
+        return self.arrays
 
     def finish(self, now: int) -> None:
         """Called by the network with the cycle the last byte moved (subclasses override it)."""
@@ -192,6 +207,9 @@ class FlowNetwork:
         if len(self.sigs) == 1:
             self._rates_shared(flows)
             return
+        if len(flows) >= _MANY:
+            _rates_arrays(flows)
+            return
         used: dict[Resource, float] = {}
         unfrozen = flows
         while unfrozen:
@@ -286,3 +304,54 @@ class FlowNetwork:
         assert now is not None
         self.timer_at = None
         self._process(now)
+
+
+def uses_arrays(uses: list[tuple[Resource, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(resource numbers, weights)`` of ``(resource, weight)`` pairs."""
+    return np.array([r.number for r, _ in uses], dtype=np.int64), np.array([w for _, w in uses], dtype=np.float64)
+
+
+_MANY = 48
+"""Flows from which :meth:`FlowNetwork._rates` fills with arrays (the per-call setup costs more below)."""
+
+
+def _rates_arrays(flows: list[Flow]) -> None:
+    """:meth:`FlowNetwork._rates`'s progressive filling on arrays, with the same arithmetic in the same order
+    (sums accumulate entry by entry in the flows' order, as the loop does), so the rates are equal to the bit.
+    NOTE: speed; a 256-chip all-reduce has about 800 flows in flight."""
+    parts = [f.resource_arrays() for f in flows]
+    numbers = np.concatenate([a[0] for a in parts])
+    w_ = np.concatenate([a[1] for a in parts])
+    flow = np.repeat(np.arange(len(flows)), [len(a[0]) for a in parts])
+    numbered, res = np.unique(numbers, return_inverse=True)
+    capacity = np.array(_CAPACITIES, dtype=np.float64)[numbered]
+    caps = np.array([f.cap for f in flows], dtype=np.float64)
+    n_res = len(numbered)
+    used = np.zeros(n_res)
+    rates = np.zeros(len(flows))
+    unfrozen = np.ones(len(flows), dtype=bool)
+    while True:
+        live = unfrozen[flow]
+        r_live = res[live]
+        wsum = np.bincount(r_live, weights=w_[live], minlength=n_res)
+        present = np.bincount(r_live, minlength=n_res) > 0
+        share = (capacity[present] - used[present]) / wsum[present]
+        level = min(float(caps[unfrozen].min()), float(share.min()))
+        level = max(level, 0.0)
+        lim = level * (1 + 1e-12)
+        tight = np.zeros(n_res, dtype=bool)
+        tight[present] = share <= lim
+        touches = np.zeros(len(flows), dtype=bool)
+        touches[flow[live & tight[res]]] = True
+        freeze = unfrozen & ((caps <= lim) | touches)
+        if not freeze.any():  # no progress (cannot happen with positive capacities)
+            rates[unfrozen] = level
+            break
+        rates[freeze] = level
+        entries = freeze[flow]
+        np.add.at(used, res[entries], level * w_[entries])
+        unfrozen &= ~freeze
+        if not unfrozen.any():
+            break
+    for f, rate in zip(flows, rates.tolist()):
+        f.rate = rate
