@@ -173,11 +173,12 @@ def test_scan_stacking_outputs_copies_only_the_update(chip: str) -> None:
     labels = dict(stream.labels)
     top = next(i for n, i in labels.items() if n.endswith(".cond"))
     end = max(i for i, ins in enumerate(stream.instructions) if isinstance(ins, Jump))
-    stacked = result.compiled.outputs[1]  # f32[6,8,128], the stacked outputs
+    # the stacked outputs f32[6,8,128] are loop state (in VMEM on one core, copied out after the loop): each
+    # iteration writes its one row of them
     writes = [
         ins
         for ins in stream.instructions[top:end]
-        if isinstance(ins, DmaStart) and ins.dst.address == stacked.address and ins.dst.space == stacked.space
+        if isinstance(ins, DmaStart) and ins.dst.shape.dimensions == (6, 8, 128)
     ]
     assert len(writes) == 1, "\n".join(map(str, writes))
     assert writes[0].dst.window is not None and writes[0].dst.dims == (1, 8, 128)
