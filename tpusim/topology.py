@@ -34,7 +34,7 @@ Link = tuple[int, int, int]
 class Topology:
     """Chips on a ``shape`` grid; ``wrap`` per axis (or one flag for all); routes in axis ``order``."""
 
-    __slots__ = ("order", "shape", "strides", "wrap")
+    __slots__ = ("_routes", "order", "shape", "strides", "wrap")
 
     def __init__(
         self, shape: tuple[int, ...], wrap: bool | tuple[bool, ...], order: tuple[int, ...] | None = None
@@ -50,6 +50,7 @@ class Topology:
         if sorted(self.order) != list(range(len(self.shape))):
             raise ConfigError(f"routing order {list(self.order)} is not a permutation of the axes of {self.shape}")
         self.strides = tuple(prod(self.shape[a + 1 :]) for a in range(len(self.shape)))
+        self._routes: dict[tuple[int, int], tuple[Link, ...]] = {}  # (a 256-chip collective asks each often)
 
     @property
     def chips(self) -> int:
@@ -82,6 +83,12 @@ class Topology:
 
     def route(self, src: int, dst: int) -> list[Link]:
         """The directed links a transfer from ``src`` to ``dst`` crosses, in order."""
+        known = self._routes.get((src, dst))
+        if known is None:
+            known = self._routes[(src, dst)] = tuple(self._route(src, dst))
+        return list(known)
+
+    def _route(self, src: int, dst: int) -> list[Link]:
         here = list(self.coords(src))
         goal = self.coords(dst)
         links: list[Link] = []

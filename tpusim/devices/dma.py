@@ -20,7 +20,7 @@ The engine is released when the data phase ends, so latencies of back-to-back tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from math import ceil, prod
 from typing import TYPE_CHECKING, Any
@@ -77,6 +77,7 @@ class TransferPlan:
     dst_slots: np.ndarray | None
     byte_runs: tuple[Any, ...] | None = None
     timing_only: bool = False  # from :func:`strided_plan`: costs only, no element maps to copy with
+    bursts: dict[tuple[int, int, int], int] = field(default_factory=dict)  # burst bytes by side and alignment
 
 
 def _side_runs(slots_sorted: np.ndarray, shape: Shape) -> tuple[np.ndarray, np.ndarray]:
@@ -547,9 +548,15 @@ def flow_specs(
     cap = cfg.dma.runs_per_cycle * payload / max(plan.runs, 1)
     hbm_bytes: dict[int, int] = {}
     sides = ((src_space, src_address, plan.src_runs, src_port), (dst_space, dst_address, plan.dst_runs, dst_port))
-    for space, address, runs, (chip, core) in sides:
+    burst = cfg.dma.burst_bytes
+    for side, (space, address, runs, (chip, core)) in enumerate(sides):
         if space is Space.HBM:
-            hbm_bytes[chip] = hbm_bytes.get(chip, 0) + burst_bytes(runs, address, cfg.dma.burst_bytes)
+            # (a function of the address modulo the burst: kept on the plan, which many transfers share)
+            key = (side, address % burst, burst)
+            b = plan.bursts.get(key)
+            if b is None:
+                b = plan.bursts[key] = burst_bytes(runs, address, burst)
+            hbm_bytes[chip] = hbm_bytes.get(chip, 0) + b
         else:
             specs.append((("local", chip, core), f"chip{chip}.core{core}.dma_port", cfg.dma.local_bytes_per_cycle, 1.0))
     for chip, b in hbm_bytes.items():
