@@ -225,3 +225,19 @@ def test_fixed_windows_share_costs_across_tile_periods_and_move_the_right_bytes(
     Chip(TEACH).run(prog, {"x": x}, timing_only=True)
     info = strided_plan.cache_info()
     assert info.misses <= 2 < info.hits  # (one cost per direction; the other six transfers find it)
+
+
+def test_the_matmul_emitter_appends_repeated_instructions_as_one_object() -> None:
+    """An unrolled product's weight loads and matmuls repeat (its slots rotate); the compiler builds each once
+    and appends the same object again, so decoding finds the repeats by identity (and the program holds one
+    object per distinct instruction)."""
+    from tpusim.api import compile_program
+
+    text = (
+        "HloModule mm\nENTRY e {\n  a = bf16[512,1024] parameter(0)\n  b = bf16[1024,1024] parameter(1)\n"
+        "  ROOT d = f32[512,1024] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n"
+    )
+    program = compile_program(text, config="tpu_v5e").program
+    loads = [i for i in program.streams[0].instructions if isinstance(i, MxuLoadWeights)]
+    assert len({id(i) for i in loads}) < len(loads)
+    assert len({id(i) for i in loads}) == len(set(loads))  # (equal loads are one object)
