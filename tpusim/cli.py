@@ -163,7 +163,7 @@ def _run_run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from tpusim.api import inputs_matter, load_program, simulate
+    from tpusim.api import load_program, simulate
     from tpusim.compiler.hlo.reference.io import (
         DEFAULT_SEED,
         load_inputs,
@@ -219,10 +219,12 @@ def _run_run(args: argparse.Namespace) -> int:
         compiled = _compile_for_run(module, config, args, topology)
         compiled_in = time.perf_counter() - began
         seed = DEFAULT_SEED if args.seed is None else args.seed
+        # (a timing-only run without --inputs leaves them to simulate, which draws the same seeded ones only
+        # when some instruction reads a value: api.inputs_matter)
         per_device = (
             load_inputs(args.inputs, module, n) if args.inputs
-            else random_inputs(module, seed, n) if inputs_matter(compiled, args.timing_only)
-            else None  # a timing-only run that reads no value: no inputs to draw
+            else None if args.timing_only
+            else random_inputs(module, seed, n)
         )  # fmt: skip
         inputs = (
             None if per_device is None
@@ -230,7 +232,7 @@ def _run_run(args: argparse.Namespace) -> int:
             else per_device[0]
         )  # fmt: skip
         result = simulate(
-            compiled, inputs, timing_only=args.timing_only, chips=n if many else None,
+            compiled, inputs, timing_only=args.timing_only, seed=seed, chips=n if many else None,
             topology=topology.shape if topology is not None else None, monitor=monitor,
             max_steps=args.max_steps, max_cycles=_max_cycles(args),
         )  # fmt: skip

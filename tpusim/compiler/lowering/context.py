@@ -181,8 +181,7 @@ class Lowering:
         """Construct an instruction of ``cls`` stamped with the current HLO name, append it to the stream of
         every core in :attr:`targets`, return it."""
         instr = self.build(cls, **fields)
-        for c in self.targets:
-            self.streams[c].emit(instr)
+        self.append((instr,))
         return instr
 
     def build(self, cls: type, **fields: Any) -> Any:
