@@ -188,6 +188,24 @@ def test_rings_of_other_chips_and_shapes() -> None:
     _run(text, chips=6)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6])
+def test_three_axes_at_once(rows: int) -> None:
+    """Gathers and scatters over every axis of a 3-D torus block run as three parts, one per axis order
+    (fewer parts when a shard has fewer rows than three, uneven parts when three do not divide them); an
+    all-reduce too. A 2x2x4 v4 block: the axis of four wraps."""
+    ag = _module("ag3", "replica_count=16", "", f"""
+        x = f32[{rows},128] parameter(0)
+        ROOT r = f32[{16 * rows},128] all-gather(x), replica_groups={{}}, dimensions={{0}}""")
+    rs = _module("rs3", "replica_count=16", SUM, f"""
+        x = f32[{16 * rows},128] parameter(0)
+        ROOT r = f32[{rows},128] reduce-scatter(x), replica_groups={{}}, dimensions={{0}}, to_apply=sum""")
+    ar = _module("ar3", "replica_count=16", SUM, f"""
+        x = f32[{rows},384] parameter(0)
+        ROOT r = f32[{rows},384] all-reduce(x), replica_groups={{}}, to_apply=sum""")
+    for text in (ag, rs, ar):
+        _run(text, chips=16, topology="2x2x4", config="tpu_v4")
+
+
 LOOP = """HloModule loop, replica_count=4
 sum {
   a = f32[] parameter(0)

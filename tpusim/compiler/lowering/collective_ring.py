@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from math import ceil
+from math import ceil, lcm
 
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.lowering.collective_sync import Facts
@@ -43,8 +43,11 @@ __all__ = [
     "emit",
     "interleave",
     "pieces",
+    "quanta",
     "reduce_scatter_stages",
+    "tile_rows",
     "window",
+    "window_offsets",
     "zigzag_coordinate",
 ]
 
@@ -92,7 +95,7 @@ class Ring:
 
 
 class RingWork:
-    """Semaphores and registers the phases of one collective share (allocated once per collective).
+    """Semaphores and registers of one phase sequence of a collective (allocated once per collective).
 
     Args:
         facts: the collective's per-chip registers.
@@ -100,16 +103,24 @@ class RingWork:
             passes its bank's, which outlives the ``-start`` instruction).
         share: ``(j, m)``: this work is part ``j`` of ``m`` running at once (:func:`interleave`), and takes
             the ``j``-th of ``m`` equal slices of the instruction's VMEM arena.
+        lead: another part's work whose scratch registers this one uses too. Scratch registers (``tmp``, the
+            ring position ``at`` and ``spare``) hold a value only between its computation and the
+            instruction that reads it, never across a stage or block boundary, so parts run at once share
+            them; only each part's chunk starts ``cs`` are its own. Three parts of a 3-D torus then fit the
+            core's scalar registers.
     """
 
-    def __init__(self, facts: Facts, sent: int | None = None, share: tuple[int, int] = (0, 1)) -> None:
+    def __init__(
+        self, facts: Facts, sent: int | None = None, share: tuple[int, int] = (0, 1), lead: RingWork | None = None
+    ) -> None:
         ctx = facts.ctx
         self.facts = facts
         self.share = share
         self.sent = sent if sent is not None else ctx.semaphore()
         self.load = [ctx.semaphore(), ctx.semaphore()]
-        self.tmp = [facts.reg(), facts.reg()]
-        self.c = {1: facts.reg(), -1: facts.reg()}
+        self._lead = lead
+        self.tmp: list[Reg] = lead.tmp if lead is not None else [facts.reg(), facts.reg()]
+        self.at: Reg = lead.at if lead is not None else facts.reg()
         self.cs = {1: facts.reg(), -1: facts.reg()}
         self._k: Reg | None = None
         self._spare: Reg | None = None
@@ -124,14 +135,20 @@ class RingWork:
 
     @property
     def spare(self) -> Reg:
-        """A third scratch register: the start of a chunk's later windows (taken when first used)."""
+        """A scratch register: the start of a chunk's later windows (taken when first used)."""
+        if self._lead is not None:
+            return self._lead.spare
         if self._spare is None:
             self._spare = self.facts.reg()
         return self._spare
 
     def release(self) -> None:
-        """Give the registers back (the semaphores stay with the instruction)."""
-        for r in (*self.tmp, *self.c.values(), *self.cs.values(), self._k, self._spare):
+        """Give the registers back (the semaphores stay with the instruction; a lead's scratch registers go
+        back with the lead)."""
+        own = [*self.cs.values(), self._k]
+        if self._lead is None:
+            own += [*self.tmp, self.at, self._spare]
+        for r in own:
             if r is not None:
                 self.facts.ctx.release_register(r)
 
@@ -181,9 +198,48 @@ def _chunk_start(facts: Facts, ring: Ring, c: Reg, cs: Reg, base: Reg | int, str
         facts.alu("add", cs, cs, base)
 
 
-def pieces(dims: Sequence[int], dim: int, size: int, split: bool = True) -> list[Piece]:
-    """The pieces of a chunk of ``size`` along ``dim`` of an array of ``dims``: two halves if it can be
-    cut (along ``dim``, else along the longest other dimension), else the whole chunk."""
+def tile_rows(dim: int, *shapes: Shape) -> int:
+    """The rows along ``dim`` a window must step by to start on a tile boundary in every one of ``shapes``
+    (the least common multiple of their first-level tiles' extents along ``dim``; 1 where it is untiled).
+    Windows that start inside a tile share its bytes with their neighbours', so their transfers would be
+    ordered as if they overlapped."""
+    out = 1
+    for shape in shapes:
+        layout = shape.effective_layout
+        if not layout.tiles:
+            continue
+        tile = layout.tiles[0].dimensions
+        physical = list(reversed(layout.minor_to_major))
+        at = physical.index(dim) - (shape.rank - len(tile))
+        if at >= 0 and tile[at] > 0:
+            out = lcm(out, tile[at])
+    return out
+
+
+def pieces(
+    dims: Sequence[int], dim: int, size: int, split: bool = True, quanta: Sequence[int] | None = None,
+    across: bool = True,
+) -> list[Piece]:  # fmt: skip
+    """The pieces of a chunk of ``size`` along ``dim`` of an array of ``dims``: two halves if it can be cut,
+    else the whole chunk. Cuts fall on multiples of ``quanta[d]`` (:func:`tile_rows` of each dimension ``d``;
+    default 1): of the dimensions that are whole units of at least two, the one whose halves are the most
+    even (``dim`` first, then the longest; only ``dim`` unless ``across``); else along ``dim`` anywhere, else
+    along the longest other dimension. Whether it is cut does not depend on ``quanta`` or ``across``.
+
+    A reduce-scatter cuts along ``dim`` only (``across=False``): its blocks go one after another into
+    one slot, and blocks of a cut across the rows would interleave their byte ranges there."""
+    extent = [size if d == dim else n for d, n in enumerate(dims)]
+    q = list(quanta) if quanta is not None else [1] * len(dims)
+    if split:
+        cuts = [
+            (ceil(n // q[d] / 2) * q[d] / n, d != dim, -n, d)
+            for d, n in enumerate(extent)
+            if n % q[d] == 0 and n // q[d] >= 2 and (across or d == dim)
+        ]
+        if cuts:
+            d = min(cuts)[3]
+            h = ceil(extent[d] // q[d] / 2) * q[d]
+            return [Piece(d, 0, h), Piece(d, h, extent[d] - h)]
     if split and size >= 2:
         h = ceil(size / 2)
         return [Piece(dim, 0, h), Piece(dim, h, size - h)]
@@ -193,6 +249,11 @@ def pieces(dims: Sequence[int], dim: int, size: int, split: bool = True) -> list
         h = ceil(dims[d] / 2)
         return [Piece(d, 0, h), Piece(d, h, dims[d] - h)]
     return [Piece(dim, 0, size)]
+
+
+def quanta(shape: Shape, *others: Shape) -> list[int]:
+    """:func:`tile_rows` of every dimension of ``shape`` (and ``others``, of the same rank)."""
+    return [tile_rows(d, shape, *others) for d in range(shape.rank)]
 
 
 def window(
@@ -238,11 +299,14 @@ def _piece_dims(dims: Sequence[int], dim: int, size: int, piece: Piece, length: 
     return tuple(out)
 
 
-def _blocks(vmem_bytes: int, shape: Shape, dim: int, size: int, piece: Piece, sets: int, align: int = 1) -> list[int]:
+def _blocks(
+    vmem_bytes: int, shape: Shape, dim: int, size: int, piece: Piece, sets: int, align: int = 1, quantum: int = 1
+) -> list[int]:
     """Block lengths of a piece: growing geometrically from about 1/32 of it (so the first push of a stage
     starts early and every later block loads while the previous ones are being pushed), each at most what
     ``vmem_bytes`` holds when ``sets`` blocks (a partial sum and an own part per direction, in several sets)
-    live at once.
+    live at once; whole ``quantum``-row units (tiles along the piece's dimension, :func:`tile_rows`) when the
+    piece is whole units and one unit fits.
 
     Raises:
         CompileError: VMEM cannot hold even one-row blocks."""
@@ -262,6 +326,10 @@ def _blocks(vmem_bytes: int, shape: Shape, dim: int, size: int, piece: Piece, se
     while cap > 1 and nbytes(cap) > budget:
         cap -= max(1, cap // 8)
     first = max(1, min(cap, piece.length, max(piece.length // FIRST_BLOCK_FRACTION, ceil(MIN_BLOCK_BYTES / per_unit))))
+    q = quantum if piece.length % quantum == 0 and nbytes(quantum) <= budget else 1
+    if q > 1:
+        cap = max(q, cap // q * q)
+        first = min(cap, -(-first // q) * q)
     out: list[int] = []
     left, length = piece.length, first
     while left > 0:
@@ -271,11 +339,30 @@ def _blocks(vmem_bytes: int, shape: Shape, dim: int, size: int, piece: Piece, se
     return out
 
 
-def _advance(facts: Facts, ring: Ring, c: Reg, cs: Reg, step: int, base: Reg | int, stride: int) -> None:
-    """Move ``c`` one position against direction ``step`` and recompute its chunk start ``cs``."""
-    facts.alu("add", c, c, (-step) % ring.length)
-    facts.alu("rem", c, c, ring.length)
-    _chunk_start(facts, ring, c, cs, base, stride)
+def _locate(
+    work: RingWork, ring: Ring, step: int, stage: Reg | int, base: Reg | int, stride: int, plus: int = 0
+) -> None:
+    """``cs[step]`` = the start of the chunk at ring position ``pos - step * (stage + plus)`` (modulo ``L``);
+    the position goes through the shared scratch register ``at``. A register ``stage`` is at most
+    ``L - plus``."""
+    facts, at, L = work.facts, work.at, ring.length
+    if isinstance(stage, int):
+        facts.alu("add", at, ring.pos, (-step * (stage + plus)) % L)
+    else:
+        facts.alu("mul", at, stage, -step)
+        facts.alu("add", at, at, ring.pos)
+        facts.alu("add", at, at, L - step * plus)
+    facts.alu("rem", at, at, L)
+    _chunk_start(facts, ring, at, work.cs[step], base, stride)
+
+
+def window_offsets(repeat: Sequence[tuple[int, int]]) -> list[int]:
+    """The offsets of a chunk's windows from its start: every combination of ``(count, gap)`` levels
+    (window ``i`` of a level is ``i * gap`` further), the first level outermost; ``[0]`` for no levels."""
+    out = [0]
+    for count, gap in repeat:
+        out = [o + i * gap for o in out for i in range(count)]
+    return out
 
 
 def emit(phase: Iterator[None]) -> None:
@@ -306,12 +393,12 @@ def reduce_scatter_stages(
     split: bool = True,
     unrolled: bool = True,
     stride: int | None = None,
-    repeat: tuple[int, int] = (1, 0),
+    repeat: Sequence[tuple[int, int]] = (),
 ) -> Iterator[None]:
     """One reduce-scatter phase (see the module docstring), yielding after each block's code; ``unrolled``
     emits every stage as code of its own (phases run at once by :func:`interleave`), else stages
-    ``1 .. L-2`` are one loop. Chunk ``c`` may be ``repeat[0]`` windows ``repeat[1]`` apart, chunks
-    ``stride`` apart (as :func:`all_gather_stages`); ``fin`` then receives the same windows from
+    ``1 .. L-2`` are one loop. Chunk ``c`` may be several windows (:func:`window_offsets` of ``repeat``),
+    chunks ``stride`` apart (as :func:`all_gather_stages`); ``fin`` then receives the same windows from
     ``fin_start``.
 
     A stage waits for its arrivals and for its own previous pushes; then, block by block (blocks grow
@@ -332,16 +419,19 @@ def reduce_scatter_stages(
     L = ring.length
     shape = src.shape
     et = shape.element_type
-    parts = pieces(shape.dimensions, dim, size, split)
+    qs = quanta(src.shape, fin.shape)
+    parts = pieces(shape.dimensions, dim, size, split, qs, across=False)
     steps = [1, -1][: len(parts)]
     part = dict(zip(steps, parts))
+    quantum = qs[parts[0].dim]
     stride = size if stride is None else stride
-    windows, gap = repeat
+    offsets = window_offsets(repeat)
+    windows = len(offsets)
     arena = work.arena()
     room = arena.shape.byte_size
     vreg = ctx.vreg_bytes
-    sets = min(BUFFER_SETS, windows * len(_blocks(room, shape, dim, size, parts[0], 2 * len(parts), vreg)))
-    lens = {s: _blocks(room, shape, dim, size, part[s], 2 * len(parts) * sets, vreg) for s in steps}
+    sets = min(BUFFER_SETS, windows * len(_blocks(room, shape, dim, size, parts[0], 2 * len(parts), vreg, quantum)))
+    lens = {s: _blocks(room, shape, dim, size, part[s], 2 * len(parts) * sets, vreg, quantum) for s in steps}
     # (window, offset in the piece, length): the blocks of every window of a chunk in turn
     blocks = {
         s: [(r, o, n) for r in range(windows) for o, n in zip(accumulate(v, initial=0), v)] for s, v in lens.items()
@@ -371,7 +461,7 @@ def reduce_scatter_stages(
             return ref
         return MemRef(Space.VMEM, ref.address, Shape(et, dims, layout=shape.layout))
 
-    sent, load, tmp, c, cs = work.sent, work.load, work.tmp, work.c, work.cs
+    sent, load, tmp, cs = work.sent, work.load, work.tmp, work.cs
     pushes = sum(len(b) for b in blocks.values())
 
     def slot_window(s: int, stage: Reg | int, delta: int, j: int) -> MemRef:
@@ -395,8 +485,8 @@ def reduce_scatter_stages(
         if r == 0:
             return start
         if isinstance(start, int):
-            return start + r * gap
-        return facts.alu("add", work.spare, start, r * gap)
+            return start + offsets[r]
+        return facts.alu("add", work.spare, start, offsets[r])
 
     def own(s: int, j: int) -> MemRef:
         r, o, n = blocks[s][j]
@@ -404,8 +494,7 @@ def reduce_scatter_stages(
 
     # stage 0: push this chip's part of the chunk at position pos - step into slot 0 of the next chip
     for s in steps:
-        facts.alu("mov", c[s], ring.pos)
-        _advance(facts, ring, c[s], cs[s], s, base, stride)
+        _locate(work, ring, s, 0, base, stride, plus=1)
     for j in range(count):
         for s in steps:
             if j < len(blocks[s]):
@@ -420,7 +509,7 @@ def reduce_scatter_stages(
             ctx.emit(SemWait, sem=ring.arrive[s], count=len(blocks[s]))
         ctx.emit(SemWait, sem=sent, count=pushes)
         for s in steps:
-            _advance(facts, ring, c[s], cs[s], s, base, stride)
+            _locate(work, ring, s, stage_reg, base, stride, plus=1)
 
         def loads(j: int) -> int:
             n = 0
@@ -479,14 +568,15 @@ def all_gather_stages(
     stages: tuple[int, int] | None = None,
     unrolled: bool = True,
     stride: int | None = None,
-    repeat: tuple[int, int] = (1, 0),
+    repeat: Sequence[tuple[int, int]] = (),
 ) -> Iterator[None]:
     """One all-gather phase over ``arr`` (HBM): this chip's chunk is there, the others arrive. Yields after
     each stage's code; ``unrolled`` emits every stage as code of its own (:func:`interleave`).
 
-    Chunk ``c`` is ``repeat[0]`` windows of ``size`` along ``dim``, at ``base + c * stride + r * repeat[1]``
-    (``stride`` defaults to ``size``): an axis gathered after others whose chunks are not contiguous (a torus
-    whose axes run in another order than the ranks') pushes each window of a chunk.
+    Chunk ``c`` is windows of ``size`` along ``dim`` at ``base + c * stride + o`` for each offset ``o`` of
+    :func:`window_offsets` of ``repeat`` (``stride`` defaults to ``size``): an axis gathered after others
+    whose chunks are not contiguous (a torus whose axes run in another order than the ranks') pushes each
+    window of a chunk.
 
     Args:
         first: where stage 0 reads this chip's chunk (default: its window of ``arr``); a whole array of the
@@ -498,26 +588,25 @@ def all_gather_stages(
     facts = work.facts
     ctx = facts.ctx
     L = ring.length
-    parts = pieces(arr.shape.dimensions, dim, size, split)
+    parts = pieces(arr.shape.dimensions, dim, size, split, quanta(arr.shape))
     steps = [1, -1][: len(parts)]
-    sent, tmp, c, cs = work.sent, work.tmp, work.c, work.cs
+    sent, tmp, cs = work.sent, work.tmp, work.cs
     lo, hi = stages if stages is not None else (0, L)
     stride = size if stride is None else stride
-    count, step = repeat
+    offsets = window_offsets(repeat)
+    count = len(offsets)
     assert first is None or count == 1, "a chunk read from elsewhere is one window"
     for s in steps:  # the position whose chunk is pushed at stage lo: pos - lo (+ direction), pos + lo (-)
-        facts.alu("add", c[s], ring.pos, (-s * lo) % L)
-        facts.alu("rem", c[s], c[s], L)
-        _chunk_start(facts, ring, c[s], cs[s], base, stride)
+        _locate(work, ring, s, lo, base, stride)
 
     def push(first_stage: bool) -> Iterator[None]:
         """A stage's pushes, window by window, both directions in turn (yielding after each window: the DMA
         queue serves in order, so the windows of phases run at once alternate on their links)."""
-        for r in range(count):
+        for r, offset in enumerate(offsets):
             for s, p in zip(steps, parts):
                 at = cs[s]
                 if r:
-                    at = facts.alu("add", work.spare, cs[s], r * step)
+                    at = facts.alu("add", work.spare, cs[s], offset)
                 dst = window(ctx, arr, dim, at, size, p, None, tmp[0])
                 if first_stage and first is not None:
                     src = window(ctx, first, dim, 0, size, p, None, tmp[1])
@@ -534,15 +623,15 @@ def all_gather_stages(
     if lo == 0 and hi > 0:
         yield from push(first_stage=True)
         for s in steps:
-            _advance(facts, ring, c[s], cs[s], s, base, stride)
+            _locate(work, ring, s, 1, base, stride)
         lo = 1
     loop_hi = min(hi, L - 1)
     if unrolled:
-        for _ in range(lo, loop_hi):
+        for t in range(lo, loop_hi):
             wait_previous()
             yield from push(first_stage=False)
             for s in steps:
-                _advance(facts, ring, c[s], cs[s], s, base, stride)
+                _locate(work, ring, s, t + 1, base, stride)
     elif loop_hi > lo:
         k = work.k
         top = ctx.label("ag_stage")
@@ -551,7 +640,7 @@ def all_gather_stages(
         wait_previous()
         yield from push(first_stage=False)
         for s in steps:
-            _advance(facts, ring, c[s], cs[s], s, base, stride)
+            _locate(work, ring, s, k, base, stride, plus=1)
         facts.alu("add", k, k, 1)
         ctx.emit(Branch, cond="lt", a=k, b=loop_hi, target=top)
     if hi >= L:

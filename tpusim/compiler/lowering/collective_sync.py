@@ -60,11 +60,11 @@ def wrapped_collective(module: Module, instr: Instruction) -> Instruction | None
     return op if op is not None and op.opcode in COLLECTIVES else None
 
 
-PARTS = 2
+PARTS = 3
 """Parts of the data a collective over several torus axes moves at once, each over the axes in another
-order (``collectives._axis_orders``); a bank of an async collective holds a local completion semaphore per
-part. Two keep the scalar registers of a 3-D torus's rings and parts within the core's 32 (a 3-D torus then
-keeps two of its three axes busy in every round)."""
+order (``collectives._axis_orders``), so a 3-D torus keeps all its axes busy in every round; a bank of an
+async collective holds a local completion semaphore per part. The parts share their scratch registers
+(``collective_ring.RingWork``), which keeps three parts' rings within the core's 32."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,8 @@ done runs the forwarding steps (the reduce-scatter reads the operand, which may 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from math import ceil, prod
 
 from tpusim.compiler.buffer_assignment import leaf_paths
@@ -39,6 +41,7 @@ from tpusim.compiler.lowering.collective_ring import (
     interleave,
     pieces,
     reduce_scatter_stages,
+    tile_rows,
     window,
     zigzag_coordinate,
 )
@@ -199,12 +202,19 @@ def _axis_orders(plan: GroupPlan) -> list[list[int]] | None:
     return [axes[j:] + axes[:j] for j in range(min(PARTS, len(axes)))]
 
 
+def _works(facts: Facts, sent: list[int | None]) -> list[RingWork]:
+    """The works of ``len(sent)`` parts run at once, sharing the first one's scratch registers."""
+    m = len(sent)
+    lead = RingWork(facts, sent[0], share=(0, m))
+    return [lead, *(RingWork(facts, sent[j], share=(j, m), lead=lead) for j in range(1, m))]
+
+
 # --------------------------------------------------------------------------------------------- algorithms
 def _all_reduce_in_place(x: MemRef, y: MemRef, plan: GroupPlan) -> bool:
     """Whether the ring phases can run on the flat views of ``x`` and ``y`` as they are (no relayout copy,
     no padded scratch copy): the condition for splitting an async all-reduce between its start and done."""
     xf, yf = flat_view(x), flat_view(y)
-    chunks = plan.size * len(_axis_orders(plan) or [()])
+    chunks = plan.size
     return xf is not None and yf is not None and x.shape == y.shape and yf.shape.dimensions[0] % chunks == 0
 
 
@@ -232,7 +242,7 @@ def all_reduce(
         raise CompileError(f"{ctx.hlo}: an all-reduce of {y.shape} (sub-byte elements) is not supported")
     lengths = _lengths(plan)
     orders = _axis_orders(plan)
-    group = prod(lengths) * (len(orders) if orders else 1)
+    group = prod(lengths)
     post: tuple[MemRef, MemRef] | None = None
     if part == "all" and (xf is None or x.shape != y.shape):  # other layouts: reduce y in place after a copy
         copy_arrays(ctx, [(x, y)])
@@ -294,50 +304,78 @@ def _all_reduce_axes_at_once(
     part: str = "all",
 ) -> None:
     """All-reduce of flat ``xf`` into ``yf`` over a torus block: part ``j`` of the buffer (its ``j``-th of
-    ``len(orders)`` equal slices) reduce-scatters over the axes in ``orders[j]`` and all-gathers back in the
-    reverse order; in every round the parts' rings (one axis each, all different) run at once. ``part``
-    ``start`` stops after the first all-gather stage's pushes, ``done`` emits the rest (each part's pushes
-    signal a semaphore of the bank's, which outlives the start)."""
+    ``len(orders)`` slices, as equal as whole multiples of the group size allow) reduce-scatters over the
+    axes in ``orders[j]`` and all-gathers back in the reverse order; in every round the parts' rings (one
+    axis each, all different) run at once. ``part`` ``start`` stops after the first all-gather stage's
+    pushes, ``done`` emits the rest (each part's pushes signal a semaphore of the bank's, which outlives the
+    start)."""
     ctx = facts.ctx
-    m = len(orders)
-    n = yf.shape.dimensions[0] // m
     lengths = _lengths(plan)
-    sizes = [[n // prod(lengths[a] for a in order[: r + 1]) for r in range(len(order))] for order in orders]
+    unit = prod(lengths)
+    units = yf.shape.dimensions[0] // unit
+    m = min(len(orders), units)
+    orders = orders[:m]
+    counts = [unit * (units // m + (j < units % m)) for j in range(m)]
+    offsets = [sum(counts[:j]) for j in range(m)]
+    sizes = [[c // prod(lengths[a] for a in o[: r + 1]) for r in range(len(o))] for c, o in zip(counts, orders)]
     directions: dict[int, int] = {}
-    for order, sz in zip(orders, sizes):
+    for c, order, sz in zip(counts, orders, sizes):
         for a, size in zip(order, sz):
-            directions[a] = max(directions.get(a, 0), len(pieces((n,), 0, size)))
+            directions[a] = max(directions.get(a, 0), len(pieces((c,), 0, size)))
     if part != "done":
         _ring_handshake(facts, plan, bank, [directions.get(i, 0) for i in range(len(lengths))])
-    bases = [_bases(facts, plan, bank, sz, order, j * n) for j, (order, sz) in enumerate(zip(orders, sizes))]
     rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
     assert part == "all" or len(bank.locals) >= m, "an async collective's bank holds a semaphore per part"
-    works = [RingWork(facts, bank.locals[j] if part != "all" else None, share=(j, m)) for j in range(m)]
+    works = _works(facts, [bank.locals[j] if part != "all" else None for j in range(m)])
     rounds = range(len(orders[0]))
+
+    def base(j: int, r: int) -> Reg | int:
+        """Where part ``j``'s chunk of round ``r`` starts: its slice, then this chip's chunk of each earlier
+        round (a fresh register, computed when a round needs it so few are live at once)."""
+        if r == 0:
+            return offsets[j]
+        out, t = facts.reg(), facts.reg()
+        facts.alu("mul", out, rings[orders[j][0]].coord, sizes[j][0])
+        for i in range(1, r):
+            facts.alu("mul", t, rings[orders[j][i]].coord, sizes[j][i])
+            facts.alu("add", out, out, t)
+        facts.release(t)
+        if offsets[j]:
+            facts.alu("add", out, out, offsets[j])
+        return out
+
     if part != "done":
+        starts = [base(j, 0) for j in range(m)]
         for r in rounds:
             src = xf if r == 0 else yf
+            ends = [base(j, r + 1) for j in range(m)]
             interleave(
                 [
-                    reduce_scatter_stages(w, rings[o[r]], src, yf, b[r + 1], 0, b[r], sz[r], fn)
-                    for w, o, b, sz in zip(works, orders, bases, sizes)
+                    reduce_scatter_stages(w, rings[o[r]], src, yf, ends[j], 0, starts[j], sz[r], fn)
+                    for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
                 ]
             )
+            _release_all(facts, *starts)
+            starts = ends
+        _release_all(facts, *starts)
     for r in reversed(rounds):
         first = r == rounds[-1]
         if part == "start" and not first:
             break
+        starts = [base(j, r) for j in range(m)]
         interleave(
             [
-                all_gather_stages(w, rings[o[r]], yf, 0, b[r], sz[r], stages=_stages(part, rings[o[r]].length, first))
-                for w, o, b, sz in zip(works, orders, bases, sizes)
+                all_gather_stages(
+                    w, rings[o[r]], yf, 0, starts[j], sz[r], stages=_stages(part, rings[o[r]].length, first)
+                )
+                for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
             ]
         )
+        _release_all(facts, *starts)
     for ring in rings.values():
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
     for w in works:
         w.release()
-    _release(ctx, *(b for bs in bases for b in bs if isinstance(b, Reg)))
 
 
 def reduce_scatter(
@@ -350,8 +388,7 @@ def reduce_scatter(
     facts = Facts(ctx, state)
     lengths = _lengths(plan)
     orders = _axis_orders(plan)
-    k = y.shape.dimensions[dim]
-    if orders is not None and len(orders[0]) == 2 and k % len(orders) == 0:
+    if orders is not None:
         _reduce_scatter_axes_at_once(facts, plan, bank, orders, x, y, dim, fn)
         return
     total = x.shape.dimensions[dim]
@@ -372,68 +409,102 @@ def reduce_scatter(
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
 
 
-def _two_axes(
-    facts: Facts,
-    plan: GroupPlan,
-    bank: Bank,
-    orders: list[list[int]],
-    k: int,
-    dims: tuple[int, ...],
-    dim: int,
-    handshake: bool,
-) -> tuple[int, list[int], list[int], dict[int, Ring]]:
-    """What a gather or scatter over two torus axes at once shares: the part of a ``k``-row chunk each half
-    takes, the group's lengths, the rows between neighbours along each axis (ranks are row-major), the rings;
-    with ``handshake`` the entry handshake over both."""
-    h = k // len(orders)
+@dataclass(frozen=True)
+class _Block:
+    """What a gather or scatter over the axes of a torus block at once shares: each part's rows of a
+    ``k``-row chunk (``rows[j]`` from ``offsets[j]``), the group's lengths, the rows between neighbours along
+    each axis (ranks are row-major over the group's axes) and the rings (registers)."""
+
+    rows: list[int]
+    offsets: list[int]
+    lengths: list[int]
+    rank_stride: list[int]
+    rings: dict[int, Ring]
+
+    def windows(self, axes: Sequence[int]) -> list[tuple[int, int]]:
+        """The window levels of a chunk that spans every coordinate along ``axes``."""
+        return [(self.lengths[a], self.rank_stride[a]) for a in axes]
+
+    def start(self, facts: Facts, axes: Sequence[int], j: int) -> Reg | int:
+        """Part ``j``'s rows of this chip's coordinates along ``axes`` (a fresh register, or the part's offset
+        when ``axes`` is empty)."""
+        if not axes:
+            return self.offsets[j]
+        out, t = facts.reg(), facts.reg()
+        facts.alu("mov", out, self.offsets[j])
+        for a in axes:
+            facts.alu("mul", t, self.rings[a].coord, self.rank_stride[a])
+            facts.alu("add", out, out, t)
+        facts.release(t)
+        return out
+
+    def release(self, facts: Facts) -> None:
+        for ring in self.rings.values():
+            _release(facts.ctx, ring.pos, ring.coord, *ring.to.values())
+
+
+def _block(
+    facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], k: int, dims: tuple[int, ...], dim: int,
+    handshake: bool, quantum: int,
+) -> _Block:  # fmt: skip
+    """The shared set-up of a gather or scatter over a torus block's axes at once; with ``handshake`` the entry
+    handshake over every ring. The parts split a shard's ``k`` rows as evenly as whole ``quantum``-row units
+    allow (tiles along ``dim``: windows that start inside a tile would share its bytes with their
+    neighbours' windows), or as evenly as rows allow when the shard is not whole units."""
+    q = quantum if k % quantum == 0 else 1
+    units = k // q
+    m = min(len(orders), units)
+    rows = [q * (units // m + (j < units % m)) for j in range(m)]
+    offsets = [sum(rows[:j]) for j in range(m)]
     lengths = _lengths(plan)
     rank_stride = [k * prod(lengths[i + 1 :]) for i in range(len(lengths))]
     rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
     if handshake:
-        directions = len(pieces(dims, dim, h))
+        directions = max(len(pieces(dims, dim, h)) for h in rows)
         _ring_handshake(facts, plan, bank, [directions if i in rings else 0 for i in range(len(lengths))])
-    return h, lengths, rank_stride, rings
+    return _Block(rows, offsets, lengths, rank_stride, rings)
+
+
+def _release_all(facts: Facts, *regs: Reg | int) -> None:
+    facts.release(*(r for r in regs if isinstance(r, Reg)))
 
 
 def _reduce_scatter_axes_at_once(
     facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], x: MemRef, y: MemRef, dim: int, fn: str
 ) -> None:
-    """Reduce-scatter over a block of two torus axes, both at once: part ``j`` of every result chunk (its
-    ``j``-th of ``len(orders)`` slices along ``dim``) is reduced over the axes in ``orders[j]``. Over the
-    first axis ``p`` a chunk is the ``L_q`` windows of one coordinate along ``p`` (ranks are row-major over
-    the group's axes, so they are apart in the operand); the chip keeps its own chunk's sums in a scratch
-    copy of the operand, and the second round reduces them over ``q`` into the result."""
+    """Reduce-scatter over a block of torus axes, all at once: part ``j`` of every result chunk (its ``j``-th
+    slice along ``dim``) is reduced over the axes in ``orders[j]``, one per round. In round ``r`` along axis
+    ``a`` a chunk is one coordinate along ``a`` at the chip's own coordinates along the axes reduced before,
+    over every coordinate of the axes still to come (ranks are row-major over the group's axes, so these are
+    windows apart in the operand); the chip keeps its own chunk's sums in a scratch copy of the operand, and
+    the last round reduces them into the result."""
     ctx = facts.ctx
-    m, k = len(orders), y.shape.dimensions[dim]
-    h, lengths, rank_stride, rings = _two_axes(facts, plan, bank, orders, k, x.shape.dimensions, dim, True)
+    k = y.shape.dimensions[dim]
+    blk = _block(facts, plan, bank, orders, k, x.shape.dimensions, dim, True, tile_rows(dim, x.shape, y.shape))
+    orders = orders[: len(blk.rows)]
     partial = ctx.scratch(x.shape)
-    works = [RingWork(facts, share=(j, m)) for j in range(m)]
-    mine: list[Reg] = []  # where part j's chunk of the first round starts: its coordinate along p
-    for j, (p, _) in enumerate(orders):
-        b = facts.reg()
-        facts.alu("mul", b, rings[p].coord, rank_stride[p])
-        facts.alu("add", b, b, j * h)
-        mine.append(b)
-    interleave(
-        [
-            reduce_scatter_stages(
-                w, rings[p], x, partial, b, dim, j * h, h, fn, stride=rank_stride[p],
-                repeat=(lengths[q], rank_stride[q]),
-            )
-            for j, (w, (p, q), b) in enumerate(zip(works, orders, mine))
-        ]
-    )  # fmt: skip
-    interleave(
-        [
-            reduce_scatter_stages(w, rings[q], partial, y, j * h, dim, b, h, fn, stride=rank_stride[q])
-            for j, (w, (_, q), b) in enumerate(zip(works, orders, mine))
-        ]
-    )
-    for ring in rings.values():
-        _release(ctx, ring.pos, ring.coord, *ring.to.values())
+    works = _works(facts, [None] * len(orders))
+    rounds = len(orders[0])
+    base: list[Reg | int] = list(blk.offsets)
+    for r in range(rounds):
+        last = r == rounds - 1
+        fin: list[Reg | int] = (
+            list(blk.offsets) if last else [blk.start(facts, o[: r + 1], j) for j, o in enumerate(orders)]
+        )
+        interleave(
+            [
+                reduce_scatter_stages(
+                    w, blk.rings[o[r]], x if r == 0 else partial, y if last else partial, fin[j], dim, base[j],
+                    blk.rows[j], fn, stride=blk.rank_stride[o[r]], repeat=blk.windows(o[r + 1 :]),
+                )
+                for j, (w, o) in enumerate(zip(works, orders))
+            ]
+        )  # fmt: skip
+        _release_all(facts, *base)
+        base = fin
+    blk.release(facts)
     for w in works:
         w.release()
-    _release(ctx, *mine)
 
 
 def all_gather(
@@ -457,7 +528,7 @@ def all_gather(
     lengths = _lengths(plan)
     k = x.shape.dimensions[dim]
     orders = _axis_orders(plan)
-    if orders is not None and len(orders[0]) == 2 and k % len(orders) == 0:
+    if orders is not None:
         _all_gather_axes_at_once(facts, plan, bank, orders, x, y, dim, part)
         return
     sizes = [k * plan.size // prod(lengths[: i + 1]) for i in range(len(lengths))]
@@ -488,55 +559,45 @@ def all_gather(
 def _all_gather_axes_at_once(
     facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], x: MemRef, y: MemRef, dim: int, part: str
 ) -> None:
-    """All-gather over a block of two torus axes, both at once: part ``j`` of every shard (its ``j``-th of
-    ``len(orders)`` slices along ``dim``) is gathered over the axes in ``orders[j]``. After the first axis
-    ``p`` a chip holds its part of the shards of its line along ``p``; these are ``L_p`` windows apart in the
-    result (ranks are row-major over the group's axes), so each chunk of the second round is ``L_p`` windows.
-    ``part`` ``start`` (of an async gather) stops after the first stage's pushes, ``done`` emits the rest."""
+    """All-gather over a block of torus axes, all at once: part ``j`` of every shard (its ``j``-th slice along
+    ``dim``) is gathered over the axes in ``orders[j]``, one per round. Before round ``r`` a chip holds its
+    part of the shards of its sub-block along the axes gathered so far; these are windows apart in the result
+    (ranks are row-major over the group's axes), so each chunk of round ``r`` is those windows at one
+    coordinate along the round's axis. ``part`` ``start`` (of an async gather) stops after the first stage's
+    pushes, ``done`` emits the rest."""
     ctx = facts.ctx
-    m, k = len(orders), x.shape.dimensions[dim]
-    h, lengths, rank_stride, rings = _two_axes(facts, plan, bank, orders, k, y.shape.dimensions, dim, part != "done")
+    k = x.shape.dimensions[dim]
+    blk = _block(
+        facts, plan, bank, orders, k, y.shape.dimensions, dim, part != "done", tile_rows(dim, x.shape, y.shape)
+    )
+    orders = orders[: len(blk.rows)]
     if part != "done":
-        own = facts.reg()  # this chip's shard: rows rank * k of the result
-        facts.alu("mov", own, 0)
-        for a, ring in rings.items():
-            t = facts.reg()
-            facts.alu("mul", t, ring.coord, rank_stride[a])
-            facts.alu("add", own, own, t)
-            _release(ctx, t)
+        own = blk.start(facts, list(blk.rings), 0)  # this chip's shard: rows rank * k of the result
+        assert isinstance(own, Reg)
         whole = pieces(y.shape.dimensions, dim, k, False)[0]
         sem = ctx.semaphore()
         ctx.emit(DmaStart, src=x, dst=window(ctx, y, dim, own, k, whole, None, own), sem=sem)
         ctx.emit(SemWait, sem=sem, count=1)
         _release(ctx, own)
-    assert part == "all" or len(bank.locals) >= m, "an async collective's bank holds a semaphore per part"
-    works = [RingWork(facts, bank.locals[j] if part != "all" else None, share=(j, m)) for j in range(m)]
-    first: list[Reg] = []
-    for j, (_, q) in enumerate(orders):  # round 0 along the first axis: the chip's line, at its coordinate along q
-        b = facts.reg()
-        facts.alu("mul", b, rings[q].coord, rank_stride[q])
-        facts.alu("add", b, b, j * h)
-        first.append(b)
-    interleave(
-        [
-            all_gather_stages(w, rings[p], y, dim, b, h, stages=_stages(part, lengths[p], True), stride=rank_stride[p])
-            for w, (p, _), b in zip(works, orders, first)
-        ]
-    )
-    if part != "start":
+    assert part == "all" or len(bank.locals) >= len(orders), "an async collective's bank holds a semaphore per part"
+    works = _works(facts, [bank.locals[j] if part != "all" else None for j in range(len(orders))])
+    for r in range(len(orders[0])):
+        if part == "start" and r > 0:
+            break
+        base = [blk.start(facts, o[r + 1 :], j) for j, o in enumerate(orders)]
         interleave(
             [
                 all_gather_stages(
-                    w, rings[q], y, dim, j * h, h, stride=rank_stride[q], repeat=(lengths[p], rank_stride[p])
+                    w, blk.rings[o[r]], y, dim, base[j], blk.rows[j], stride=blk.rank_stride[o[r]],
+                    repeat=blk.windows(o[:r]), stages=_stages(part, blk.lengths[o[r]], r == 0),
                 )
-                for j, (w, (p, q)) in enumerate(zip(works, orders))
+                for j, (w, o) in enumerate(zip(works, orders))
             ]
-        )
-    for ring in rings.values():
-        _release(ctx, ring.pos, ring.coord, *ring.to.values())
+        )  # fmt: skip
+        _release_all(facts, *base)
+    blk.release(facts)
     for w in works:
         w.release()
-    _release(ctx, *first)
 
 
 # --------------------------------------------------------------------------------------------- rules
