@@ -19,6 +19,7 @@ from tpusim.compiler.buffer_assignment import ALIGNMENT, BufferAssignment, leaf_
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.lowering.epilogue import find_epilogues
+from tpusim.compiler.lowering.prologue import find_prologues
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
@@ -74,6 +75,7 @@ class Mark:
     streams: tuple[tuple[int, int], ...] = ()  # (instructions, labels) of every core's stream
     claimed: bool = False
     epilogued: frozenset[tuple[str, str]] = frozenset()
+    prologued: frozenset[tuple[str, str]] = frozenset()
     split_log: int = 0
 
 
@@ -170,6 +172,14 @@ class Lowering:
             if dot not in self.control_slice.values and (dot[0], user) not in self.control_slice.values
         }
         self.epilogued: set[tuple[str, str]] = set()
+        # (computation, fusion) -> the dot whose weight windows it may transform on their way in (see
+        # prologue.py); the fusions a dot took, which emit nothing (their dot emits their code).
+        self.prologues: dict[tuple[str, str], str] = {
+            fusion: dot
+            for fusion, dot in find_prologues(module).items()
+            if fusion not in self.control_slice.values and (fusion[0], dot) not in self.control_slice.values
+        }
+        self.prologued: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ emission
     @property
@@ -241,6 +251,7 @@ class Lowering:
             tuple((len(b.instructions), len(b.labels)) for b in self.streams),
             self.claimed,
             frozenset(self.epilogued),
+            frozenset(self.prologued),
             len(self.split_log),
         )
 
@@ -252,6 +263,7 @@ class Lowering:
         del self.kernels[mark.kernels :]
         self.claimed = mark.claimed
         self.epilogued = set(mark.epilogued)
+        self.prologued = set(mark.prologued)
         # A blocking tried and taken back is no part of the plan the cores must agree on (a retry with
         # smaller blocks happens on one core and not on another when their VMEM differs).
         del self.split_log[mark.split_log :]

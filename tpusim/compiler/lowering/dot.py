@@ -34,10 +34,12 @@ from functools import lru_cache
 from typing import Any
 
 from tpusim.compiler.dot_dims import DotDims, dot_dims, oriented
+from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
 from tpusim.compiler.lowering.epilogue import Chain, Side, epilogue_chain
+from tpusim.compiler.lowering.prologue import Prologue, prologue_chain
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.views import view_ref, view_shape
 from tpusim.isa import (
@@ -57,7 +59,7 @@ from tpusim.isa import (
 from tpusim.memory import Shape, element_type
 from tpusim.memory.reinterpret import merged_shape
 
-__all__ = ["emit_product", "lower_dot", "matmul_precision"]
+__all__ = ["absorbs", "emit_product", "lower_dot", "matmul_precision"]
 
 _MXU_INPUTS = {"bf16": "bf16", "f32": "f32", "s8": "int8", "u8": "int8"}
 WHOLE_SIDE_BYTES = 1 << 20
@@ -95,6 +97,8 @@ class _Views:
     # An epilogue's result and its side operands (see epilogue.py), viewed as ``out`` (sides with size 1
     # along the dimensions they are broadcast along); empty: no epilogue.
     riders: tuple[MemRef, ...] = ()
+    # A prologue's source and its side operands (see prologue.py), viewed as ``rhs``; empty: no prologue.
+    b_riders: tuple[MemRef, ...] = ()
 
     @property
     def m_range(self) -> tuple[int, int]:
@@ -119,7 +123,14 @@ class _Views:
         return hi - lo
 
 
-def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef, riders: tuple[MemRef, ...] = ()) -> _Views:
+def _views(
+    d: DotDims,
+    lhs: MemRef,
+    rhs: MemRef,
+    out: MemRef,
+    riders: tuple[MemRef, ...] = (),
+    b_riders: tuple[MemRef, ...] = (),
+) -> _Views:
     """The ``[lead..., M, K]``, ``[lead..., K, N]`` and ``[lead..., M, N]`` views of a product with dimension
     roles ``d``: M is the last lhs free dimension, N the last rhs free one, K the last contracting pair; the
     other free and contracting dimensions, the batch pairs and the unit dimensions lead (units at index 0)."""
@@ -153,6 +164,7 @@ def _views(d: DotDims, lhs: MemRef, rhs: MemRef, out: MemRef, riders: tuple[MemR
         view_ref(out, out_order),
         tuple(products),
         riders=tuple(view_ref(r, out_order) for r in riders),
+        b_riders=tuple(view_ref(r, rhs_order) for r in b_riders),
     )
 
 
@@ -301,8 +313,55 @@ def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     dims = dot_dims(instr, lhs.shape.rank, rhs.shape.rank)
     user = ctx.epilogues.get((comp.name, instr.name))
     epilogue = _epilogue(ctx, comp, instr.name, user) if user is not None else None
-    if emit_product(ctx, instr, dims, lhs, rhs, ctx.home(comp.name, instr.name), epilogue) and user is not None:
+    prologue = None
+    if (comp.name, instr.operands[1]) in ctx.prologued:  # the producer of the weights emitted nothing
+        prologue = _prologue(ctx, comp, instr.operands[1])
+        assert prologue is not None, "absorbs() built it when the producer was lowered"
+    try:
+        took = emit_product(ctx, instr, dims, lhs, rhs, ctx.home(comp.name, instr.name), epilogue, prologue)
+    except NotLowerable as why:
+        if prologue is None:
+            raise
+        raise CompileError(f"{instr.name}: the product cannot apply {prologue.name}, which it took: {why}") from why
+    if took and user is not None:
         ctx.epilogued.add((comp.name, user))
+
+
+def absorbs(ctx: Lowering, comp: Computation, fusion: str, dot: str) -> bool:
+    """Whether ``dot`` will apply the producer ``fusion`` of its right operand to its weight windows (see
+    prologue.py): it can, nothing it writes (its result, its epilogue's) shares a byte with what the fusion
+    reads, and the planned product takes no longer than the plain one plus the fusion as a kernel."""
+    prologue = _prologue(ctx, comp, fusion)
+    if prologue is None:
+        return False
+    instr = comp[dot]
+    lhs, rhs, out = (ctx.home(comp.name, n) for n in (*instr.operands, instr.name))
+    writes = [out]
+    user = ctx.epilogues.get((comp.name, dot))
+    if user is not None:
+        writes.append(ctx.home(comp.name, user))
+    if any(_overlap(w, r) for w in writes for r in (prologue.source, *prologue.sides)):
+        return False
+    dims = dot_dims(instr, lhs.shape.rank, rhs.shape.rank)
+    try:
+        return emit_product(ctx, instr, dims, lhs, rhs, out, None, prologue, plan_only=True)
+    except NotLowerable:
+        return False
+
+
+def _prologue(ctx: Lowering, comp: Computation, fusion: str) -> Prologue | None:
+    """The producer fusion ``fusion`` as the dot applies it; None when a side operand has no view at the
+    weights' rank."""
+    instr = comp[fusion]
+    chain = prologue_chain(ctx.module[instr.attr("calls")])
+    sides = []
+    for s in chain.sources:
+        if isinstance(s, Side):
+            try:
+                sides.append(view_ref(ctx.home(comp.name, instr.operands[s.parameter]), s.order))
+            except (NotLowerable, ValueError):
+                return None
+    return Prologue(fusion, ctx.home(comp.name, instr.operands[chain.block]), chain, tuple(sides))
 
 
 @dataclass(frozen=True)
@@ -358,13 +417,18 @@ def emit_product(
     rhs_ref: MemRef,
     out_ref: MemRef,
     epilogue: Epilogue | None = None,
+    prologue: Prologue | None = None,
+    plan_only: bool = False,
 ) -> bool:
     """Emit the matrix product ``instr`` (a dot, or a convolution that is one) of ``lhs_ref`` and ``rhs_ref``
     into ``out_ref``, its dimensions playing the roles ``dims``, and ``epilogue`` on its result blocks when
     the blocking allows (whether it did: otherwise the epilogue's fusion runs as its own kernel).
+    ``prologue`` computes ``rhs_ref`` window by window from its source (see prologue.py); with
+    ``plan_only`` nothing is emitted and the answer is whether the prologue pays (see :func:`absorbs`).
 
     Raises:
-        NotLowerable: operand or result types the MXU does not multiply, or blocks that do not fit VMEM.
+        NotLowerable: operand or result types the MXU does not multiply, blocks that do not fit VMEM, or a
+            prologue the product cannot apply (its operand would stream, or fold).
     """
     lt, rt, ot = lhs_ref.element_type, rhs_ref.element_type, out_ref.element_type
     floats = {lt.name, rt.name} <= {"bf16", "f32"}  # a bf16 operand times an f32 one: the f32 side sets the passes
@@ -381,42 +445,61 @@ def emit_product(
     precision = matmul_precision(instr, ctx.options.matmul_precision, operand_type)
     dims, swap = oriented(dims, lhs_ref.shape, rhs_ref.shape, out_ref.shape)
     if swap:
+        if prologue is not None:
+            raise NotLowerable("the prologue's operand streams through the MXUs (only weights take one)")
         lhs_ref, rhs_ref = rhs_ref, lhs_ref
     riders = (epilogue.home, *epilogue.sides) if epilogue is not None else ()
+    weights = rhs_ref
     dims, lhs_ref, rhs_ref, out_ref, folded = _folded(dims, lhs_ref, rhs_ref, out_ref, riders)
+    if prologue is not None and rhs_ref is not weights:
+        raise NotLowerable("the prologue's operand folds (its source may not)")
     if folded is None:
         epilogue, folded = None, ()
-    whole = _views(dims, lhs_ref, rhs_ref, out_ref, folded)
-    if epilogue is not None and not _pays(ctx, whole, precision, epilogue):
+    b_riders = (prologue.source, *prologue.sides) if prologue is not None else ()
+    whole = _views(dims, lhs_ref, rhs_ref, out_ref, folded, b_riders)
+    if plan_only:
+        assert prologue is not None
+        return _prologue_pays(ctx, whole, precision, prologue)
+    if epilogue is not None and not _pays(ctx, whole, precision, epilogue, prologue):
         epilogue, whole = None, replace(whole, riders=())
     views = _core_share(ctx, whole)
     if views is not None:
-        _DotEmitter(ctx, views, precision, epilogue).run()
+        _DotEmitter(ctx, views, precision, epilogue, prologue).run()
     return epilogue is not None
 
 
-def _pays(ctx: Lowering, v: _Views, precision: str, epilogue: Epilogue) -> bool:
+def _moved(ctx: Lowering, ref: MemRef, vregs_per_cycle: int) -> float:
+    """Cycles to read or write ``ref`` once: at HBM bandwidth, or at VMEM's load or store rate."""
+    if ref.space == Space.HBM:
+        return ref.shape.byte_size / ctx.config.hbm_bytes_per_cycle
+    return ref.shape.byte_size / (vregs_per_cycle * ctx.vreg_bytes)
+
+
+def _prologue_pays(ctx: Lowering, v: _Views, precision: str, prologue: Prologue) -> bool:
+    """Whether the product applying ``prologue`` to its weight windows is planned to take no longer than the
+    plain product plus the prologue's fusion as a kernel of its own (reading its source and side operands,
+    writing the weights)."""
+    fused = _DotEmitter(ctx, v, precision, prologue=prologue).plan().cycles
+    plain = _DotEmitter(ctx, replace(v, b_riders=()), precision).plan().cycles
+    vmem = ctx.config.vmem
+    reads = sum(_moved(ctx, r, vmem.load_vregs_per_cycle) for r in v.b_riders)
+    return fused <= plain + max(reads, _moved(ctx, v.rhs, vmem.store_vregs_per_cycle))
+
+
+def _pays(ctx: Lowering, v: _Views, precision: str, epilogue: Epilogue, prologue: Prologue | None = None) -> bool:
     """Whether the product with ``epilogue`` on its blocks is planned to take less time than without it plus
     the epilogue as a kernel of its own (reading the product and the side operands, writing its result:
     at HBM bandwidth, or VMEM's load and store rates for arrays resident there): its buffers and side
     windows take VMEM, and smaller blocks can cost more than the pass they save. Decided on the whole
     product, so that every TensorCore of a megacore chip decides alike."""
     try:
-        fused = _DotEmitter(ctx, v, precision, epilogue).plan().cycles
+        fused = _DotEmitter(ctx, v, precision, epilogue, prologue).plan().cycles
     except NotLowerable:
         return False
-    plain = _DotEmitter(ctx, replace(v, riders=()), precision).plan().cycles
-    cfg = ctx.config
-
-    def moved(ref: MemRef, vregs_per_cycle: int) -> float:  # cycles to read or write ``ref`` once
-        if ref.space == Space.HBM:
-            return ref.shape.byte_size / cfg.hbm_bytes_per_cycle
-        return ref.shape.byte_size / (vregs_per_cycle * ctx.vreg_bytes)
-
-    reads = moved(v.out, cfg.vmem.load_vregs_per_cycle) + sum(
-        moved(r, cfg.vmem.load_vregs_per_cycle) for r in v.riders[1:]
-    )
-    alone = max(reads, moved(v.riders[0], cfg.vmem.store_vregs_per_cycle))
+    plain = _DotEmitter(ctx, replace(v, riders=()), precision, prologue=prologue).plan().cycles
+    load = ctx.config.vmem.load_vregs_per_cycle
+    reads = _moved(ctx, v.out, load) + sum(_moved(ctx, r, load) for r in v.riders[1:])
+    alone = max(reads, _moved(ctx, v.riders[0], ctx.config.vmem.store_vregs_per_cycle))
     return fused <= plain + alone
 
 
@@ -452,8 +535,10 @@ class _DotEmitter:
         views: _Views,
         precision: str,
         epilogue: Epilogue | None = None,
+        prologue: Prologue | None = None,
     ) -> None:
         self.ctx, self.v, self.precision, self.epilogue = ctx, views, precision, epilogue
+        self.prologue = prologue if views.b_riders else None
         self.cfg = ctx.config.mxu
         self._built: dict[tuple[Any, ...], Any] = {}  # MXU instructions by what makes them (see _multiply)
         lhs, rhs, out = views.lhs.shape, views.rhs.shape, views.out.shape
@@ -481,6 +566,12 @@ class _DotEmitter:
         shapes["a"] = shapes["a_raw"] if self.a_stream else self._natural(lhs, a_dims)
         shapes["b_raw"] = Shape(rhs.element_type, b_dims, layout=rhs.layout)
         shapes["b"] = shapes["b_raw"] if self.b_mode else self._natural(rhs, b_dims)
+        if self.prologue is not None:  # windows of its source, then its sides whole (read in place in VMEM)
+            source, *sides = self.v.b_riders
+            shapes["b_raw"] = Shape(source.element_type, b_dims, layout=source.shape.layout)
+            for k, side in enumerate(sides):
+                if side.space != Space.VMEM:
+                    shapes[f"pside{k}"] = Shape(side.element_type, side.dims, layout=side.shape.layout)
         c_natural = _minor(out) == out.rank - 1
         c_layout = out.layout if c_natural else self.ctx.rules.layout_for(Shape(out.element_type, c_dims))
         shapes["pop"] = Shape(element_type(self.pop_type), c_dims, layout=c_layout)
@@ -508,15 +599,23 @@ class _DotEmitter:
         s = self._block_shapes(tm, tn, tk)
         size = {k: vmem_size(v, vb) for k, v in s.items()}
         a_stage = 0 if self.a_stream else 2 * size["a_raw"]
-        b_stage = 0 if self.b_mode else 2 * size["b_raw"]
+        b_stage = 0 if self.b_mode and self.prologue is None else 2 * size["b_raw"]
         c = 2 * size["pop"] + size.get("convert", 0) + size.get("store", 0) + 2 * size.get("epilogue", 0)
+        c += sum(n for key, n in size.items() if key.startswith("pside"))
         c += sum(size.get(f"side{k}", 0) * (2 if kind == "streamed" else 1) for k, kind in enumerate(self.side_kind))
         return size["a"], size["b"], a_stage, b_stage, c
 
     # ---------------------------------------------------------------- planning
     def plan(self) -> DotPlan:
+        """The cheapest blocking that fits the instruction's VMEM share.
+
+        Raises:
+            NotLowerable: none fits, or a prologue's side operand is too big to load whole."""
         v, cfg = self.v, self.ctx.config
         lt = v.lhs.element_type.name
+        if any(s.space != Space.VMEM and s.shape.byte_size > WHOLE_SIDE_BYTES for s in v.b_riders[1:]):
+            raise NotLowerable("a side operand of the weights' producer is too big to load whole")
+        weights = v.b_riders[0] if v.b_riders else v.rhs
         # As the MXU times them: passes by the streamed operand's type, weight parts by the weights'.
         passes = PRECISION_PASSES[self.precision]
         passes = (passes[0] if v.rhs.element_type.name == "f32" else 1, passes[1] if lt == "f32" else 1)
@@ -527,7 +626,7 @@ class _DotEmitter:
             products=len(v.products),
             contracts=len(v.products[0][1]),
             a_bytes=max(1, v.lhs.element_type.bits // 8),
-            b_bytes=max(1, v.rhs.element_type.bits // 8),
+            b_bytes=max(1, weights.element_type.bits // 8),
             c_bytes=max(1, v.out.element_type.bits // 8),
             passes=passes[1],
             weight_parts=passes[0],
@@ -552,7 +651,8 @@ class _DotEmitter:
         a_cache = _Slots([ctx.vmem(shapes["a"]) for _ in range(plan.a_slots)])
         b_cache = _Slots([ctx.vmem(shapes["b"]) for _ in range(plan.b_slots)])
         a_stage = [ctx.vmem(shapes["a_raw"]) for _ in range(depth + 1)] if not self.a_stream else []
-        b_stage = [ctx.vmem(shapes["b_raw"]) for _ in range(depth + 1)] if not self.b_mode else []
+        pro = self.prologue
+        b_stage = [ctx.vmem(shapes["b_raw"]) for _ in range(depth + 1)] if not self.b_mode or pro else []
         pops = [ctx.vmem(shapes["pop"]) for _ in range(2)]
         convert = ctx.vmem(shapes["convert"]) if "convert" in shapes else None
         store = ctx.vmem(shapes["store"]) if "store" in shapes else None
@@ -566,6 +666,7 @@ class _DotEmitter:
         streamed = self.side_kind.count("streamed")
         sem_side = [ctx.semaphore(), ctx.semaphore()] if streamed else []
         whole_pending = self._load_whole(side_slots)
+        pro_sides, pro_pending = self._load_prologue_sides(shapes)
         # One semaphore counts every operand load: a wait may be satisfied by a later step's load, but the
         # scoreboard still holds back any instruction reading a window whose DMA is in flight.
         sem_in, sem_out = ctx.semaphore(), [ctx.semaphore(), ctx.semaphore()]
@@ -573,20 +674,23 @@ class _DotEmitter:
         blocks, steps = self._steps(plan)
         # An operand already in VMEM in the layout a slot would give it is read where it is (the MXUs take its
         # windows), as a kernel reads a VMEM-resident input: no slot copy before each step.
-        in_place = (v.lhs.space is Space.VMEM and self.a_stream, v.rhs.space is Space.VMEM and self.b_mode != "")
+        in_place = (
+            v.lhs.space is Space.VMEM and self.a_stream,
+            v.rhs.space is Space.VMEM and self.b_mode != "" and pro is None,
+        )
         # Likewise a result kept in VMEM in the layout and type the MXUs pop: popped into its home, no DMA.
         pop_home = v.out.space is Space.VMEM and convert is None and store is None and self.epilogue is None
         # Per step: the slots its windows are in, the DMAs that bring them, relayouts to do on arrival.
         where: list[tuple[int, int]] = [(0, 0)] * len(steps)
         loads = [0] * len(steps)
-        relayouts: list[list[tuple[MemRef, MemRef]]] = [[] for _ in steps]
+        relayouts: list[list[tuple[MemRef, MemRef, int, Any]]] = [[] for _ in steps]
         issued = -1
 
         def issue(j: int, current: int) -> None:
             st = steps[j]
             found = []
             for op, (cache, stage, key, ref) in enumerate(
-                ((a_cache, a_stage, st.a_key, v.lhs), (b_cache, b_stage, st.b_key, v.rhs))
+                ((a_cache, a_stage, st.a_key, v.lhs), (b_cache, b_stage, st.b_key, v.b_riders[0] if pro else v.rhs))
             ):
                 if in_place[op]:
                     found.append(-1)  # (read where it is: no slot, no DMA)
@@ -607,7 +711,7 @@ class _DotEmitter:
                 ctx.emit(DmaStart, src=src, dst=dst, sem=sem_in)
                 loads[j] += 1
                 if stage:
-                    relayouts[j].append((dst, ready))
+                    relayouts[j].append((dst, ready, op, key))
             where[j] = (found[0], found[1])
 
         def issue_upto(j: int, current: int) -> None:
@@ -627,8 +731,18 @@ class _DotEmitter:
             if loads[i]:
                 ctx.emit(SemWait, sem=sem_in, count=loads[i])
             issue_upto(i + depth, i)
-            for src, dst in relayouts[i]:
-                ctx.emit(VpuCopy, dst=dst, src=src)
+            for src, dst, op, key in relayouts[i]:
+                if op == 0 or pro is None:
+                    ctx.emit(VpuCopy, dst=dst, src=src)
+                    continue
+                # the weights' producer, on the window of its source (code of its fusion)
+                if pro_pending is not None:
+                    ctx.emit(SemWait, sem=pro_pending[0], count=pro_pending[1])
+                    pro_pending = None
+                own, ctx.hlo = ctx.hlo, pro.name
+                srcs = self._prologue_sources(key, pro_sides)
+                ctx.emit(VpuFused, dst=dst, srcs=(src, *srcs), ops=pro.chain.steps)
+                ctx.hlo = own
             block = blocks[st.block]
             if st.first and streamed:  # the streamed side windows: the next block's while this one accumulates
                 # (its slots held the block before this one, whose epilogue has been issued)
@@ -693,6 +807,47 @@ class _DotEmitter:
             slot = held[0]
             found.append(slot if want == slot.dims else MemRef(slot.space, slot.address, slot.shape, Window(at, want)))
         return found
+
+    def _load_prologue_sides(self, shapes: dict[str, Shape]) -> tuple[list[MemRef], tuple[int, int] | None]:
+        """Where the prologue's side operands are in VMEM (those in HBM loaded whole now, code of its fusion),
+        and the semaphore and count to wait for before the first window's chain (None: nothing to wait)."""
+        ctx, pro = self.ctx, self.prologue
+        if pro is None:
+            return [], None
+        where: list[MemRef] = []
+        loads = []
+        for k, side in enumerate(self.v.b_riders[1:]):
+            if side.space == Space.VMEM:
+                where.append(side)
+                continue
+            where.append(ctx.vmem(shapes[f"pside{k}"]))
+            loads.append((side, where[-1]))
+        if not loads:
+            return where, None
+        sem = ctx.semaphore()
+        own, ctx.hlo = ctx.hlo, pro.name
+        for side, slot in loads:
+            ctx.emit(DmaStart, src=side, dst=slot, sem=sem)
+        ctx.hlo = own
+        return where, (sem, len(loads))
+
+    def _prologue_sources(self, key: tuple[Any, ...], sides: list[MemRef]) -> tuple[Any, ...]:
+        """The prologue chain's sources for the weight window ``key``: its immediates, and each side
+        operand's window (size 1 where it is broadcast)."""
+        assert self.prologue is not None
+        lead, k0, n0, ks, ns = key
+        dims, offsets = (*(1,) * len(lead), ks, ns), (*lead, k0, n0)
+        held = iter(sides)
+        out: list[Any] = []
+        for s in self.prologue.chain.sources:
+            if not isinstance(s, Side):
+                out.append(s)
+                continue
+            slot = next(held)
+            want = tuple(1 if n == 1 else c for n, c in zip(slot.dims, dims))
+            at = tuple(0 if n == 1 else o for n, o in zip(slot.dims, offsets))
+            out.append(slot if want == slot.dims else MemRef(slot.space, slot.address, slot.shape, Window(at, want)))
+        return tuple(out)
 
     def _load_whole(self, slots: list[list[MemRef]]) -> tuple[int, int] | None:
         """DMAs of the whole side operands into their slots (code of the epilogue's fusion): the semaphore

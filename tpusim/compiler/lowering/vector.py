@@ -26,6 +26,7 @@ from tpusim.compiler.blocks import (
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, SliceDim
 from tpusim.compiler.lowering.context import Lowering, StateKey, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
+from tpusim.compiler.lowering.dot import absorbs
 from tpusim.compiler.lowering.immediates import scalar_constant
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.reinterpret import emit_reduce_precision
@@ -875,6 +876,10 @@ def lower_vector(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
 
 @lowering("fusion")
 def lower_fusion(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    dot = ctx.prologues.get((comp.name, instr.name))
+    if dot is not None and absorbs(ctx, comp, instr.name, dot):  # the dot computes it window by window
+        ctx.prologued.add((comp.name, instr.name))
+        return
     fused = ctx.module[instr.attr("calls")]
     inputs: dict[str, MemRef] = {}
     for p in fused.parameters:
