@@ -70,3 +70,35 @@ def test_a_residual_is_a_side_operand_of_the_result_shape() -> None:
 def test_other_fusions_stay_kernels_of_their_own(body: str, block: int) -> None:
     with pytest.raises(ValueError):
         epilogue_chain(fused(body), block=block)
+
+
+def test_a_relayout_counts_as_its_value() -> None:
+    """XLA:TPU's dequantisation relayouts the int8 weights inside the fusion (a nested ``copy_fusion`` from
+    tiles of 32 rows to 8); a chain works on values, so the copy is its operand's value."""
+    module = parse_module(
+        """HloModule m
+
+copy_fusion {
+  input = s8[64,128]{1,0:T(32,128)(4,1)} parameter(0)
+  ROOT copy = s8[64,128]{1,0:T(8,128)(4,1)} copy(input)
+}
+
+fused {
+  w = s8[64,128]{1,0:T(32,128)(4,1)} parameter(0)
+  s = bf16[128] parameter(1)
+  f = s8[64,128]{1,0:T(8,128)(4,1)} fusion(w), kind=kLoop, calls=copy_fusion
+  c = bf16[64,128] convert(f)
+  sb = bf16[64,128] broadcast(s), dimensions={1}
+  ROOT d = bf16[64,128] multiply(c, sb)
+}
+
+ENTRY main {
+  ROOT z = f32[] constant(0)
+}
+"""
+    )
+    chain = epilogue_chain(module["fused"], 0, module)
+    assert chain.sources == (Side(1, (None, 0)),)
+    assert [(op.fn, op.args) for op in chain.steps] == [("convert", (0,)), ("multiply", (2, 1))]
+    with pytest.raises(ValueError):  # without the module the nested fusion is unknown
+        epilogue_chain(module["fused"], 0)

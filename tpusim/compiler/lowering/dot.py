@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from tpusim.compiler.dot_dims import DotDims, dot_dims, oriented
+from tpusim.compiler.dot_dims import DotDims, convolution_dims, dot_dims, oriented
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
@@ -59,7 +59,7 @@ from tpusim.isa import (
 from tpusim.memory import Shape, element_type
 from tpusim.memory.reinterpret import merged_shape
 
-__all__ = ["absorbs", "emit_product", "lower_dot", "matmul_precision"]
+__all__ = ["absorbs", "emit_product", "emit_taking_prologue", "lower_dot", "matmul_precision"]
 
 _MXU_INPUTS = {"bf16": "bf16", "f32": "f32", "s8": "int8", "u8": "int8"}
 WHOLE_SIDE_BYTES = 1 << 20
@@ -313,18 +313,45 @@ def lower_dot(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     dims = dot_dims(instr, lhs.shape.rank, rhs.shape.rank)
     user = ctx.epilogues.get((comp.name, instr.name))
     epilogue = _epilogue(ctx, comp, instr.name, user) if user is not None else None
+    took = emit_taking_prologue(ctx, comp, instr, dims, lhs, rhs, ctx.home(comp.name, instr.name), epilogue)
+    if took and user is not None:
+        ctx.epilogued.add((comp.name, user))
+
+
+def emit_taking_prologue(
+    ctx: Lowering,
+    comp: Computation,
+    instr: Instruction,
+    dims: DotDims,
+    lhs: MemRef,
+    rhs: MemRef,
+    out: MemRef,
+    epilogue: Epilogue | None = None,
+) -> bool:
+    """:func:`emit_product`, with the producer of the weights as its prologue when that fusion emitted
+    nothing (:func:`absorbs` said the product would apply it).
+
+    Raises:
+        CompileError: the product took a prologue and cannot be emitted (a fallback would read weights
+            nobody wrote).
+    """
     prologue = None
-    if (comp.name, instr.operands[1]) in ctx.prologued:  # the producer of the weights emitted nothing
+    if (comp.name, instr.operands[1]) in ctx.prologued:
         prologue = _prologue(ctx, comp, instr.operands[1])
         assert prologue is not None, "absorbs() built it when the producer was lowered"
     try:
-        took = emit_product(ctx, instr, dims, lhs, rhs, ctx.home(comp.name, instr.name), epilogue, prologue)
+        return emit_product(ctx, instr, dims, lhs, rhs, out, epilogue, prologue)
     except NotLowerable as why:
         if prologue is None:
             raise
         raise CompileError(f"{instr.name}: the product cannot apply {prologue.name}, which it took: {why}") from why
-    if took and user is not None:
-        ctx.epilogued.add((comp.name, user))
+
+
+def _product_dims(instr: Instruction, lhs: MemRef, rhs: MemRef, out: MemRef) -> DotDims | None:
+    """The dimension roles of a dot, or of a convolution that is a matrix product (None: it is not)."""
+    if instr.opcode == "dot":
+        return dot_dims(instr, lhs.shape.rank, rhs.shape.rank)
+    return convolution_dims(instr, lhs.dims, rhs.dims, out.dims)
 
 
 def absorbs(ctx: Lowering, comp: Computation, fusion: str, dot: str) -> bool:
@@ -342,7 +369,9 @@ def absorbs(ctx: Lowering, comp: Computation, fusion: str, dot: str) -> bool:
         writes.append(ctx.home(comp.name, user))
     if any(_overlap(w, r) for w in writes for r in (prologue.source, *prologue.sides)):
         return False
-    dims = dot_dims(instr, lhs.shape.rank, rhs.shape.rank)
+    dims = _product_dims(instr, lhs, rhs, out)
+    if dims is None:
+        return False
     try:
         return emit_product(ctx, instr, dims, lhs, rhs, out, None, prologue, plan_only=True)
     except NotLowerable:
@@ -353,7 +382,7 @@ def _prologue(ctx: Lowering, comp: Computation, fusion: str) -> Prologue | None:
     """The producer fusion ``fusion`` as the dot applies it; None when a side operand has no view at the
     weights' rank."""
     instr = comp[fusion]
-    chain = prologue_chain(ctx.module[instr.attr("calls")])
+    chain = prologue_chain(ctx.module[instr.attr("calls")], ctx.module)
     sides = []
     for s in chain.sources:
         if isinstance(s, Side):
@@ -384,7 +413,7 @@ def _epilogue(ctx: Lowering, comp: Computation, dot: str, user: str) -> Epilogue
     overwrite before the dot has read it; a residual updated in place is fine: each block's window of it
     is loaded before the block is stored). The fusion then runs as its own kernel."""
     fusion = comp[user]
-    chain = epilogue_chain(ctx.module[fusion.attr("calls")], fusion.operands.index(dot))
+    chain = epilogue_chain(ctx.module[fusion.attr("calls")], fusion.operands.index(dot), ctx.module)
     home = ctx.home(comp.name, user)
     read = [ctx.home(comp.name, o) for o in comp[dot].operands]
     sides = []

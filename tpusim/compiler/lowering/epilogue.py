@@ -90,7 +90,7 @@ def _applies(module: Module, dot: Instruction, user: Instruction) -> bool:
     if (la.minor_to_major, la.tiles) != (lb.minor_to_major, lb.tiles):  # (memory spaces may differ)
         return False
     try:
-        epilogue_chain(module[user.attr("calls")], user.operands.index(dot.name))
+        epilogue_chain(module[user.attr("calls")], user.operands.index(dot.name), module)
     except ValueError:
         return False
     return True
@@ -106,10 +106,13 @@ class _Part:
     value: int  # its number in the chain (placeholder numbering, see epilogue_chain)
 
 
-def epilogue_chain(fused: Computation, block: int = 0) -> Chain:
+def epilogue_chain(fused: Computation, block: int = 0, module: Module | None = None) -> Chain:
     """``fused`` as one ``vpu.fused`` on result blocks, parameter ``block`` being the block: scalar constants
     (and broadcasts of them) are immediates; other parameters are side operands, used at the result's
     shape directly or through reshapes that only add or drop size-1 dimensions and broadcasts.
+
+    ``module`` (the one holding ``fused``) lets a nested loop fusion that only relayouts a value count as
+    that value (:func:`_relayout`).
 
     Raises:
         ValueError: ``fused`` holds something else (an array constant, a reshape of the block, a side operand
@@ -171,6 +174,16 @@ def epilogue_chain(fused: Computation, block: int = 0) -> Chain:
             consts[instr.name] = len(sources)
         elif op == "broadcast" and instr.operands[0] in consts:
             consts[instr.name] = consts[instr.operands[0]]  # a scalar stays an immediate
+        elif _relayout(module, fused, instr):  # the same values in another layout: a chain works on values
+            src = instr.operands[0]
+            if src in full:
+                full[instr.name] = full[src]
+            elif src in consts:
+                consts[instr.name] = consts[src]
+            elif src in parts:
+                parts[instr.name] = parts[src]
+            else:
+                raise ValueError(f"{instr.name}: a relayout of {src}, which the chain does not hold")
         elif op in ("broadcast", "reshape", "bitcast") and instr.operands[0] in parts:
             part = parts[instr.operands[0]]
             placement = _placed(fused[instr.operands[0]].shape, part.placement, instr)
@@ -214,6 +227,23 @@ def epilogue_chain(fused: Computation, block: int = 0) -> Chain:
 
     steps = tuple(FusedOp(op.fn, op.etype, tuple(value(a) for a in op.args), op.direction) for op in ops)
     return Chain(block, tuple(sources), steps)
+
+
+def _relayout(module: Module | None, fused: Computation, instr: Instruction) -> bool:
+    """``instr`` only changes its operand's layout: a ``copy`` of the same shape, or a nested loop fusion
+    that is one (XLA:TPU's ``copy_fusion`` changing an int8 array's tiling inside a dequantisation)."""
+    if len(instr.operands) != 1 or not isinstance(instr.shape, Shape):
+        return False
+    src, dst = fused[instr.operands[0]].shape, instr.shape
+    if not isinstance(src, Shape) or (src.dimensions, src.element_type) != (dst.dimensions, dst.element_type):
+        return False
+    if instr.opcode == "copy":
+        return True
+    if instr.opcode != "fusion" or instr.attr("kind") != "kLoop" or module is None:
+        return False
+    body = module[instr.attr("calls")]
+    root = body.root_instruction
+    return root.opcode == "copy" and len(body.instructions) == 2 and body[root.operands[0]].opcode == "parameter"
 
 
 def _placed(src: object, placement: tuple[int | None, ...], instr: Instruction) -> tuple[int | None, ...]:

@@ -26,7 +26,11 @@ from tpusim.compiler.lowering.epilogue import Chain, epilogue_chain
 from tpusim.isa import MemRef
 from tpusim.memory import Shape
 
-__all__ = ["Prologue", "find_prologues", "prologue_chain"]
+__all__ = ["PRODUCTS", "Prologue", "find_prologues", "prologue_chain"]
+
+PRODUCTS = frozenset({"dot", "convolution"})
+"""Opcodes whose right operand may take a prologue (a convolution only where it is a matrix product, which
+the dot's rule decides)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class Prologue:
     sides: tuple[MemRef, ...]
 
 
-def prologue_chain(fused: Computation) -> Chain:
+def prologue_chain(fused: Computation, module: Module | None = None) -> Chain:
     """``fused`` as one ``vpu.fused`` on windows of its source: the parameter of the result's dimensions
     (the largest one when several are) is the block, every other parameter a side operand.
 
@@ -59,12 +63,12 @@ def prologue_chain(fused: Computation) -> Chain:
     if not full:
         raise ValueError("no parameter of the result's dimensions")
     main = max(full, key=lambda p: p.shape.byte_size if isinstance(p.shape, Shape) else 0)
-    return epilogue_chain(fused, main.attr("parameter_number", 0))
+    return epilogue_chain(fused, main.attr("parameter_number", 0), module)
 
 
 def find_prologues(module: Module) -> dict[tuple[str, str], str]:
     """``(computation, fusion) -> dot`` for every elementwise loop fusion that only a dot's right operand
-    reads and that comes right before the dot."""
+    reads and that comes right before the dot (or a convolution's)."""
     found: dict[tuple[str, str], str] = {}
     fused = {i.attr("calls") for c in module.computations for i in c.instructions if i.opcode == "fusion"}
     for comp in module.computations:
@@ -75,7 +79,7 @@ def find_prologues(module: Module) -> dict[tuple[str, str], str]:
             for o in dict.fromkeys(instr.operands):
                 users.setdefault(o, []).append(instr)
         for before, instr in zip(comp.instructions, comp.instructions[1:]):
-            if instr.opcode != "dot" or len(instr.operands) != 2 or instr.operands[1] != before.name:
+            if instr.opcode not in PRODUCTS or len(instr.operands) != 2 or instr.operands[1] != before.name:
                 continue
             if instr.operands[0] == before.name or [u.name for u in users.get(before.name, [])] != [instr.name]:
                 continue
@@ -88,7 +92,7 @@ def _applies(module: Module, fusion: Instruction) -> bool:
     if fusion.opcode != "fusion" or fusion.attr("kind") != "kLoop" or not isinstance(fusion.shape, Shape):
         return False
     try:
-        prologue_chain(module[fusion.attr("calls")])
+        prologue_chain(module[fusion.attr("calls")], module)
     except ValueError:
         return False
     return True
