@@ -396,7 +396,8 @@ def _ici(result: SimulationResult, total: int, notes: list[str]) -> tuple[list[d
     ]  # fmt: skip
     collectives = [
         {"chip": t.chip, "cycles": t.cycles, "fraction": t.cycles / total if total else None,
-         "overlapped_cycles": t.overlapped}
+         "overlapped_cycles": t.overlapped, "exposed_cycles": t.cycles - t.overlapped,
+         "compute_cycles": t.compute}
         for t in collective_time(result)
     ]  # fmt: skip
     return links, collectives

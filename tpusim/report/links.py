@@ -226,11 +226,13 @@ class CollectiveTime:
             instructions' ``[start, end)``: transfers in flight, waits, adds; an async pair's start and done
             count, the compute between them does not).
         overlapped: of those, cycles in which a compute unit (MXU, VPU, XLU, fallback) ran other work.
+        compute: cycles in which a compute unit ran work of no collective (overlapped or not).
     """
 
     chip: int
     cycles: int
     overlapped: int
+    compute: int
 
 
 def _collective_names(result: SimulationResult) -> set[str]:
@@ -272,7 +274,7 @@ def collective_time(result: SimulationResult) -> list[CollectiveTime]:
         for a, b in zip(cs.tolist(), ce.tolist()):
             lo, hi = np.maximum(ks, a), np.minimum(ke, b)
             overlap += int(np.sum(np.clip(hi - lo, 0, None)))
-        out.append(CollectiveTime(chip, int(np.sum(ce - cs)), overlap))
+        out.append(CollectiveTime(chip, int(np.sum(ce - cs)), overlap, int(np.sum(ke - ks))))
     return out
 
 
@@ -285,10 +287,16 @@ def format_links(result: SimulationResult, top: int = 8) -> str:
     if times:
         c = np.array([t.cycles for t in times])
         o = np.array([t.overlapped for t in times])
+        k = np.array([t.compute for t in times])
         share = o.sum() / max(c.sum(), 1)
         lines.append(
             f"  collectives: {c.mean() / cycles:6.1%} of the run per chip on average (max {c.max():,} cycles); "
             f"{share:.1%} of that time overlapped compute"
+        )
+        lines.append(
+            f"  step per chip (mean): compute only {(k - o).mean() / cycles:.1%}, communication exposed "
+            f"{(c - o).mean() / cycles:.1%}, overlapped {o.mean() / cycles:.1%}, neither "
+            f"{(cycles - k - c + o).mean() / cycles:.1%}"
         )
     used = [u for u in uses if u.bytes]
     if used:

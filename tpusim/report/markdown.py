@@ -131,9 +131,13 @@ def render_markdown(s: dict[str, Any], plots: dict[str, str]) -> str:
     if s.get("collectives"):
         lines += ["## Collectives", ""]
         rows = [[f"chip{c['chip']}", fmt.cycles(c["cycles"]), fmt.percent(c["fraction"]),
-                 fmt.percent(c["overlapped_cycles"] / c["cycles"] if c["cycles"] else None)]
+                 fmt.percent(c["overlapped_cycles"] / c["cycles"] if c["cycles"] else None),
+                 fmt.cycles(c["compute_cycles"] - c["overlapped_cycles"]), fmt.cycles(c["exposed_cycles"]),
+                 fmt.cycles(c["overlapped_cycles"])]
                 for c in s["collectives"]]  # fmt: skip
-        lines += [*_table(["chip", "cycles in collectives", "of the run", "overlapped compute"], rows, "lrrr"), ""]
+        head = ["chip", "cycles in collectives", "of the run", "overlapped compute", "compute only",
+                "communication exposed", "communication overlapped"]  # fmt: skip
+        lines += [*_table(head, rows, "lrrrrrr"), ""]
     lines += ["## HLO instructions", ""]
     op_rows = [
         [

@@ -47,7 +47,10 @@ _LINK = _obj({
     "bandwidth_fraction": _FRACTION, "busy_cycles": _INT, "busy_fraction": _FRACTION,
 }, {"axis": _INT, "direction": {"enum": ["+", "-"]}, "transfers": _INT})  # fmt: skip
 
-_COLLECTIVE = _obj({"chip": _INT, "cycles": _INT, "fraction": _FRACTION, "overlapped_cycles": _INT})
+_COLLECTIVE = _obj({
+    "chip": _INT, "cycles": _INT, "fraction": _FRACTION, "overlapped_cycles": _INT, "exposed_cycles": _INT,
+    "compute_cycles": _INT,
+})  # fmt: skip
 
 _OP = _obj({
     "name": _STR, "computation": _STR_OR_NULL, "opcode": _STR_OR_NULL, "source": _STR_OR_NULL,
