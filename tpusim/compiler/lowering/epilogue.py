@@ -18,6 +18,7 @@ result's rank, leaves its user to run as before.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
@@ -25,7 +26,7 @@ from tpusim.compiler.lowering.immediates import scalar_constant
 from tpusim.isa import VPU_FUNCTIONS, FusedOp, Operand
 from tpusim.memory import Shape
 
-__all__ = ["Chain", "Side", "epilogue_chain", "find_epilogues"]
+__all__ = ["Chain", "Side", "epilogue_chain", "find_epilogues", "with_users"]
 
 
 @dataclass(frozen=True)
@@ -49,17 +50,24 @@ class Chain:
     steps: tuple[FusedOp, ...]
 
 
-def find_epilogues(module: Module) -> dict[tuple[str, str], str]:
-    """``(computation, dot) -> fusion`` for every dot whose result only an elementwise loop fusion reads."""
-    found: dict[tuple[str, str], str] = {}
+def with_users(module: Module) -> Iterator[tuple[Computation, dict[str, list[Instruction]]]]:
+    """Every computation of ``module`` that runs as code (not a fusion's body), with each value's users
+    (each user once)."""
     fused = {i.attr("calls") for c in module.computations for i in c.instructions if i.opcode == "fusion"}
     for comp in module.computations:
         if comp.name in fused:
             continue
         users: dict[str, list[Instruction]] = {}
         for instr in comp.instructions:
-            for o in instr.operands:
+            for o in dict.fromkeys(instr.operands):
                 users.setdefault(o, []).append(instr)
+        yield comp, users
+
+
+def find_epilogues(module: Module) -> dict[tuple[str, str], str]:
+    """``(computation, dot) -> fusion`` for every dot whose result only an elementwise loop fusion reads."""
+    found: dict[tuple[str, str], str] = {}
+    for comp, users in with_users(module):
         at = {instr.name: k for k, instr in enumerate(comp.instructions)}
         for instr in comp.instructions:
             mine = users.get(instr.name, [])

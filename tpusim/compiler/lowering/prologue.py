@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
-from tpusim.compiler.lowering.epilogue import Chain, epilogue_chain
+from tpusim.compiler.lowering.epilogue import Chain, epilogue_chain, with_users
 from tpusim.isa import MemRef
 from tpusim.memory import Shape
 
@@ -70,14 +70,7 @@ def find_prologues(module: Module) -> dict[tuple[str, str], str]:
     """``(computation, fusion) -> dot`` for every elementwise loop fusion that only a dot's right operand
     reads and that comes right before the dot (or a convolution's)."""
     found: dict[tuple[str, str], str] = {}
-    fused = {i.attr("calls") for c in module.computations for i in c.instructions if i.opcode == "fusion"}
-    for comp in module.computations:
-        if comp.name in fused:
-            continue
-        users: dict[str, list[Instruction]] = {}
-        for instr in comp.instructions:
-            for o in dict.fromkeys(instr.operands):
-                users.setdefault(o, []).append(instr)
+    for comp, users in with_users(module):
         for before, instr in zip(comp.instructions, comp.instructions[1:]):
             if instr.opcode not in PRODUCTS or len(instr.operands) != 2 or instr.operands[1] != before.name:
                 continue
