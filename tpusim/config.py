@@ -17,6 +17,7 @@ stated tolerance. Overridden configs describe hypothetical chips and skip that c
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -795,7 +796,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[
         line = data.count(b"\n", 0, e.start) + 1
         raise ConfigError(f"{p}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
     ctx = _Context(str(p))
-    root, _ = compose_yaml(text, str(p))
+    root = _composed(text, str(p))
     if root is None:
         raise ConfigError(f"{p}: the file is empty")
     items = _override_texts(overrides) if isinstance(overrides, dict) else list(overrides)
@@ -813,6 +814,21 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[
                 f"(more than {cfg.published.tolerance:.1%} apart); fix the clock, unit counts or bandwidth"
             )
     return cfg
+
+
+_COMPOSED: dict[tuple[str, str], Any] = {}
+
+
+def _composed(text: str, source: str) -> Any:
+    """The node tree of a config file's ``text``, a fresh copy each call (overrides edit it in place); the
+    parse is kept per text, so a sweep's points, each loading the same file with other overrides, parse it
+    once."""
+    key = (source, text)
+    if key not in _COMPOSED:
+        if len(_COMPOSED) >= 16:
+            _COMPOSED.clear()
+        _COMPOSED[key] = compose_yaml(text, source)[0]
+    return copy.deepcopy(_COMPOSED[key])
 
 
 def _override_texts(overrides: dict[str, Any]) -> list[str]:
