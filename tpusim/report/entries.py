@@ -160,9 +160,19 @@ def decode_trace(trace: Trace, config: ChipConfig, program: Program | None = Non
     offsets = []
     for s, known in zip(trace.streams, _program_streams(trace, program)):
         offsets.append(len(table))
-        for i, (text, hlo) in enumerate(zip(s.text, s.hlo)):
-            ins = known[i] if known is not None else parse_instruction(text)
-            table.append(_instruction_facts(ins, text, s.chip, s.core, config))
+        if known is None:
+            for text, hlo in zip(s.text, s.hlo):
+                table.append(_instruction_facts(parse_instruction(text), text, s.chip, s.core, config))
+                hlo_table.append(hlo)
+            continue
+        # NOTE: speed. The compiler appends one object wherever an instruction repeats: its facts are worked
+        # out (and its text printed, for the mnemonic) once per object, not per index.
+        seen: dict[int, _Facts] = {}
+        for i, (ins, hlo) in enumerate(zip(known, s.hlo)):
+            got = seen.get(id(ins))
+            if got is None:
+                got = seen[id(ins)] = _instruction_facts(ins, s.text[i], s.chip, s.core, config)
+            table.append(got)
             hlo_table.append(hlo)
     n = len(trace)
     fid = (np.asarray(offsets, np.int64)[trace.stream] + trace.index) if n else np.zeros(0, np.int64)
