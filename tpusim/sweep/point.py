@@ -1,4 +1,5 @@
-"""Running one sweep point: compile, simulate, and reduce the run to one row of headline metrics.
+"""Running one sweep point: compile (or reuse an earlier point's compilation), simulate, and reduce the run
+to one row of headline metrics.
 
 :func:`run_point` is a plain top-level function of picklable arguments, so it runs the same in this process,
 in a local process pool or on a Dask worker; it never raises for a failing point but returns a row with
@@ -7,14 +8,22 @@ in a local process pool or on a Dask worker; it never raises for a failing point
 
 from __future__ import annotations
 
+import hashlib
 import traceback
-from typing import Any
+from collections import OrderedDict
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
+from tpusim.compiler.config_reads import Path, read_values, recorded_reads
+from tpusim.compiler.options import CompileOptions
 from tpusim.config import ChipConfig
 from tpusim.errors import TpusimError
 from tpusim.sweep.spec import Point
 
-__all__ = ["COST_COLUMNS", "METRIC_COLUMNS", "costs", "payload", "run_point"]
+if TYPE_CHECKING:
+    from tpusim.compiler.pipeline import CompiledProgram
+
+__all__ = ["COST_COLUMNS", "METRIC_COLUMNS", "compiled_for", "costs", "payload", "run_point"]
 
 METRIC_COLUMNS = (
     "cycles", "seconds", "instructions", "flops", "flops_per_s", "flops_fraction_of_peak", "hbm_bytes",
@@ -74,6 +83,40 @@ def _metrics(result: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+_COMPILED: OrderedDict[tuple[str, CompileOptions], list[tuple[frozenset[Path], Any, CompiledProgram]]] = OrderedDict()
+_KEEP = 8
+"""Programs (with their compile options) whose compilations a process keeps for later points."""
+
+
+def compiled_for(program_text: str, config: ChipConfig, options: CompileOptions) -> CompiledProgram:
+    """The program compiled for ``config``: an earlier point's compilation when ``config`` agrees with that
+    point's on every key the compiler read (:mod:`tpusim.compiler.config_reads`; a sweep over timing keys
+    the compiler does not read compiles once), else a new one.
+
+    Raises:
+        TpusimError: the program does not parse or compile for ``config``.
+    """
+    from tpusim.api import compile_checked
+    from tpusim.compiler.hlo import parse_module
+
+    key = (hashlib.sha256(program_text.encode()).hexdigest(), options)
+    entries = _COMPILED.get(key)
+    if entries is None:
+        entries = _COMPILED[key] = []
+        while len(_COMPILED) > _KEEP:
+            _COMPILED.popitem(last=False)
+    _COMPILED.move_to_end(key)
+    for paths, values, compiled in entries:
+        if read_values(config, paths) == values:
+            return replace(compiled, config=config)
+    module = parse_module(program_text)
+    with recorded_reads(config) as reads:
+        compiled = compile_checked(module, config, options)
+    paths = frozenset(reads)
+    entries.append((paths, read_values(config, paths), compiled))
+    return compiled
+
+
 def run_point(job: dict[str, Any]) -> dict[str, Any]:
     """Run one point (``job`` from :func:`payload`); returns its row (parameters, status, metrics, costs)."""
     point: Point = job["point"]
@@ -84,13 +127,12 @@ def run_point(job: dict[str, Any]) -> dict[str, Any]:
     error = None
     try:
         from tpusim.api import simulate
-        from tpusim.compiler.hlo import parse_module
         from tpusim.compiler.hlo.reference.io import load_inputs
 
-        module = parse_module(job["program_text"])
+        compiled = compiled_for(job["program_text"], point.config, point.options)
+        module = compiled.source
         inputs = load_inputs(point.inputs, module)[0] if point.inputs else None
-        result = simulate(module, inputs, config=point.config, options=point.options,
-                          timing_only=point.timing_only, seed=point.seed)  # fmt: skip
+        result = simulate(compiled, inputs, timing_only=point.timing_only, seed=point.seed)
         metrics = _metrics(result)
     except TpusimError as e:
         error = f"{type(e).__name__}: {e}"
