@@ -350,6 +350,17 @@ def test_sweep_page_and_plots(reference: Path) -> None:
         assert _colours(img) > 20
 
 
+def test_no_plots_writes_the_tables_and_the_page_without_them(spec_path: Path, reference: Path, tmp_path: Path) -> None:
+    """``--no-plots``: the same tables, a page without the plot section, no plots folder (resumed from the
+    reference's journal, so no point runs again)."""
+    for name in ("journal.jsonl", "spec.yaml"):
+        (tmp_path / name).write_bytes((reference / name).read_bytes())
+    assert main(["sweep", str(spec_path), "--out", str(tmp_path), "--no-plots", "--no-progress"]) == 0
+    assert (tmp_path / "results.csv").read_bytes() == (reference / "results.csv").read_bytes()
+    md = (tmp_path / "sweep.md").read_text()
+    assert "**Best point**" in md and "plots/" not in md and not (tmp_path / "plots").exists()
+
+
 def test_cli_dry_run(spec_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sweep", str(spec_path), "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -360,7 +371,7 @@ def test_cli_dry_run(spec_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     )
 
 
-@pytest.mark.parametrize("name", ["mxu_vs_hbm", "bf16_tiling", "vmem_vs_block", "megacore"])
+@pytest.mark.parametrize("name", ["mxu_vs_hbm", "bf16_tiling", "vmem_vs_block", "megacore", "vector_units"])
 def test_shipped_specs_load(name: str) -> None:
     spec = load_spec(ROOT / "configs" / "sweeps" / f"{name}.yaml")
     assert len(spec.points) >= 6

@@ -21,6 +21,8 @@ def configure_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS", help="the Dask scheduler, e.g. tcp://10.0.0.5:8786")
     p.add_argument("--retry-failed", action="store_true", help="run again the points an earlier run recorded as failed")
     p.add_argument("--no-progress", action="store_true", help="no progress line even on a terminal")
+    p.add_argument("--no-plots", action="store_true",
+                   help="write the tables and sweep.md without the plots (rendering them takes seconds)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="list the points and exit")
 
 
@@ -44,7 +46,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         warnings.showwarning = _show_warning
         result = run_sweep(
             spec, args.out, workers=args.workers, executor=args.executor, scheduler=args.scheduler,
-            progress=False if args.no_progress else None, retry_failed=args.retry_failed,
+            progress=False if args.no_progress else None, retry_failed=args.retry_failed, plots=not args.no_plots,
         )  # fmt: skip
     folder = result.files[-1].parent
     failed = sum(r["status"] != "ok" for r in result.rows)

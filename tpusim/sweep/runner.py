@@ -74,17 +74,20 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _finish(spec: SweepSpec, out: Path, journal: Journal, dpi: int) -> tuple[list[dict[str, Any]], Any, list[Path]]:
+def _finish(
+    spec: SweepSpec, out: Path, journal: Journal, dpi: int, with_plots: bool = True
+) -> tuple[list[dict[str, Any]], Any, list[Path]]:
     from tpusim.sweep.markdown import render_sweep
-    from tpusim.sweep.plots import metric_figure, pareto_figure
 
     rows = [journal.rows[p.id] for p in spec.points if p.id in journal.rows]
     files = list(write_tables(out, rows, columns(spec)))
     best = best_points(spec, rows)
     plots_dir = out / "plots"
-    plots_dir.mkdir(exist_ok=True)
     plots: dict[str, str] = {}
-    if any(r["status"] == "ok" for r in rows):
+    if with_plots and any(r["status"] == "ok" for r in rows):
+        from tpusim.sweep.plots import metric_figure, pareto_figure
+
+        plots_dir.mkdir(exist_ok=True)
         for metric in spec.metrics:
             path = plots_dir / f"{metric.replace('.', '_')}.png"
             metric_figure(rows, metric, spec.axes).savefig(path, dpi=dpi)
@@ -110,6 +113,7 @@ def run_sweep(
     progress: bool | None = None,
     retry_failed: bool = False,
     dpi: int = 100,
+    plots: bool = True,
 ) -> SweepResult:
     """Run every point of ``spec`` not already recorded in the output folder, then write the tables and plots.
 
@@ -122,6 +126,7 @@ def run_sweep(
         progress: show a progress line (default: when stderr is a terminal).
         retry_failed: run again the points recorded as failed.
         dpi: resolution of the plots.
+        plots: render the plots (a few seconds; False writes the tables and ``sweep.md`` without them).
 
     Raises:
         SweepInterrupted: on Ctrl-C, after recording every finished row and writing the tables.
@@ -149,14 +154,14 @@ def run_sweep(
             EXECUTORS[executor](jobs, on_row, workers=workers, scheduler=scheduler)
         except KeyboardInterrupt:
             bar.close()
-            _finish(spec, folder, journal, dpi)
+            _finish(spec, folder, journal, dpi, plots)
             n = sum(p.id in journal.rows for p in spec.points)
             raise SweepInterrupted(
                 f"interrupted: {n} of {len(spec.points)} points are recorded in {folder}; run the same command "
                 "again to finish the rest"
             ) from None
         bar.close()
-        rows, best, files = _finish(spec, folder, journal, dpi)
+        rows, best, files = _finish(spec, folder, journal, dpi, plots)
     finally:
         journal.close()
     return SweepResult(rows, best, len(jobs), files)
