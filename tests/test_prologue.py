@@ -115,3 +115,24 @@ def _elements(ref: object) -> int:
     for n in dims:
         out *= n
     return out
+
+
+def test_a_product_that_cannot_apply_its_prologue_runs_the_producer_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the product's plan fails at its own turn after it took the producer (its VMEM there is not
+    what it was at the producer's), the producer's code runs right before the plain product, and the
+    outputs are still right."""
+    from tpusim.compiler.lowering import dot
+
+    def plan(self: object) -> object:
+        if getattr(self, "prologue", None) is not None:
+            raise dot.NotLowerable("no room (test)")
+        return original(self)
+
+    original = dot._DotEmitter.plan
+    monkeypatch.setattr(dot, "_prologue_pays", lambda *args: True)  # the producer's turn says yes
+    monkeypatch.setattr(dot._DotEmitter, "plan", plan)  # the product's turn cannot
+    module = parse_module(dequantised(48, 384, 256))
+    checked = run_checked(module, random_inputs(module, 4)[0], config="tpu_v5e")
+    checked.assert_ok("producer first")
+    code = [i for i in checked.result.compiled.program.streams[0].instructions if i.hlo == "d"]
+    assert any(isinstance(i, DmaStart) and i.dst.shape.element_type.name == "bf16" for i in code)  # its result

@@ -34,13 +34,12 @@ from functools import lru_cache
 from typing import Any
 
 from tpusim.compiler.dot_dims import DotDims, convolution_dims, dot_dims, oriented
-from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
 from tpusim.compiler.lowering.epilogue import Chain, Side, epilogue_chain
 from tpusim.compiler.lowering.prologue import Prologue, prologue_chain
-from tpusim.compiler.lowering.registry import NotLowerable, lowering
+from tpusim.compiler.lowering.registry import LOWERINGS, NotLowerable, lowering
 from tpusim.compiler.lowering.views import view_ref, view_shape
 from tpusim.isa import (
     PRECISION_PASSES,
@@ -329,22 +328,29 @@ def emit_taking_prologue(
     epilogue: Epilogue | None = None,
 ) -> bool:
     """:func:`emit_product`, with the producer of the weights as its prologue when that fusion emitted
-    nothing (:func:`absorbs` said the product would apply it).
-
-    Raises:
-        CompileError: the product took a prologue and cannot be emitted (a fallback would read weights
-            nobody wrote).
+    nothing (:func:`absorbs` said the product would apply it). When the product cannot apply it after all
+    (its VMEM here is not what it was at the producer's turn), the producer's own code runs first, then the
+    plain product: the producer came right before the product and shares no byte with what it writes, so
+    its operands are still there.
     """
+    key = (comp.name, instr.operands[1])
     prologue = None
-    if (comp.name, instr.operands[1]) in ctx.prologued:
+    if key in ctx.prologued:
         prologue = _prologue(ctx, comp, instr.operands[1])
         assert prologue is not None, "absorbs() built it when the producer was lowered"
+    mark = ctx.checkpoint()
     try:
         return emit_product(ctx, instr, dims, lhs, rhs, out, epilogue, prologue)
-    except NotLowerable as why:
+    except NotLowerable:
         if prologue is None:
             raise
-        raise CompileError(f"{instr.name}: the product cannot apply {prologue.name}, which it took: {why}") from why
+        ctx.rollback(mark)
+    ctx.prologued.discard(key)
+    producer = comp[prologue.name]
+    ctx.prologues.pop(key, None)  # (so the fusion's rule emits its code now)
+    with ctx.op(comp, producer):  # (its own resources, its code stamped with its name)
+        LOWERINGS["fusion"](ctx, comp, producer)
+    return emit_product(ctx, instr, dims, lhs, rhs, out, epilogue)
 
 
 def _product_dims(instr: Instruction, lhs: MemRef, rhs: MemRef, out: MemRef) -> DotDims | None:

@@ -14,7 +14,9 @@ fusion's parameter of the result's dimensions; any other parameter is a side ope
 the dot's (:func:`~tpusim.compiler.lowering.dot.absorbs`) whether the product can apply the chain to its
 weight windows (a 2-D right operand that is not folded, side operands small enough to load whole, VMEM
 for the staged windows, no byte shared with the dot's result); if so the fusion emits nothing and the dot
-loads each window of the source, runs the chain on the VPU into the weight slot and multiplies.
+loads each window of the source, runs the chain on the VPU into the weight slot and multiplies. A dot that
+then cannot plan it after all emits the fusion's own code first (:func:`~tpusim.compiler.lowering.dot.
+emit_taking_prologue`).
 """
 
 from __future__ import annotations
