@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tpusim.devices.units import Access
+from tpusim.devices.units import Access, Issued
 
 if TYPE_CHECKING:
     from tpusim.devices.core import Core
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["issue_compute", "issue_mxu_fast", "issue_vpu_static"]
 
 
-def issue_compute(core: Core, d: Decoded, t: int) -> Any:
+def issue_compute(core: Core, d: Decoded, t: int) -> Issued:
     ins = d.ins
     numeric = d.numeric
     reads: tuple[Access, ...] = ()
@@ -103,7 +103,7 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Any:
     return t + 1
 
 
-def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Any:
+def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Issued:
     """``issue_compute`` for an MXU instruction whose one operand needs at most a base register (chosen at
     decode).
 
@@ -174,7 +174,7 @@ def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Any:
     return t + 1
 
 
-def issue_vpu_static(core: Core, d: Decoded, t: int) -> Any:
+def issue_vpu_static(core: Core, d: Decoded, t: int) -> Issued:
     """``issue_compute`` for a VPU instruction whose operands need no registers (the common case).
 
     NOTE: speed. Same rules as issue_compute, with the decode-time facts used directly.

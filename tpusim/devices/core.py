@@ -23,7 +23,8 @@ same instruction again.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, cast
 
 from tpusim.devices import fallback as _fallback  # noqa: F401  (registers the fallback spec)
 from tpusim.devices import mxu as _mxu  # noqa: F401  (registers the MXU specs)
@@ -33,6 +34,7 @@ from tpusim.devices import vpu as _vpu  # noqa: F401  (registers the VPU and XLU
 from tpusim.devices.compute import issue_compute
 from tpusim.devices.decode import Decoded, DecodedStream, OperandPlan, decoded_stream
 from tpusim.devices.dma import DmaEngines, issue_dma
+from tpusim.devices.engine import Event
 from tpusim.devices.hazards import Scoreboard
 from tpusim.devices.mxu import MxuState
 from tpusim.devices.units import COMPUTE, Access, ExecutionError, handles
@@ -267,7 +269,7 @@ class Core:
         return b
 
     # ------------------------------------------------------------------ the sequencer process
-    def run(self) -> Any:
+    def run(self) -> Generator[Event, Any, None]:
         """The SimPy process: issue until the end of the stream (or ``halt``)."""
         env = self.env
         decoded = self.decoded
@@ -283,7 +285,7 @@ class Core:
                 t = r
                 retry = False
                 continue
-            yield r
+            yield cast(Event, r)
             self.blocked = None
             retry = True
             now = env.now
@@ -292,7 +294,7 @@ class Core:
         self.finished = True
         self.final_cycle = max(t, self.max_end)
 
-    def block(self, d: Decoded, reason: str, event: Any, *args: Any) -> Any:
+    def block(self, d: Decoded, reason: str, event: Event, *args: Any) -> Event:
         """Record why the sequencer waits (for deadlock reports) and return the event to wait for.
 
         ``reason`` is a ``str.format`` template of ``args`` (formatted only for a report: most waits end)."""

@@ -30,7 +30,7 @@ import numpy as np
 from tpusim.devices.engine import Event, Timeout
 from tpusim.devices.flows import Flow, resource, uses_arrays
 from tpusim.devices.stores import read_value, write_value
-from tpusim.devices.units import Access
+from tpusim.devices.units import Access, Issued
 from tpusim.isa import Reg, Space
 from tpusim.memory import Shape, geometry
 from tpusim.memory.windows import window_slots, window_strides
@@ -384,9 +384,9 @@ class Transfer(Flow):
         self.start = 0
         self.end = 0  # the completion cycle, known when the last byte moved
         self.done = False
-        self.event: Any = None
+        self.event: Event | None = None
 
-    def wait_event(self) -> Any:
+    def wait_event(self) -> Event:
         """An event that fires at completion (created on demand: a transfer nobody waits for costs none)."""
         if self.event is None:
             self.event = Event(self.core.env)
@@ -589,7 +589,7 @@ def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core
     return TransferFacts(plan, latency, [(resource(k, name, c), w) for k, name, c, w in specs], cap)
 
 
-def issue_dma(core: Core, d: Decoded, t: int) -> Any:
+def issue_dma(core: Core, d: Decoded, t: int) -> Issued:
     """Issue handler of ``dma.start`` (registered by the core).
 
     A transfer's facts depend only on the layouts, the windows' offsets modulo the layouts' periods and

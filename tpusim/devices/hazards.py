@@ -19,9 +19,12 @@ always overlaps the box, so the answers are exactly those of the full scans).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpusim.isa import Space
+
+if TYPE_CHECKING:
+    from tpusim.devices.dma import Transfer
 
 __all__ = ["OWN", "MemoryKey", "Range", "Scoreboard", "box_of"]
 
@@ -69,7 +72,7 @@ class Scoreboard:
         self.writers: dict[Range, int] = {}
         self.readers: dict[Range, int] = {}
         self.writers_box = self.readers_box = _EMPTY  # bounding boxes (lo, hi) of the entries' addresses
-        self.dmas: list[tuple[Any, Any, int, int, Any, int, int]] = []  # see check
+        self.dmas: list[tuple[Transfer, Any, int, int, Any, int, int]] = []  # see check
         self.dma_reads = self.dma_writes = _EMPTY  # bounding boxes of the in-flight DMAs' read / write ranges
 
     def _clear(self) -> None:
@@ -305,7 +308,7 @@ class Scoreboard:
         self.dma_reads = (r_lo, r_hi)
         self.dma_writes = (w_lo, w_hi)
 
-    def pending_dma(self) -> Any:
+    def pending_dma(self) -> Transfer | None:
         """Some in-flight DMA of this core, or None (used by barriers to drain)."""
         return self.dmas[0][0] if self.dmas else None
 

@@ -16,7 +16,7 @@ import numpy as np
 from tpusim.devices.hazards import OWN
 from tpusim.devices.limits import count_jump, limit_error
 from tpusim.devices.stores import read_value, write_value
-from tpusim.devices.units import handles
+from tpusim.devices.units import Issued, handles
 from tpusim.isa import Branch, Halt, Jump, Reg, ScalarAlu, ScalarLoad, ScalarStore, Space
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def _scalar_access(core: Core, d: Decoded, ref: Any) -> Any:
 
 
 @handles(ScalarLoad)
-def issue_scalar_load(core: Core, d: Decoded, t: int) -> Any:
+def issue_scalar_load(core: Core, d: Decoded, t: int) -> Issued:
     ins = d.ins
     a = _scalar_access(core, d, ins.src)
     need, dma = core.scoreboard.check(t, ((OWN[a.space], a.lo, a.hi),), ())
@@ -147,7 +147,7 @@ def issue_scalar_load(core: Core, d: Decoded, t: int) -> Any:
 
 
 @handles(ScalarStore)
-def issue_scalar_store(core: Core, d: Decoded, t: int) -> Any:
+def issue_scalar_store(core: Core, d: Decoded, t: int) -> Issued:
     ins = d.ins
     a = _scalar_access(core, d, ins.dst)
     rng = ((OWN[a.space], a.lo, a.hi),)

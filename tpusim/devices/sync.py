@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tpusim.devices.engine import Event
-from tpusim.devices.units import handles
+from tpusim.devices.units import Issued, handles
 from tpusim.isa import Barrier, Reg, SemSignal, SemWait
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _record(core: Core, d: Decoded, start: int, end: int) -> None:
 
 
 @handles(SemWait)
-def issue_sem_wait(core: Core, d: Decoded, t: int) -> Any:
+def issue_sem_wait(core: Core, d: Decoded, t: int) -> Issued:
     ins = d.ins
     bank = core.sems
     v = bank.values[ins.sem]
@@ -103,7 +103,7 @@ def issue_sem_signal(core: Core, d: Decoded, t: int) -> int:
 
 
 @handles(Barrier)
-def issue_barrier(core: Core, d: Decoded, t: int) -> Any:
+def issue_barrier(core: Core, d: Decoded, t: int) -> Issued:
     ins = d.ins
     ev = core.barrier_event
     if ev is None:
@@ -122,7 +122,7 @@ def issue_barrier(core: Core, d: Decoded, t: int) -> Any:
     if not ev.processed:
         return core.block(d, f"waits at barrier {ins.id} ({ins.scope}) for the other cores to arrive", ev)
     core.barrier_event = None
-    end = max(t, ev.value)
+    end = max(t, int(ev.value))
     _record(core, d, core.first_try, end)
     core.pc = d.index + 1
     return end

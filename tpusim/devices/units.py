@@ -13,15 +13,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tpusim.devices.engine import Event
 from tpusim.errors import TpusimError
 from tpusim.isa import MemRef, Space
 from tpusim.memory import Shape
 
 if TYPE_CHECKING:
     from tpusim.config import ChipConfig
+    from tpusim.devices.core import Core
+    from tpusim.devices.decode import Decoded
     from tpusim.devices.stores import ByteStore
 
-__all__ = ["COMPUTE", "HANDLERS", "Access", "ComputeSpec", "Cost", "ExecutionError", "handles", "register_compute"]
+__all__ = [
+    "COMPUTE",
+    "HANDLERS",
+    "Access",
+    "ComputeSpec",
+    "Cost",
+    "ExecutionError",
+    "Handler",
+    "Issued",
+    "handles",
+    "register_compute",
+]
 
 
 class ExecutionError(TpusimError):
@@ -112,7 +126,11 @@ def register_compute(cls: type, spec: ComputeSpec) -> None:
     COMPUTE[cls] = spec
 
 
-Handler = Callable[[Any, Any, int], Any]
+Issued = int | Event
+"""What an issue handler returns: the cycle the sequencer may issue its next instruction at, or an event to
+wait for before it tries the same instruction again."""
+
+Handler = Callable[["Core", "Decoded", int], Issued]
 HANDLERS: dict[type, Handler] = {}
 """Instruction class -> issue handler ``(core, decoded, t) -> next cycle | event to wait for``."""
 
