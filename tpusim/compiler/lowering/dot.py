@@ -38,8 +38,8 @@ from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
 from tpusim.compiler.lowering.epilogue import Chain, Side, epilogue_chain
-from tpusim.compiler.lowering.prologue import Prologue, prologue_chain
-from tpusim.compiler.lowering.registry import LOWERINGS, NotLowerable, lowering
+from tpusim.compiler.lowering.prologue import Prologue, producer_computation, prologue_chain
+from tpusim.compiler.lowering.registry import NotLowerable, lowering, rule_for
 from tpusim.compiler.lowering.views import view_ref, view_shape
 from tpusim.isa import (
     PRECISION_PASSES,
@@ -348,8 +348,10 @@ def emit_taking_prologue(
     ctx.prologued.discard(key)
     producer = comp[prologue.name]
     ctx.prologues.pop(key, None)  # (so the fusion's rule emits its code now)
+    rule = rule_for(ctx, comp, producer)
+    assert rule is not None, "a producer of the weights is a fusion or an elementwise instruction"
     with ctx.op(comp, producer):  # (its own resources, its code stamped with its name)
-        LOWERINGS["fusion"](ctx, comp, producer)
+        rule(ctx, comp, producer)
     return emit_product(ctx, instr, dims, lhs, rhs, out, epilogue)
 
 
@@ -388,7 +390,9 @@ def _prologue(ctx: Lowering, comp: Computation, fusion: str) -> Prologue | None:
     """The producer fusion ``fusion`` as the dot applies it; None when a side operand has no view at the
     weights' rank."""
     instr = comp[fusion]
-    chain = prologue_chain(ctx.module[instr.attr("calls")], ctx.module)
+    body = producer_computation(ctx.module, comp, instr)
+    assert body is not None, "find_prologues took only producers with a body"
+    chain = prologue_chain(body, ctx.module)
     sides = []
     for s in chain.sources:
         if isinstance(s, Side):

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
 from tpusim.compiler.lowering.epilogue import Chain, epilogue_chain, with_users
-from tpusim.isa import MemRef
+from tpusim.isa import VPU_FUNCTIONS, MemRef
 from tpusim.memory import Shape
 
-__all__ = ["PRODUCTS", "Prologue", "find_prologues", "prologue_chain"]
+__all__ = ["PRODUCTS", "Prologue", "find_prologues", "producer_computation", "prologue_chain"]
 
 PRODUCTS = frozenset({"dot", "convolution"})
 """Opcodes whose right operand may take a prologue (a convolution only where it is a matrix product, which
@@ -45,6 +45,27 @@ class Prologue:
     source: MemRef
     chain: Chain
     sides: tuple[MemRef, ...]
+
+
+def producer_computation(module: Module, comp: Computation, instr: Instruction) -> Computation | None:
+    """What ``instr`` computes as a computation of its operands (parameter ``i`` is operand ``i``): a loop
+    fusion's body, or a one-instruction computation for an elementwise instruction outside any fusion (a
+    bare ``convert`` of int8 weights; scalar constant operands stay constants); None for anything else."""
+    if instr.opcode == "fusion":
+        return module[instr.attr("calls")] if instr.attr("kind") == "kLoop" else None
+    if instr.opcode not in VPU_FUNCTIONS or not isinstance(instr.shape, Shape):
+        return None
+    params, names = [], []
+    for i, operand in enumerate(instr.operands):
+        src = comp[operand]
+        name = f"param.{i}"
+        if src.opcode == "constant" and isinstance(src.shape, Shape) and src.shape.rank == 0:
+            params.append(Instruction(name, "constant", src.shape, (), Attributes({"literal": src.attr("literal")})))
+        else:
+            params.append(Instruction(name, "parameter", src.shape, (), Attributes({"parameter_number": i})))
+        names.append(name)
+    body = Instruction(instr.name, instr.opcode, instr.shape, tuple(names), instr.attributes)
+    return Computation(f"{instr.name}.single", (*params, body), instr.name)
 
 
 def prologue_chain(fused: Computation, module: Module | None = None) -> Chain:
@@ -78,16 +99,17 @@ def find_prologues(module: Module) -> dict[tuple[str, str], str]:
                 continue
             if instr.operands[0] == before.name or [u.name for u in users.get(before.name, [])] != [instr.name]:
                 continue
-            if _applies(module, before):
+            if _applies(module, comp, before):
                 found[comp.name, before.name] = instr.name
     return found
 
 
-def _applies(module: Module, fusion: Instruction) -> bool:
-    if fusion.opcode != "fusion" or fusion.attr("kind") != "kLoop" or not isinstance(fusion.shape, Shape):
+def _applies(module: Module, comp: Computation, producer: Instruction) -> bool:
+    body = producer_computation(module, comp, producer)
+    if body is None or not isinstance(producer.shape, Shape):
         return False
     try:
-        prologue_chain(module[fusion.attr("calls")], module)
+        prologue_chain(body, module)
     except ValueError:
         return False
     return True

@@ -861,10 +861,22 @@ def _as_fusion(ctx: Lowering, comp: Computation, instr: Instruction) -> tuple[Co
     return Computation(f"{instr.name}.single", (*params, body), instr.name), inputs
 
 
+def _taken_by_product(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
+    """Whether the product ``instr`` feeds computes it on its weight windows instead (see prologue.py); then
+    ``instr`` emits nothing."""
+    dot = ctx.prologues.get((comp.name, instr.name))
+    if dot is not None and absorbs(ctx, comp, instr.name, dot):
+        ctx.prologued.add((comp.name, instr.name))
+        return True
+    return False
+
+
 @lowering(*_SINGLE_OPS)
 def lower_vector(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     if not isinstance(instr.shape, Shape):
         raise NotLowerable(f"{instr.opcode} with a tuple result")
+    if _taken_by_product(ctx, comp, instr):
+        return
     if (
         instr.opcode == "transpose"
         and ctx.buffers.buffer(comp.name, instr.name).id == ctx.buffers.buffer(comp.name, instr.operands[0]).id
@@ -876,9 +888,7 @@ def lower_vector(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
 
 @lowering("fusion")
 def lower_fusion(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    dot = ctx.prologues.get((comp.name, instr.name))
-    if dot is not None and absorbs(ctx, comp, instr.name, dot):  # the dot computes it window by window
-        ctx.prologued.add((comp.name, instr.name))
+    if _taken_by_product(ctx, comp, instr):
         return
     fused = ctx.module[instr.attr("calls")]
     inputs: dict[str, MemRef] = {}
