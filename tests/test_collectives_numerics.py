@@ -206,6 +206,24 @@ def test_three_axes_at_once(rows: int) -> None:
         _run(text, chips=16, topology="2x2x4", config="tpu_v4")
 
 
+@pytest.mark.parametrize("rows", [8, 24, 40])
+def test_a_ring_and_a_line_split_their_parts_unevenly(rows: int) -> None:
+    """v5p 4x2: the part that crosses the line of two with the most data takes less of it (whole tiles
+    each), and gathers, scatters and all-reduces still give the reference's answer."""
+    for text in (
+        _module("ag", "replica_count=8", "", f"""
+            x = f32[{rows},128] parameter(0)
+            ROOT r = f32[{8 * rows},128] all-gather(x), replica_groups={{}}, dimensions={{0}}"""),
+        _module("rs", "replica_count=8", SUM, f"""
+            x = f32[{8 * rows},128] parameter(0)
+            ROOT r = f32[{rows},128] reduce-scatter(x), replica_groups={{}}, dimensions={{0}}, to_apply=sum"""),
+        _module("ar", "replica_count=8", SUM, f"""
+            x = f32[{rows},256] parameter(0)
+            ROOT r = f32[{rows},256] all-reduce(x), replica_groups={{}}, to_apply=sum"""),
+    ):
+        _run(text, chips=8, topology="4x2", config="tpu_v5p")
+
+
 LOOP = """HloModule loop, replica_count=4
 sum {
   a = f32[] parameter(0)

@@ -183,13 +183,13 @@ def test_an_async_all_reduce_over_two_axes_runs_them_at_once_too() -> None:
 def test_a_ring_and_a_line_of_two_run_at_once_too() -> None:
     """v5p 4x2: a ring of four and a line of two (an axis of two chips does not wrap, so both directions
     share its one link pair at half a ring's bandwidth). Faster than one axis after the other (the serial
-    model: 379 us; it took 386 us before), but 21% over the concurrent model: equal halves of the data leave
-    the line the slower ring in its round, and the parts' windows queue on the DMA engines behind each
-    other (docs/multichip.md, limitations)."""
+    model: 379 us; it took 386 us before). The part that crosses the line with the most data takes less of
+    it, so the rounds are balanced: 296 us, 317 us with equal halves, 13% over the concurrent model of
+    equal halves (its windows queue on the DMA engines behind each other, docs/multichip.md)."""
     cfg = load_config("tpu_v5p")
     got = _seconds("all-gather", 64 * MIB, cfg, (4, 2))
-    assert got < 0.9 * _serial_seconds("all-gather", 64 * MIB, cfg, (4, 2))
-    assert got == pytest.approx(model_seconds("all-gather", 64 * MIB, cfg, (4, 2)), rel=0.25)
+    assert got < 0.8 * _serial_seconds("all-gather", 64 * MIB, cfg, (4, 2))
+    assert got == pytest.approx(model_seconds("all-gather", 64 * MIB, cfg, (4, 2)), rel=0.15)
 
 
 def test_collectives_over_three_axes_run_them_at_once() -> None:

@@ -23,6 +23,7 @@ done runs the forwarding steps (the reduce-scatter reads the operand, which may 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import ceil, prod
@@ -202,6 +203,56 @@ def _axis_orders(plan: GroupPlan) -> list[list[int]] | None:
     return [axes[j:] + axes[:j] for j in range(min(PARTS, len(axes)))]
 
 
+_SPLIT_STEPS = 60
+"""Fractions of the data the parts of a collective over several axes may take, in steps of 1/60."""
+
+
+def _part_units(plan: GroupPlan, orders: list[list[int]], units: int, kind: str) -> list[int]:
+    """How many of ``units`` each part takes: the split whose rounds, each as long as its slowest part's ring,
+    take the least time in all. A ring whose both directions have links of their own carries a chunk twice
+    as fast as a line (an axis of two chips, or one without its wraparound link), so on a ring-and-line block
+    the part that crosses the line with the most data takes less (v5p 4x2); where every axis is alike the
+    split is even. ``kind``: ``gather`` (round ``r`` moves the data of the axes before it), ``scatter`` (of
+    those after it) or ``reduce`` (a scatter then a gather of the same rounds, on a flat buffer)."""
+    m = min(len(orders), units)
+    even = [units // m + (j < units % m) for j in range(m)]
+    assert plan.axes is not None
+    axes = plan.axes
+
+    def factors(order: list[int]) -> list[float]:
+        out = []
+        for r, a in enumerate(order):
+            speed = 2.0 if axes[a].wraps and axes[a].length >= 3 else 1.0
+            size: float
+            if kind == "gather":
+                size = prod(axes[b].length for b in order[:r])
+            elif kind == "scatter":
+                size = prod(axes[b].length for b in order[r + 1 :])
+            else:
+                size = 1 / prod(axes[b].length for b in order[: r + 1])
+            out.append((axes[a].length - 1) * size / speed)
+        return out
+
+    per = [factors(o) for o in orders[:m]]
+    if m < 2 or all(f == per[0] for f in per):
+        return even
+
+    def cost(split: tuple[float, ...]) -> float:
+        return sum(max(w * f[r] for w, f in zip(split, per)) for r in range(len(per[0])))
+
+    grid = [
+        tuple(k / _SPLIT_STEPS for k in ks)
+        for ks in itertools.product(range(1, _SPLIT_STEPS), repeat=m - 1)
+        if sum(ks) < _SPLIT_STEPS
+    ]
+    splits = [(*g, 1 - sum(g)) for g in grid]
+    best = min(splits, key=lambda sp: (round(cost(sp), 9), max(sp) - min(sp)))
+    if cost(best) >= cost(tuple(n / units for n in even)) * (1 - 1e-9):
+        return even
+    counts = [max(1, int(units * f)) for f in best[:-1]]
+    return [*counts, units - sum(counts)] if units - sum(counts) >= 1 else even
+
+
 def _works(facts: Facts, sent: list[int | None]) -> list[RingWork]:
     """The works of ``len(sent)`` parts run at once, sharing the first one's scratch registers."""
     m = len(sent)
@@ -312,10 +363,9 @@ def _all_reduce_axes_at_once(
     ctx = facts.ctx
     lengths = _lengths(plan)
     unit = prod(lengths)
-    units = yf.shape.dimensions[0] // unit
-    m = min(len(orders), units)
+    counts = [unit * n for n in _part_units(plan, orders, yf.shape.dimensions[0] // unit, "reduce")]
+    m = len(counts)
     orders = orders[:m]
-    counts = [unit * (units // m + (j < units % m)) for j in range(m)]
     offsets = [sum(counts[:j]) for j in range(m)]
     sizes = [[c // prod(lengths[a] for a in o[: r + 1]) for r in range(len(o))] for c, o in zip(counts, orders)]
     directions: dict[int, int] = {}
@@ -445,16 +495,15 @@ class _Block:
 
 def _block(
     facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], k: int, dims: tuple[int, ...], dim: int,
-    handshake: bool, quantum: int,
+    handshake: bool, quantum: int, kind: str,
 ) -> _Block:  # fmt: skip
     """The shared set-up of a gather or scatter over a torus block's axes at once; with ``handshake`` the entry
-    handshake over every ring. The parts split a shard's ``k`` rows as evenly as whole ``quantum``-row units
-    allow (tiles along ``dim``: windows that start inside a tile would share its bytes with their
-    neighbours' windows), or as evenly as rows allow when the shard is not whole units."""
+    handshake over every ring. The parts split a shard's ``k`` rows in whole ``quantum``-row units (tiles along
+    ``dim``: windows that start inside a tile would share its bytes with their neighbours' windows), or in
+    rows when the shard is not whole units, as :func:`_part_units` says for ``kind``."""
     q = quantum if k % quantum == 0 else 1
-    units = k // q
-    m = min(len(orders), units)
-    rows = [q * (units // m + (j < units % m)) for j in range(m)]
+    rows = [q * n for n in _part_units(plan, orders, k // q, kind)]
+    m = len(rows)
     offsets = [sum(rows[:j]) for j in range(m)]
     lengths = _lengths(plan)
     rank_stride = [k * prod(lengths[i + 1 :]) for i in range(len(lengths))]
@@ -480,7 +529,9 @@ def _reduce_scatter_axes_at_once(
     the last round reduces them into the result."""
     ctx = facts.ctx
     k = y.shape.dimensions[dim]
-    blk = _block(facts, plan, bank, orders, k, x.shape.dimensions, dim, True, tile_rows(dim, x.shape, y.shape))
+    blk = _block(
+        facts, plan, bank, orders, k, x.shape.dimensions, dim, True, tile_rows(dim, x.shape, y.shape), "scatter"
+    )
     orders = orders[: len(blk.rows)]
     partial = ctx.scratch(x.shape)
     works = _works(facts, [None] * len(orders))
@@ -568,8 +619,9 @@ def _all_gather_axes_at_once(
     ctx = facts.ctx
     k = x.shape.dimensions[dim]
     blk = _block(
-        facts, plan, bank, orders, k, y.shape.dimensions, dim, part != "done", tile_rows(dim, x.shape, y.shape)
-    )
+        facts, plan, bank, orders, k, y.shape.dimensions, dim, part != "done", tile_rows(dim, x.shape, y.shape),
+        "gather",
+    )  # fmt: skip
     orders = orders[: len(blk.rows)]
     if part != "done":
         own = blk.start(facts, list(blk.rings), 0)  # this chip's shard: rows rank * k of the result
