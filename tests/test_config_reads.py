@@ -95,3 +95,15 @@ def test_keys_the_compiler_reads_compile_again(key: str) -> None:
     options = CompileOptions()
     base = compiled_for(BLOCK, load_config("tpu_v5e"), options)
     assert compiled_for(BLOCK, load_config("tpu_v5e", [key]), options).program is not base.program
+
+
+def test_a_sweep_over_keys_the_compiler_reads_keeps_a_few_compilations() -> None:
+    """A worker keeps at most four compilations per program, so a long sweep over HBM bandwidth does not
+    hold one compiled program per point."""
+    from tpusim.sweep import point
+
+    options = CompileOptions(fuse=False)  # (a key of its own in the worker's cache)
+    for gbps in (400, 500, 600, 700, 800, 900):
+        compiled_for(BLOCK, load_config("tpu_v5e", [f"hbm.bandwidth_bytes_per_s={gbps}e9"]), options)
+    kept = [entries for (_, opts), entries in point._COMPILED.items() if opts == options]
+    assert len(kept) == 1 and len(kept[0]) == 4

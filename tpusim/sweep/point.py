@@ -86,6 +86,9 @@ def _metrics(result: Any) -> dict[str, Any]:
 _COMPILED: OrderedDict[tuple[str, CompileOptions], list[tuple[frozenset[Path], Any, CompiledProgram]]] = OrderedDict()
 _KEEP = 8
 """Programs (with their compile options) whose compilations a process keeps for later points."""
+_KEEP_EACH = 4
+"""Compilations (for different values of the keys the compiler read) a process keeps per program: a sweep
+over those keys compiles every point, and keeping them all would grow with the sweep."""
 
 
 def compiled_for(program_text: str, config: ChipConfig, options: CompileOptions) -> CompiledProgram:
@@ -114,6 +117,7 @@ def compiled_for(program_text: str, config: ChipConfig, options: CompileOptions)
         compiled = compile_checked(module, config, options)
     paths = frozenset(reads)
     entries.append((paths, read_values(config, paths), compiled))
+    del entries[:-_KEEP_EACH]
     return compiled
 
 
