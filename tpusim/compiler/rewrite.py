@@ -1,14 +1,15 @@
 """What the instruction-rewriting passes share: rewrite each instruction of every computation into a list of
-instructions, and fresh instruction names."""
+instructions, fresh instruction names, and an instruction as a computation of its own."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
 
-from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
+from tpusim.memory import Shape
 
-__all__ = ["rewrite_instructions", "unique_name"]
+__all__ = ["rewrite_instructions", "single_computation", "unique_name"]
 
 Rule = Callable[[Computation, Instruction, set[str]], "list[Instruction] | None"]
 """``rule(computation, instruction, names taken)``: the instructions replacing it (the last one keeps its
@@ -39,3 +40,19 @@ def unique_name(name: str, taken: set[str]) -> str:
         unique = f"{name}.{k}"
     taken.add(unique)
     return unique
+
+
+def single_computation(comp: Computation, instr: Instruction) -> Computation:
+    """``instr`` of ``comp`` as a computation of its operands: parameter ``param.<i>`` (number ``i``) for
+    operand ``i``, except scalar constants, which stay constants; its root is ``instr`` under its own name."""
+    params, names = [], []
+    for i, operand in enumerate(instr.operands):
+        src = comp[operand]
+        name = f"param.{i}"
+        if src.opcode == "constant" and isinstance(src.shape, Shape) and src.shape.rank == 0:
+            params.append(Instruction(name, "constant", src.shape, (), Attributes({"literal": src.attr("literal")})))
+        else:
+            params.append(Instruction(name, "parameter", src.shape, (), Attributes({"parameter_number": i})))
+        names.append(name)
+    body = Instruction(instr.name, instr.opcode, instr.shape, tuple(names), instr.attributes)
+    return Computation(f"{instr.name}.single", (*params, body), instr.name)

@@ -267,10 +267,11 @@ class Facts:
         self.alu("mul", out, out, ax.stride)
         return self.alu("add", out, out, self.me)
 
-    def release(self, *regs: Reg) -> None:
-        """Give registers back (each once, however often listed)."""
+    def release(self, *regs: Reg | int) -> None:
+        """Give registers back (each once, however often listed; immediates among them are skipped)."""
         for r in dict.fromkeys(regs):
-            self.ctx.release_register(r)
+            if isinstance(r, Reg):
+                self.ctx.release_register(r)
 
     def select(self, key: Reg, values: list[int]) -> Reg:
         """A register holding ``values[key]`` (branch-free, as :meth:`table` but keyed by a register)."""

@@ -405,9 +405,9 @@ def _all_reduce_axes_at_once(
                     for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
                 ]
             )
-            _release_all(facts, *starts)
+            facts.release(*starts)
             starts = ends
-        _release_all(facts, *starts)
+        facts.release(*starts)
     for r in reversed(rounds):
         first = r == rounds[-1]
         if part == "start" and not first:
@@ -421,7 +421,7 @@ def _all_reduce_axes_at_once(
                 for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
             ]
         )
-        _release_all(facts, *starts)
+        facts.release(*starts)
     for ring in rings.values():
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
     for w in works:
@@ -514,10 +514,6 @@ def _block(
     return _Block(rows, offsets, lengths, rank_stride, rings)
 
 
-def _release_all(facts: Facts, *regs: Reg | int) -> None:
-    facts.release(*(r for r in regs if isinstance(r, Reg)))
-
-
 def _reduce_scatter_axes_at_once(
     facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], x: MemRef, y: MemRef, dim: int, fn: str
 ) -> None:
@@ -551,7 +547,7 @@ def _reduce_scatter_axes_at_once(
                 for j, (w, o) in enumerate(zip(works, orders))
             ]
         )  # fmt: skip
-        _release_all(facts, *base)
+        facts.release(*base)
         base = fin
     blk.release(facts)
     for w in works:
@@ -646,7 +642,7 @@ def _all_gather_axes_at_once(
                 for j, (w, o) in enumerate(zip(works, orders))
             ]
         )  # fmt: skip
-        _release_all(facts, *base)
+        facts.release(*base)
     blk.release(facts)
     for w in works:
         w.release()

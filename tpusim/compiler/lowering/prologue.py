@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
+from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.lowering.epilogue import Chain, epilogue_chain, with_users
+from tpusim.compiler.rewrite import single_computation
 from tpusim.isa import VPU_FUNCTIONS, MemRef
 from tpusim.memory import Shape
 
@@ -55,17 +56,7 @@ def producer_computation(module: Module, comp: Computation, instr: Instruction) 
         return module[instr.attr("calls")] if instr.attr("kind") == "kLoop" else None
     if instr.opcode not in VPU_FUNCTIONS or not isinstance(instr.shape, Shape):
         return None
-    params, names = [], []
-    for i, operand in enumerate(instr.operands):
-        src = comp[operand]
-        name = f"param.{i}"
-        if src.opcode == "constant" and isinstance(src.shape, Shape) and src.shape.rank == 0:
-            params.append(Instruction(name, "constant", src.shape, (), Attributes({"literal": src.attr("literal")})))
-        else:
-            params.append(Instruction(name, "parameter", src.shape, (), Attributes({"parameter_number": i})))
-        names.append(name)
-    body = Instruction(instr.name, instr.opcode, instr.shape, tuple(names), instr.attributes)
-    return Computation(f"{instr.name}.single", (*params, body), instr.name)
+    return single_computation(comp, instr)
 
 
 def prologue_chain(fused: Computation, module: Module | None = None) -> Chain:

@@ -23,13 +23,14 @@ from tpusim.compiler.blocks import (
     reduction_split,
     tile_granule,
 )
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, SliceDim
+from tpusim.compiler.hlo.ir import Computation, Instruction, SliceDim
 from tpusim.compiler.lowering.context import Lowering, StateKey, VmemExhausted
 from tpusim.compiler.lowering.control import read_scalar
 from tpusim.compiler.lowering.dot import absorbs
 from tpusim.compiler.lowering.immediates import scalar_constant
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.reinterpret import emit_reduce_precision
+from tpusim.compiler.rewrite import single_computation
 from tpusim.isa import (
     REDUCE_FUNCTIONS,
     VPU_FUNCTIONS,
@@ -845,20 +846,13 @@ def _scalar_inputs(ctx: Lowering, comp: Computation, plan: Plan, inputs: dict[st
 
 def _as_fusion(ctx: Lowering, comp: Computation, instr: Instruction) -> tuple[Computation, dict[str, MemRef]]:
     """A one-instruction computation for an op outside a fusion, with its operands as parameters."""
-    params, inputs, renamed = [], {}, []
-    for i, operand in enumerate(instr.operands):
-        shape = comp[operand].shape
-        name = f"param.{i}"
-        params.append(Instruction(name, "parameter", shape, (), Attributes({"parameter_number": i})))
-        if comp[operand].opcode == "constant" and isinstance(shape, Shape) and shape.rank == 0:
-            params[-1] = Instruction(
-                name, "constant", shape, (), Attributes({"literal": comp[operand].attr("literal")})
-            )
-        else:
-            inputs[name] = ctx.home(comp.name, operand)
-        renamed.append(name)
-    body = Instruction(instr.name, instr.opcode, instr.shape, tuple(renamed), instr.attributes)
-    return Computation(f"{instr.name}.single", (*params, body), instr.name), inputs
+    single = single_computation(comp, instr)
+    inputs = {
+        p.name: ctx.home(comp.name, instr.operands[p.attr("parameter_number")])
+        for p in single.instructions
+        if p.opcode == "parameter"
+    }
+    return single, inputs
 
 
 def _taken_by_product(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
