@@ -13,7 +13,7 @@ from test_layout_properties import tiled_shapes
 from tpusim.devices.stores import ByteStore, read_value, write_value
 from tpusim.memory import geometry, pack, parse_shape, unpack
 from tpusim.memory.tiling import axis_slots, is_separable
-from tpusim.memory.windows import window_extent, window_slots, window_strides
+from tpusim.memory.windows import window_extent, window_slots, window_strides, window_vregs
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -109,3 +109,34 @@ def test_window_values_read_and_write_through_strided_views_as_through_slots(tex
     want = x.copy()
     want[window] = y
     np.testing.assert_array_equal(unpack(store.view(0, shape.byte_size), shape), want)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiled_shapes(), st.data(), st.sampled_from([64, 512, 4096]))
+def test_window_vregs_count_the_pieces_the_index_maps_slots_touch(shape, data, vreg_bytes):
+    """window_vregs (runs of slots) counts exactly the distinct vreg-sized pieces of the window's elements."""
+    if shape.rank == 0 or shape.element_count == 0:
+        return
+    geo = geometry(shape)
+    offsets, sizes = _window(shape, data)
+    grid = np.moveaxis(np.indices(sizes), 0, -1).reshape(-1, shape.rank) + np.array(offsets)
+    slots = geo.linear_index(grid)
+    lo = (geo.prefix_bytes + slots * geo.element_bits // 8) // vreg_bytes
+    hi = (geo.prefix_bytes + ((slots + 1) * geo.element_bits - 1) // 8) // vreg_bytes
+    want = np.unique(np.concatenate([lo, hi])).size
+    assert window_vregs(shape, offsets, sizes, vreg_bytes) == want
+
+
+def test_window_vregs_of_a_large_packed_window_come_from_each_dimensions_pieces():
+    """A 1024 x 1024 bf16 window in T(8,128)(2,1) tiles is 512 whole 4 KiB pieces, told from 64 x 8 tile
+    positions, not from its 1 M element slots."""
+    from tpusim.memory.windows import _axis_terms, _pieces_by_axis
+
+    shape = parse_shape("bf16[8,1024,1024]{2,1,0:T(8,128)(2,1)}")
+    geo = geometry(shape)
+    terms = _axis_terms(geo, (3, 0, 0), (1, 1024, 1024))
+    assert terms is not None
+    assert _pieces_by_axis(terms, geo.element_bits, geo.prefix_bytes, 4096) == 512
+    assert window_vregs(shape, (3, 0, 0), (1, 1024, 1024), 4096) == 512
+    # rows 8..23 are two rows of 2 KiB (8,128) tiles; lanes 0..255 the two tiles of one 4 KiB piece in each
+    assert window_vregs(shape, (3, 8, 0), (1, 16, 256), 4096) == 2
