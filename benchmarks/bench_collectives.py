@@ -6,6 +6,11 @@ Formulas (jax-ml/scaling-book, sharding.md; ``W`` the bidirectional bandwidth of
 * AllGather / ReduceScatter over ``n`` torus axes: ``V / (W n)``; AllReduce twice that.
 * AllToAll over a ring of ``N`` chips: ``V / (4 W)`` (each half sends a quarter of the data across the
   bisection).
+* Over ``S`` slices joined by the data-center network (``dcn.slices``), a collective is hierarchical: the
+  ICI axes as above, plus a ring over the slices that moves each chip's share of one slice's data,
+  ``V / N_ici``, through the chip's DCN egress of ``B = dcn.bandwidth_bytes_per_s``: ``(S - 1) / S x V /
+  (N_ici B)`` for a gather or a scatter, twice that for an all-reduce (the bandwidth-optimal ring bound,
+  Patarasuk and Yuan, JPDC 2009). The phases run one after the other, so the times add.
 
 Each run is timing-only on the shipped config. Rows whose error is large are open items of issue 16
 (docs/multichip.md lists why).
@@ -34,11 +39,18 @@ class Case:
     nbytes: int  # V, the whole array
     groups: str  # replica_groups
     axes: int  # torus axes the group spans
+    slices: int = 1  # slices of `topology` joined by DCN
+    dcn_group: int = 1  # slices the group spans (with its ICI axes: N_ici chips per slice)
 
-    def program(self) -> str:
-        chips = 1
+    @property
+    def chips(self) -> int:
+        chips = self.slices
         for n in self.topology:
             chips *= n
+        return chips
+
+    def program(self) -> str:
+        chips = self.chips
         group = chips if self.groups == "{}" else int(self.groups.split("]")[0].split(",")[1])
         cols = 1024
         rows = self.nbytes // (4 * cols)
@@ -58,10 +70,15 @@ class Case:
         return f"HloModule {self.kind}, replica_count={chips}\n{SUM}ENTRY main {{\n  {body}\n}}\n"
 
     def formula(self) -> float:
-        w = 2 * load_config(self.chip).ici.link_bandwidth_bytes_per_s
+        cfg = load_config(self.chip)
+        w = 2 * cfg.ici.link_bandwidth_bytes_per_s
         if self.kind == "all-to-all":
             return self.nbytes / (4 * w)
-        once = self.nbytes / (w * self.axes)
+        once = self.nbytes / (w * self.axes) if self.axes else 0.0
+        if self.dcn_group > 1:
+            group = self.chips if self.groups == "{}" else int(self.groups.split("]")[0].split(",")[1])
+            s = self.dcn_group
+            once += (s - 1) / s * self.nbytes / (group // s) / cfg.dcn.bandwidth_bytes_per_s
         return 2 * once if self.kind == "all-reduce" else once
 
 
@@ -78,6 +95,14 @@ CASES = [
     Case("v5e 16 ring, AllReduce, 64 MiB", "tpu_v5e", (16,), "all-reduce", 64 * MIB, "{}", 1),
     Case("v5e 16x16, AllReduce over both axes, 64 MiB", "tpu_v5e", (16, 16), "all-reduce", 64 * MIB, "{}", 2),
     Case("v5e 16 ring, AllToAll, 8 MiB per chip", "tpu_v5e", (16,), "all-to-all", 128 * MIB, "{}", 1),
+    Case("v5e 2 slices of a 16 ring, AllReduce across the slices, 8 MiB", "tpu_v5e", (16,), "all-reduce", 8 * MIB,
+         "[16,2]<=[2,16]T(1,0)", 0, 2, 2),
+    Case("v5e 2 slices of a 16 ring, AllGather over all 32 chips, 64 MiB", "tpu_v5e", (16,), "all-gather",
+         64 * MIB, "{}", 1, 2, 2),
+    Case("v5e 2 slices of a 16 ring, ReduceScatter over all 32 chips, 64 MiB", "tpu_v5e", (16,), "reduce-scatter",
+         64 * MIB, "{}", 1, 2, 2),
+    Case("v5e 2 slices of a 16 ring, AllReduce over all 32 chips, 64 MiB", "tpu_v5e", (16,), "all-reduce",
+         64 * MIB, "{}", 1, 2, 2),
 ]  # fmt: skip
 
 
@@ -85,13 +110,11 @@ def main() -> None:
     print("| case | formula (us) | tpusim (us) | error | wall (s) |")
     print("| --- | --- | --- | --- | --- |")
     for case in CASES:
-        chips = 1
-        for n in case.topology:
-            chips *= n
         began = time.perf_counter()
         result = tpusim.simulate(
-            case.program(), chips=chips, topology=case.topology, config=case.chip, timing_only=True
-        )
+            case.program(), chips=case.chips, topology=case.topology, config=case.chip, timing_only=True,
+            overrides=[f"dcn.slices={case.slices}"],
+        )  # fmt: skip
         wall = time.perf_counter() - began
         want = case.formula()
         print(

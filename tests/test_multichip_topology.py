@@ -18,7 +18,7 @@ def test_routes_follow_dimension_order_the_short_way_round() -> None:
     assert ring.route(0, 7) == [(0, 0, -1)]
     assert ring.route(0, 4) == [(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 0, 1)]  # a tie goes forward
     line = Topology((8,), wrap=False)
-    assert line.hops(0, 7) == 7 and line.neighbor(7, 0, 1) is None
+    assert line.crossings(0, 7) == (7, 0) and line.neighbor(7, 0, 1) is None
     grid = Topology((2, 4), wrap=(False, True))
     assert grid.route(0, 7) == [(0, 0, 1), (4, 1, -1)]  # axis 0 first, then axis 1 the short way
     assert Topology((2, 4), wrap=(False, True), order=(1, 0)).route(0, 7) == [(0, 1, -1), (3, 0, 1)]
@@ -47,7 +47,7 @@ def test_wraparound_rules_of_the_shipped_chips(chip: str, shape: tuple[int, ...]
 
 def test_config_keys_for_the_slice() -> None:
     cfg = load_config("tpu_v5e", ["ici.shape=[16,16]", "ici.wraparound=[true,false]", "ici.routing=[1,0]"])
-    topo = system_topology(cfg.ici, 256)
+    topo = system_topology(cfg, 256)
     assert (topo.shape, topo.wrap, topo.order) == ((16, 16), (True, False), (1, 0))
     v5e = load_config("tpu_v5e").ici
     assert (v5e.default_shape(8), v5e.default_shape(32), v5e.default_shape(256)) == ((8,), (8, 4), (16, 16))

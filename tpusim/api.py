@@ -140,10 +140,17 @@ def through_xla(
     of it (:class:`tpusim.xla_tpu.XlaCompiled`).
 
     Raises:
-        LibtpuMissingError: libtpu is not installed; XlaCompileError: XLA refused the module or the chip.
+        LibtpuMissingError: libtpu is not installed; XlaCompileError: XLA refused the module or the chip;
+        InputError: ``dcn.slices`` above 1 (XLA:TPU's deviceless compile here is for one slice).
     """
     from tpusim.compiler.hlo.printer import print_module
     from tpusim.xla_tpu import compile_with_xla
+
+    if config.dcn.slices > 1:
+        raise InputError(
+            f"the XLA:TPU compiler compiles for one slice, not dcn.slices = {config.dcn.slices}; "
+            "use tpusim's own compiler for several slices"
+        )
 
     if isinstance(program, Module):
         text = print_module(program)
@@ -274,7 +281,8 @@ def simulate(
         chips: run on this many chips (an SPMD-partitioned module, or one module as replicas); every input
             and output then has a leading chip axis (see :func:`simulate_chips`).
         topology: the chips' grid, ``"2x4"`` or ``(2, 4)`` (default: the config's ``ici.shape``, or one
-            chosen for ``chips``).
+            chosen for ``chips``); with ``dcn.slices`` above 1, the grid of one slice, and ``chips`` counts
+            all slices' chips.
         monitor: a :class:`tpusim.devices.RunMonitor` another thread may read for progress while it runs.
         max_steps: instructions the device may execute (every core and chip, each loop iteration again);
             past it the run stops with :class:`tpusim.limits.RunLimitError` naming the loop (an endless
@@ -453,15 +461,15 @@ def simulate_chips(
         shape = cfg.ici.shape
         if shape is None:
             raise InputError("a compiled program for many chips must be compiled with ici.shape set")
-        topo = system_topology(cfg.ici, chips, shape)
+        topo = system_topology(cfg, chips, shape)
     else:
         module = load_program(program)
         cfg = _config(config, overrides)
         shape = parse_topology(topology) if isinstance(topology, str) else topology
         if chips is None and shape is None:
             chips = module.replica_count * module.num_partitions
-        topo = system_topology(cfg.ici, chips, shape)
-        cfg = with_overrides(cfg, {"ici.shape": topo.shape})
+        topo = system_topology(cfg, chips, shape)
+        cfg = with_overrides(cfg, {"ici.shape": topo.slice_shape})
         compiled = compile_checked(module, cfg, options)
     compiled_at = time.perf_counter()
     n = topo.chips
@@ -471,7 +479,7 @@ def simulate_chips(
         flat = [_flatten_inputs(module, per_device[d]) for d in range(n)]
         placed = {k: [f[k] for f in flat] for k in (flat[0] if flat else {})}
     placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
-    system = System(compiled.config, n, topo.shape)
+    system = System(compiled.config, n, topo.slice_shape)
     try:
         run = system.run(
             compiled.program, placed, timing_only=timing_only, monitor=monitor, max_steps=max_steps,

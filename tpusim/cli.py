@@ -199,7 +199,7 @@ def _run_run(args: argparse.Namespace) -> int:
 
         shape = parse_topology(args.topology) if args.topology else None
         declared = module.replica_count * module.num_partitions
-        topology = system_topology(config.ici, args.chips or (None if shape else declared), shape)
+        topology = system_topology(config, args.chips or (None if shape else declared), shape)
     n = topology.chips if topology is not None else 1
     xla = None
     if args.compiler == "xla":  # XLA:TPU compiles it; the rest of the run (and --check) uses its module
@@ -233,7 +233,7 @@ def _run_run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         result = simulate(
             compiled, inputs, timing_only=args.timing_only, seed=seed, chips=n if many else None,
-            topology=topology.shape if topology is not None else None, monitor=monitor,
+            topology=topology.slice_shape if topology is not None else None, monitor=monitor,
             max_steps=args.max_steps, max_cycles=_max_cycles(args),
         )  # fmt: skip
         result = dataclasses.replace(result, compile_seconds=compiled_in, xla=xla)
@@ -265,7 +265,7 @@ def _compile_for_run(module: Module, config: Any, args: argparse.Namespace, topo
     if topology is not None:
         from tpusim.config import with_overrides
 
-        config = with_overrides(config, {"ici.shape": topology.shape})
+        config = with_overrides(config, {"ici.shape": topology.slice_shape})
     return compile_checked(module, config, _options(args))
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "ChipConfig",
     "ConfigValueError",
     "CoreConfig",
+    "DcnConfig",
     "DmaConfig",
     "HbmConfig",
     "IciConfig",
@@ -428,6 +429,23 @@ class IciConfig:
         return tuple(a for a in order if a < axes)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DcnConfig:
+    """Data-center network: ``slices`` slices of the ICI topology joined through their hosts' NICs.
+
+    A multi-slice system is the slice grid (``ici.shape``) repeated ``slices`` times along a leading axis.
+    Along that axis every chip reaches the chip at its own place in any other slice in one crossing of the
+    switched network, through its share of its host's NICs: one egress and one ingress of
+    ``bandwidth_bytes_per_s`` per chip, shared by all of its DCN traffic."""
+
+    slices: int = 1  # slices joined by DCN (1: a single slice, no DCN)
+    bandwidth_bytes_per_s: float = 6.25e9  # per chip and direction: its share of its host's NICs
+    latency_ns: float = 10000.0  # per crossing of the network (an estimate)
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
 def _factorizations(n: int, k: int) -> list[tuple[int, ...]]:
     """Every way to write ``n`` as a product of ``k`` factors > 1, largest first (non-increasing)."""
     if k == 1:
@@ -475,6 +493,7 @@ class ChipConfig:
     hbm: HbmConfig
     dma: DmaConfig = field(default_factory=DmaConfig)
     ici: IciConfig = field(default_factory=IciConfig)
+    dcn: DcnConfig = field(default_factory=DcnConfig)
     published: PublishedFigures | None = None
     source: str | None = None
     overrides: tuple[str, ...] = ()
@@ -484,7 +503,11 @@ class ChipConfig:
         for key, size in (("vmem.bytes", self.vmem.bytes), ("smem.bytes", self.smem.bytes)):
             _need(size % 4 == 0, key, f"memories hold whole 32-bit words: {size} is not a multiple of 4")
         limit = "see Limits in configs/README.md"
-        for key, ns in (("hbm.latency_ns", self.hbm.latency_ns), ("ici.hop_latency_ns", self.ici.hop_latency_ns)):
+        for key, ns in (
+            ("hbm.latency_ns", self.hbm.latency_ns),
+            ("ici.hop_latency_ns", self.ici.hop_latency_ns),
+            ("dcn.latency_ns", self.dcn.latency_ns),
+        ):
             cycles = ns * self.clock_hz / 1e9
             _need(
                 cycles <= MAX_LATENCY_CYCLES,
@@ -495,6 +518,7 @@ class ChipConfig:
         for key, per_s in (
             ("hbm.bandwidth_bytes_per_s", self.hbm.bandwidth_bytes_per_s),
             ("ici.link_bandwidth_bytes_per_s", self.ici.link_bandwidth_bytes_per_s),
+            ("dcn.bandwidth_bytes_per_s", self.dcn.bandwidth_bytes_per_s),
         ):
             per_cycle = per_s / self.clock_hz
             _need(
@@ -535,6 +559,14 @@ class ChipConfig:
     @property
     def link_bytes_per_cycle(self) -> float:
         return self.ici.link_bandwidth_bytes_per_s / self.clock_hz
+
+    @property
+    def dcn_bytes_per_cycle(self) -> float:
+        return self.dcn.bandwidth_bytes_per_s / self.clock_hz
+
+    def network_cycles(self, hops: int, crossings: int = 0) -> int:
+        """Latency of ``hops`` ICI hops and ``crossings`` of the data-center network, in cycles."""
+        return hops * self.cycles(self.ici.hop_latency_ns) + crossings * self.cycles(self.dcn.latency_ns)
 
     def cycles(self, ns: float) -> int:
         """Nanoseconds as whole cycles of this chip's clock (rounded up)."""

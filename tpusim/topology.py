@@ -1,4 +1,5 @@
-"""The chips of a system on their ICI grid: coordinates, wraparound links, dimension-order routes.
+"""The chips of a system on their ICI grid: coordinates, wraparound links, dimension-order routes; several
+slices of that grid joined by the data-center network (DCN).
 
 Shared by the compiler (collectives are planned onto rings of the grid) and the devices (a remote DMA
 crosses the links of its route), so it imports neither.
@@ -7,6 +8,10 @@ Chip ids are row-major positions in ``shape`` (``chip = ravel(coords)``). Axis `
 when ``wrap[a]`` (a ring); otherwise it is a line. A transfer follows dimension-order routing: it corrects
 the axes in ``order``, each in the shorter direction around a ring (forward on a tie) or straight along a
 line. Each directed link ``(chip it leaves, axis, +1 or -1)`` is one flow resource in the device model.
+
+A *switched* axis (the slices of a multi-slice system, joined by DCN) has no links between neighbours: a
+chip reaches the chip at its own place in any other slice in one crossing of the network, leaving through
+its egress ``(chip, axis, +1)`` and arriving through the other chip's ingress ``(other, axis, -1)``.
 
     >>> t = Topology((2, 4), wrap=(False, True))
     >>> t.coords(6), t.route(0, 7)
@@ -23,7 +28,7 @@ from typing import TYPE_CHECKING
 from tpusim.errors import ConfigError
 
 if TYPE_CHECKING:
-    from tpusim.config import IciConfig
+    from tpusim.config import ChipConfig
 
 __all__ = ["Link", "Topology", "parse_topology", "system_topology"]
 
@@ -32,12 +37,17 @@ Link = tuple[int, int, int]
 
 
 class Topology:
-    """Chips on a ``shape`` grid; ``wrap`` per axis (or one flag for all); routes in axis ``order``."""
+    """Chips on a ``shape`` grid; ``wrap`` per axis (or one flag for all); routes in axis ``order``;
+    ``switched`` axes (at most the first: the slices) joined by the data-center network."""
 
-    __slots__ = ("_routes", "order", "shape", "strides", "wrap")
+    __slots__ = ("_routes", "order", "shape", "strides", "switched", "wrap")
 
     def __init__(
-        self, shape: tuple[int, ...], wrap: bool | tuple[bool, ...], order: tuple[int, ...] | None = None
+        self,
+        shape: tuple[int, ...],
+        wrap: bool | tuple[bool, ...],
+        order: tuple[int, ...] | None = None,
+        switched: tuple[bool, ...] | None = None,
     ) -> None:
         if not shape or any(n < 1 for n in shape):
             raise ConfigError(f"a system shape needs positive sizes, not {list(shape)}")
@@ -49,6 +59,9 @@ class Topology:
         self.order = tuple(order) if order is not None else tuple(range(len(self.shape)))
         if sorted(self.order) != list(range(len(self.shape))):
             raise ConfigError(f"routing order {list(self.order)} is not a permutation of the axes of {self.shape}")
+        self.switched = tuple(switched) if switched is not None else (False,) * len(self.shape)
+        if len(self.switched) != len(self.shape) or any(self.switched[1:]):
+            raise ConfigError(f"only the first axis of {list(self.shape)} may be the slices joined by DCN")
         self.strides = tuple(prod(self.shape[a + 1 :]) for a in range(len(self.shape)))
         self._routes: dict[tuple[int, int], tuple[Link, ...]] = {}  # (a 256-chip collective asks each often)
 
@@ -56,11 +69,24 @@ class Topology:
     def chips(self) -> int:
         return prod(self.shape)
 
+    @property
+    def slices(self) -> int:
+        """Slices joined by DCN (1: a single slice)."""
+        return self.shape[0] if self.switched[0] else 1
+
+    @property
+    def slice_shape(self) -> tuple[int, ...]:
+        """The ICI grid of one slice."""
+        return self.shape[1:] if self.switched[0] else self.shape
+
     def __str__(self) -> str:
-        text = "x".join(map(str, self.shape))
-        rings = [str(a) for a, w in enumerate(self.wrap) if w]
+        text = "x".join(map(str, self.slice_shape))
+        lead = 1 if self.switched[0] else 0  # (axes numbered within a slice)
+        rings = [str(a - lead) for a, w in enumerate(self.wrap) if w and not self.switched[a]]
         if rings:
             text += f" (axis {', '.join(rings)} wrap{'s' if len(rings) == 1 else ''})"
+        if self.slices > 1:
+            text = f"{self.slices} slices of {text} joined by DCN"
         return text
 
     def coords(self, chip: int) -> tuple[int, ...]:
@@ -94,6 +120,12 @@ class Topology:
         links: list[Link] = []
         for axis in self.order:
             n = self.shape[axis]
+            if self.switched[axis]:  # one crossing of the network: out of this chip, into the other slice's
+                if goal[axis] != here[axis]:
+                    links.append((self.chip(tuple(here)), axis, 1))
+                    here[axis] = goal[axis]
+                    links.append((self.chip(tuple(here)), axis, -1))
+                continue
             if self.wrap[axis]:
                 fwd = (goal[axis] - here[axis]) % n
                 step, count = (1, fwd) if fwd <= n - fwd else (-1, n - fwd)
@@ -105,16 +137,33 @@ class Topology:
                 here[axis] = (here[axis] + step) % n
         return links
 
-    def hops(self, src: int, dst: int) -> int:
-        return len(self.route(src, dst))
+    def crossings(self, src: int, dst: int) -> tuple[int, int]:
+        """``(ICI hops, DCN crossings)`` of a transfer from ``src`` to ``dst``."""
+        route = self.route(src, dst)
+        dcn = sum(1 for _, axis, step in route if self.switched[axis] and step > 0)
+        return len(route) - 2 * dcn, dcn
+
+    def is_dcn(self, link: Link) -> bool:
+        """Whether ``link`` is a chip's DCN egress (+1) or ingress (-1) rather than an ICI link."""
+        return self.switched[link[1]]
+
+    def link_name(self, link: Link) -> str:
+        """``chip3.ici1+`` (an ICI link: chip it leaves, axis within the slice, direction) or ``chip3.dcn_out`` /
+        ``chip3.dcn_in`` (the chip's DCN egress and ingress)."""
+        chip, axis, step = link
+        if self.switched[axis]:
+            return f"chip{chip}.dcn_{'out' if step > 0 else 'in'}"
+        axis -= 1 if self.switched[0] else 0  # (axes numbered within a slice)
+        return f"chip{chip}.ici{axis}{'+' if step > 0 else '-'}"
 
     def links(self) -> list[Link]:
-        """Every directed link of the grid, by chip, axis and direction."""
+        """Every directed link of the grid, by chip, axis and direction (a switched axis: each chip's DCN
+        egress and ingress)."""
         out: list[Link] = []
         for chip in range(self.chips):
             for axis in range(len(self.shape)):
                 for step in (1, -1):
-                    if self.shape[axis] > 1 and self.neighbor(chip, axis, step) is not None:
+                    if self.shape[axis] > 1 and (self.switched[axis] or self.neighbor(chip, axis, step) is not None):
                         out.append((chip, axis, step))
         return out
 
@@ -131,25 +180,36 @@ def parse_topology(text: str) -> tuple[int, ...]:
     return shape
 
 
-def system_topology(ici: IciConfig, chips: int | None = None, shape: tuple[int, ...] | None = None) -> Topology:
-    """The topology of a run: ``shape`` (or the config's ``ici.shape``, or one chosen for ``chips``), with
-    the config's wraparound rule and routing order.
+def system_topology(cfg: ChipConfig, chips: int | None = None, shape: tuple[int, ...] | None = None) -> Topology:
+    """The topology of a run: ``dcn.slices`` slices (joined by DCN along a leading axis when more than one),
+    each the ICI grid ``shape`` (or the config's ``ici.shape``, or the one chosen for its share of
+    ``chips``), with the config's wraparound rule and routing order. ``chips`` counts all slices' chips.
 
     Raises:
-        ConfigError: the shape does not hold ``chips`` chips, or is not a slice the chip builds.
+        ConfigError: the slices do not hold ``chips`` chips, or a slice is not one the chip builds.
     """
+    ici, slices = cfg.ici, cfg.dcn.slices
     if shape is None:
         shape = ici.shape
     if shape is None:
         if chips is None:
             raise ConfigError("a system needs a chip count or a shape")
-        shape = ici.default_shape(chips)
+        if chips % slices:
+            raise ConfigError(f"{chips} chips do not split into dcn.slices = {slices} equal slices")
+        shape = ici.default_shape(chips // slices)
     shape = tuple(shape)
-    if chips is not None and prod(shape) != chips:
-        raise ConfigError(
-            f"topology {'x'.join(map(str, shape))} holds {prod(shape)} chips, not the {chips} chips of the run"
-        )
+    held = prod(shape) * slices
+    if chips is not None and held != chips:
+        grid = "x".join(map(str, shape))
+        what = f"{slices} slices of {grid}" if slices > 1 else f"topology {grid}"
+        raise ConfigError(f"{what} hold{'s' if slices == 1 else ''} {held} chips, not the {chips} chips of the run")
     problem = ici.shape_problem(shape)
     if problem is not None:
         raise ConfigError(f"topology {'x'.join(map(str, shape))}: {problem}")
-    return Topology(shape, ici.wraps(shape), ici.routing_order(len(shape)))
+    wraps, order = ici.wraps(shape), ici.routing_order(len(shape))
+    if slices == 1:
+        return Topology(shape, wraps, order)
+    # the slices: a ring over the network from three on (every chip reaches every slice), a pair otherwise
+    return Topology(
+        (slices, *shape), (slices >= 3, *wraps), (0, *(a + 1 for a in order)), (True, *(False,) * len(shape))
+    )

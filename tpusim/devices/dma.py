@@ -8,12 +8,15 @@ Cost rule of one transfer (every symbol a config key; derivation in ``docs/model
    through: the chip's HBM for every HBM side, at ``hbm.bandwidth_bytes_per_s / clock_hz`` bytes per
    cycle, charged ``weight = burst-rounded bytes / payload`` (each contiguous run of that side occupies
    whole ``dma.burst_bytes`` bursts); the core's local port (``dma.local_bytes_per_cycle``) for a VMEM or
-   SMEM side; every ICI link on the route. Its own rate is capped by the channels its HBM bytes spread over
+   SMEM side; every ICI link on the route (``ici.link_bandwidth_bytes_per_s``), and for a route between
+   slices the source chip's DCN egress and the destination chip's ingress (``dcn.bandwidth_bytes_per_s``
+   each). Its own rate is capped by the channels its HBM bytes spread over
    (``min(hbm.channels, ceil(bytes / hbm.interleave_bytes))`` channels of ``bandwidth / channels``) and by
    the engine's address generation: ``dma.runs_per_cycle`` runs per cycle, where a run is a maximal set of
    elements contiguous in both the source and the destination.
-3. It completes ``hbm.latency_ns`` (if a side is HBM) plus ``ici.hop_latency_ns`` per hop after its last
-   byte moved; then the bytes land, and the semaphores are incremented.
+3. It completes ``hbm.latency_ns`` (if a side is HBM) plus ``ici.hop_latency_ns`` per hop (and
+   ``dcn.latency_ns`` per crossing of the data-center network) after its last byte moved; then the bytes
+   land, and the semaphores are incremented.
 
 The engine is released when the data phase ends, so latencies of back-to-back transfers overlap.
 """
@@ -38,6 +41,7 @@ from tpusim.memory.windows import window_slots, window_strides
 if TYPE_CHECKING:
     from tpusim.devices.core import Core
     from tpusim.devices.decode import Decoded, OperandPlan
+    from tpusim.topology import Link, Topology
 
 __all__ = [
     "DmaEngines",
@@ -535,13 +539,15 @@ def flow_specs(
     dst_address: int,
     src_port: tuple[int, int],
     dst_port: tuple[int, int],
-    hops: list[Any],
+    hops: list[Link],
+    topology: Topology,
 ) -> tuple[list[tuple[Any, str, float, float]], float]:
     """The resources a transfer crosses, as ``(key, name, capacity, weight)``, and its own rate cap (payload
     bytes per cycle).
 
     The addresses are where the plan's (normalized) windows start; ``src_port`` / ``dst_port`` are the
-    (chip, core) of each side's memory. :meth:`FlowNetwork.resource` turns a key into the run's resource.
+    (chip, core) of each side's memory; ``hops`` the links of its route on ``topology`` (an ICI link, or a
+    chip's DCN egress or ingress). :meth:`FlowNetwork.resource` turns a key into the run's resource.
     """
     payload = max(plan.payload, 1)
     specs: list[tuple[Any, str, float, float]] = []
@@ -566,9 +572,9 @@ def flow_specs(
         specs.append((("hbm", chip), f"chip{chip}.hbm", cfg.hbm_bytes_per_cycle, weight))
         channels = min(cfg.hbm.channels, max(1, ceil(b / cfg.hbm.interleave_bytes)))
         cap = min(cap, channels * cfg.hbm_bytes_per_cycle / cfg.hbm.channels / weight)
-    for chip, axis, step in hops:
-        name = f"chip{chip}.ici{axis}{'+' if step > 0 else '-'}"
-        specs.append((("link", chip, axis, step), name, cfg.link_bytes_per_cycle, 1.0))
+    for link in hops:
+        capacity = cfg.dcn_bytes_per_cycle if topology.is_dcn(link) else cfg.link_bytes_per_cycle
+        specs.append((("link", *link), topology.link_name(link), capacity, 1.0))
     return specs, cap
 
 
@@ -581,11 +587,12 @@ def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core
     # Element maps only where the bytes move (a numeric run, or a value control flow reads); costs alone else.
     planner = transfer_plan if d.numeric else strided_plan
     plan = planner(sp.shape, key[-4], dp.shape, key[-3], sizes, cfg.dma.burst_bytes)
-    hops = core.machine.topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
+    topology = core.machine.topology
+    hops = topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
     latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (sp.space, dp.space) else 0
-    latency += len(hops) * cfg.cycles(cfg.ici.hop_latency_ns)
+    latency += cfg.network_cycles(*topology.crossings(core.chip.index, dst_chip.index))
     src_port, dst_port = (core.chip.index, core.index), (dst_chip.index, dst_core)
-    specs, cap = flow_specs(cfg, plan, sp.space, s_at, dp.space, d_at, src_port, dst_port, hops)
+    specs, cap = flow_specs(cfg, plan, sp.space, s_at, dp.space, d_at, src_port, dst_port, hops, topology)
     return TransferFacts(plan, latency, [(resource(k, name, c), w) for k, name, c, w in specs], cap)
 
 

@@ -89,8 +89,7 @@ def issue_sem_signal(core: Core, d: Decoded, t: int) -> int:
     if bank is core.sems:
         bank.signal(ins.sem, ins.count)
     else:
-        hops = len(system.topology.route(core.chip.index, chip_index)) if chip_index != core.chip.index else 0
-        arrive = t + hops * core.cfg.cycles(core.cfg.ici.hop_latency_ns)
+        arrive = t + core.cfg.network_cycles(*system.topology.crossings(core.chip.index, chip_index))
         delay = arrive - core.env.now
         if delay <= 0:
             bank.signal(ins.sem, ins.count)

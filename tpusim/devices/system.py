@@ -87,24 +87,29 @@ class RunResult:
 
 
 class System:
-    """``n_chips`` chips of one config, connected as the config's ICI topology in ``shape``.
+    """``n_chips`` chips of one config, connected as the config's ICI topology in ``shape`` (``dcn.slices``
+    such slices joined by DCN when more than one).
 
     Args:
         config: a :class:`ChipConfig`, a preset name (``tpu_v5e``) or a YAML path.
-        n_chips: number of chips.
-        shape: the grid of chips (default: a ring or line of ``n_chips``); at most ``ici.dims`` axes.
+        n_chips: number of chips (of all slices).
+        shape: the grid of chips of a slice (default: a ring or line of its chips); at most ``ici.dims`` axes.
     """
 
     def __init__(self, config: ChipConfig | str | Path, n_chips: int = 1, shape: tuple[int, ...] | None = None) -> None:
         cfg = config if isinstance(config, ChipConfig) else load_config(config)
+        slices = cfg.dcn.slices
         if shape is not None and n_chips == 1:
-            n_chips = prod(shape)
+            n_chips = prod(shape) * slices
         if shape is None:
-            # the config's slice when it holds these chips, else the one the chip forms for them
+            # the config's slice when the slices hold these chips, else the one the chip forms for them
             own = cfg.ici.shape
-            shape = own if own is not None and prod(own) == n_chips else cfg.ici.default_shape(n_chips)
+            if own is not None and prod(own) * slices == n_chips:
+                shape = own
+            elif n_chips % slices == 0:
+                shape = cfg.ici.default_shape(n_chips // slices)
         self.config = cfg
-        self.topology = system_topology(cfg.ici, n_chips, tuple(shape))
+        self.topology = system_topology(cfg, n_chips, None if shape is None else tuple(shape))
 
     @property
     def n_chips(self) -> int:

@@ -8,9 +8,10 @@ evaluates that arithmetic for every chip at once (a linear walk of the stream: r
 ``s.load`` or in ways it cannot follow are unknown, and their DMAs are reported as unattributed).
 
 A transfer's bytes are spread evenly over its data phase, ``[start + dma.setup_cycles, end - latency]``
-(latency: ``hbm.latency_ns`` for an HBM side plus ``ici.hop_latency_ns`` per hop), on every link of its
-route. A link's utilisation is its bytes over what it could carry in the run (``cycles x
-link_bandwidth / clock``).
+(latency: ``hbm.latency_ns`` for an HBM side plus ``ici.hop_latency_ns`` per hop and ``dcn.latency_ns`` per
+crossing between slices), on every link of its route. A link's utilisation is its bytes over what it could
+carry in the run (``cycles x link_bandwidth / clock``; a chip's DCN egress and ingress count as links of
+``dcn.bandwidth_bytes_per_s``).
 """
 
 from __future__ import annotations
@@ -142,15 +143,10 @@ class LinkUse:
     intervals: tuple[tuple[int, int, int], ...]
 
 
-def _link_name(link: Link) -> str:
-    chip, axis, step = link
-    return f"chip{chip}.ici{axis}{'+' if step > 0 else '-'}"
-
-
 def _topology(result: SimulationResult) -> Topology:
     cfg = result.compiled.config
     chips = len({s.chip for s in result.trace.streams}) or 1
-    return system_topology(cfg.ici, chips, cfg.ici.shape if cfg.ici.shape is not None else None)
+    return system_topology(cfg, chips, cfg.ici.shape)
 
 
 def _remote_rows(result: SimulationResult) -> tuple[list[tuple[int, list[Link], int, int, int]], int]:
@@ -168,7 +164,7 @@ def _remote_rows(result: SimulationResult) -> tuple[list[tuple[int, list[Link], 
                 stream_of[sid] = pi
                 break
     rows, unknown = [], 0
-    setup, hop, hbm = cfg.dma.setup_cycles, cfg.cycles(cfg.ici.hop_latency_ns), cfg.cycles(cfg.hbm.latency_ns)
+    setup, hbm = cfg.dma.setup_cycles, cfg.cycles(cfg.hbm.latency_ns)
     for e in range(len(tr)):
         sid, idx = int(tr.stream[e]), int(tr.index[e])
         if sid not in stream_of:
@@ -188,7 +184,8 @@ def _remote_rows(result: SimulationResult) -> tuple[list[tuple[int, list[Link], 
         route = topo.route(src, dst) if dst != src else []
         if not route:
             continue
-        latency = len(route) * hop + (hbm if Space.HBM in (ins.src.space, ins.dst.space) else 0)
+        latency = cfg.network_cycles(*topo.crossings(src, dst))
+        latency += hbm if Space.HBM in (ins.src.space, ins.dst.space) else 0
         lo = int(tr.start[e]) + setup
         hi = max(lo + 1, int(tr.end[e]) - latency)
         rows.append((e, route, lo, hi, int(tr.bytes[e])))
@@ -205,14 +202,15 @@ def link_usage(result: SimulationResult) -> tuple[list[LinkUse], int]:
     for _, route, lo, hi, nbytes in rows:
         for link in route:
             per.setdefault(link, []).append((lo, hi, nbytes))
-    capacity = cfg.link_bytes_per_cycle * max(result.cycles, 1)
     out = []
     for link, iv in sorted(per.items()):
+        capacity = (cfg.dcn_bytes_per_cycle if topo.is_dcn(link) else cfg.link_bytes_per_cycle) * max(result.cycles, 1)
         starts = np.array([a for a, _, _ in iv], np.int64)
         ends = np.array([b for _, b, _ in iv], np.int64)
         rs, re = merged_runs(starts, ends)
         total = sum(b for _, _, b in iv)
-        out.append(LinkUse(link, _link_name(link), len(iv), total, int(np.sum(re - rs)), total / capacity, tuple(iv)))
+        busy = int(np.sum(re - rs))
+        out.append(LinkUse(link, topo.link_name(link), len(iv), total, busy, total / capacity, tuple(iv)))
     return out, unknown
 
 
@@ -302,7 +300,8 @@ def format_links(result: SimulationResult, top: int = 8) -> str:
     if used:
         mean = sum(u.utilisation for u in uses) / len(uses)
         lines.append(f"  links: {len(used)} of {len(uses)} carried data; mean utilisation {mean:.1%}")
-        for u in sorted(used, key=lambda u: (-u.bytes, u.link))[:top]:
+        # the busiest first (a DCN egress is far slower than an ICI link: its utilisation, not its bytes)
+        for u in sorted(used, key=lambda u: (-u.utilisation, -u.bytes, u.link))[:top]:
             lines.append(
                 f"  {u.name:16} {u.utilisation:6.1%} {u.bytes:>14,} bytes in {u.transfers:5,} transfers, "
                 f"busy {u.busy_cycles / cycles:6.1%}"

@@ -37,6 +37,7 @@ class GroupAxis:
         stride: chip-id distance between neighbours on the axis.
         size: the axis length.
         wraps: the group's segment is a whole axis with wraparound links (a ring, not a line).
+        switched: the axis is the slices of a multi-slice system, joined by the data-center network.
     """
 
     axis: int
@@ -44,6 +45,7 @@ class GroupAxis:
     stride: int
     size: int
     wraps: bool
+    switched: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +171,9 @@ def _group_structure(g: tuple[int, ...], topo: Topology) -> tuple[GroupAxis, ...
         if sum(x * step[a] for x, a in zip(p, axes)) != r:
             return None
     return tuple(
-        GroupAxis(a, lengths[a], topo.strides[a], topo.shape[a], lengths[a] == topo.shape[a] and topo.wrap[a])
+        GroupAxis(a, lengths[a], topo.strides[a], topo.shape[a], whole and topo.wrap[a], topo.switched[a])
         for a in order
+        for whole in (lengths[a] == topo.shape[a],)
     )
 
 

@@ -27,6 +27,7 @@ from tpusim.compiler.hlo.ir import Instruction, Module
 from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ASYNC_COLLECTIVE_STARTS, COLLECTIVES
 from tpusim.compiler.lowering.collective_plan import GroupAxis, GroupPlan, Participants
 from tpusim.compiler.lowering.context import Lowering, StateKey
+from tpusim.config import ChipConfig
 from tpusim.isa import DmaStart, MemRef, Reg, ScalarAlu, SemSignal, SemWait, Space
 from tpusim.memory import Layout, Shape, geometry
 from tpusim.topology import Topology, system_topology
@@ -120,11 +121,13 @@ class CollectiveState:
         return 2 * k + (0 if step > 0 else 1)
 
 
-def participants(module: Module, config_shape: tuple[int, ...] | None) -> Participants:
-    """Replicas and partitions of a run: the system's chips (``ici.shape``) or the module's own counts."""
+def participants(module: Module, config: ChipConfig) -> Participants:
+    """Replicas and partitions of a run: the system's chips (``ici.shape`` times ``dcn.slices``) or the
+    module's own counts."""
     partitions = module.num_partitions
     declared = module.replica_count * partitions
-    devices = prod(config_shape) if config_shape is not None else declared
+    shape = config.ici.shape
+    devices = prod(shape) * config.dcn.slices if shape is not None else declared
     if devices % partitions:
         raise CompileError(
             f"{module.name}: {devices} chips cannot hold num_partitions={partitions} (need a multiple of it)"
@@ -181,8 +184,8 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     found = ctx.rule_state.get(_STATE)
     if found is not None:
         return found
-    who = participants(ctx.module, ctx.config.ici.shape)
-    topology = system_topology(ctx.config.ici, who.devices)
+    who = participants(ctx.module, ctx.config)
+    topology = system_topology(ctx.config, who.devices)
     axes = max(1, sum(1 for n in topology.shape if n > 1))
     banks, any_async = _banks_needed(ctx.module)
     parts = PARTS if any_async else 0

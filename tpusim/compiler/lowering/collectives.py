@@ -24,7 +24,7 @@ done runs the forwarding steps (the reduce-scatter reads the operand, which may 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from math import ceil, prod
 
@@ -189,18 +189,37 @@ def _bases(
     return out
 
 
-def _axis_orders(plan: GroupPlan) -> list[list[int]] | None:
+def _axis_orders(plan: GroupPlan, kind: str) -> list[list[int]] | None:
     """The rings a collective over several torus axes runs at once: part ``j`` of the data takes the group's
-    axes (of two or more chips) in the order rotated by ``j``, so in every round each part is on another
+    ICI axes (of two or more chips) in the order rotated by ``j``, so in every round each part is on another
     axis and the parts' rings carry data together (XLA:TPU's collectives over several axes use every axis's
     links at once; the scaling book prices a gather over ``n`` axes at ``n`` times one axis's bandwidth).
-    None for one axis or a group that is not a block of the grid."""
+
+    The slices of a multi-slice system (joined by the data-center network, far slower than ICI) come where
+    the data is smallest: every part reduces over them last and gathers over them first (``kind``
+    ``gather``; ``scatter`` and ``reduce`` put them last; an all-reduce gathers in reverse), so the network
+    carries one slice's share of the data, as a hierarchical collective does. None for one axis or a group
+    that is not a block of the grid."""
     if plan.axes is None:
         return None
-    axes = [i for i, a in enumerate(plan.axes) if a.length > 1]
-    if len(axes) < 2:
+    axes = [i for i, a in enumerate(plan.axes) if a.length > 1 and not a.switched]
+    slow = [i for i, a in enumerate(plan.axes) if a.length > 1 and a.switched]
+    if len(axes) + len(slow) < 2:
         return None
-    return [axes[j:] + axes[:j] for j in range(min(PARTS, len(axes)))]
+    rotations = [axes[j:] + axes[:j] for j in range(min(PARTS, len(axes)))] or [[]]
+    return [slow + o if kind == "gather" else o + slow for o in rotations]
+
+
+def _round(plan: GroupPlan, axis: int, phases: list[Iterator[None]]) -> None:
+    """Emit the parts' phases of one round: interleaved on the rings of different ICI axes; one after the
+    other on the network between slices, the one ring every part is on in that round (its arrivals on a
+    semaphore then come stage by stage, part by part)."""
+    assert plan.axes is not None
+    if plan.axes[axis].switched:
+        for phase in phases:
+            emit(phase)
+    else:
+        interleave(phases)
 
 
 _SPLIT_STEPS = 60
@@ -292,7 +311,7 @@ def all_reduce(
     if yf is None:
         raise CompileError(f"{ctx.hlo}: an all-reduce of {y.shape} (sub-byte elements) is not supported")
     lengths = _lengths(plan)
-    orders = _axis_orders(plan)
+    orders = _axis_orders(plan, "reduce")
     group = prod(lengths)
     post: tuple[MemRef, MemRef] | None = None
     if part == "all" and (xf is None or x.shape != y.shape):  # other layouts: reduce y in place after a copy
@@ -399,11 +418,13 @@ def _all_reduce_axes_at_once(
         for r in rounds:
             src = xf if r == 0 else yf
             ends = [base(j, r + 1) for j in range(m)]
-            interleave(
+            _round(
+                plan,
+                orders[0][r],
                 [
                     reduce_scatter_stages(w, rings[o[r]], src, yf, ends[j], 0, starts[j], sz[r], fn)
                     for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
-                ]
+                ],
             )
             facts.release(*starts)
             starts = ends
@@ -413,13 +434,15 @@ def _all_reduce_axes_at_once(
         if part == "start" and not first:
             break
         starts = [base(j, r) for j in range(m)]
-        interleave(
+        _round(
+            plan,
+            orders[0][r],
             [
                 all_gather_stages(
                     w, rings[o[r]], yf, 0, starts[j], sz[r], stages=_stages(part, rings[o[r]].length, first)
                 )
                 for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
-            ]
+            ],
         )
         facts.release(*starts)
     for ring in rings.values():
@@ -437,7 +460,7 @@ def reduce_scatter(
         return
     facts = Facts(ctx, state)
     lengths = _lengths(plan)
-    orders = _axis_orders(plan)
+    orders = _axis_orders(plan, "scatter")
     if orders is not None:
         _reduce_scatter_axes_at_once(facts, plan, bank, orders, x, y, dim, fn)
         return
@@ -538,7 +561,9 @@ def _reduce_scatter_axes_at_once(
         fin: list[Reg | int] = (
             list(blk.offsets) if last else [blk.start(facts, o[: r + 1], j) for j, o in enumerate(orders)]
         )
-        interleave(
+        _round(
+            plan,
+            orders[0][r],
             [
                 reduce_scatter_stages(
                     w, blk.rings[o[r]], x if r == 0 else partial, y if last else partial, fin[j], dim, base[j],
@@ -574,7 +599,7 @@ def all_gather(
     facts = Facts(ctx, state)
     lengths = _lengths(plan)
     k = x.shape.dimensions[dim]
-    orders = _axis_orders(plan)
+    orders = _axis_orders(plan, "gather")
     if orders is not None:
         _all_gather_axes_at_once(facts, plan, bank, orders, x, y, dim, part)
         return
@@ -633,7 +658,9 @@ def _all_gather_axes_at_once(
         if part == "start" and r > 0:
             break
         base = [blk.start(facts, o[r + 1 :], j) for j, o in enumerate(orders)]
-        interleave(
+        _round(
+            plan,
+            orders[0][r],
             [
                 all_gather_stages(
                     w, blk.rings[o[r]], y, dim, base[j], blk.rows[j], stride=blk.rank_stride[o[r]],
@@ -831,7 +858,7 @@ def lower_async_done(ctx: Lowering, comp: Computation, instr: Instruction) -> No
 def _several_devices(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
     if instr.opcode in ("send", "recv") and instr.attr("is_host_transfer"):
         return False
-    return participants(ctx.module, ctx.config.ici.shape).devices > 1
+    return participants(ctx.module, ctx.config).devices > 1
 
 
 @lowering("ragged-all-to-all", "send", "recv", when=_several_devices)
@@ -843,7 +870,7 @@ def lower_unsupported(ctx: Lowering, comp: Computation, instr: Instruction) -> N
 @lowering("replica-id", "partition-id")
 def lower_device_id(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     """``chip_id // num_partitions`` (replica) or ``chip_id % num_partitions`` (partition), as a u32[]."""
-    who = participants(ctx.module, ctx.config.ici.shape)
+    who = participants(ctx.module, ctx.config)
     out = ctx.home(comp.name, instr.name)
     reg = ctx.register()
     ctx.emit(ScalarAlu, fn="chip_id", dst=reg)
