@@ -6,6 +6,7 @@ Formulas (jax-ml/scaling-book, sharding.md; ``W`` the bidirectional bandwidth of
 * AllGather / ReduceScatter over ``n`` torus axes: ``V / (W n)``; AllReduce twice that.
 * AllToAll over a ring of ``N`` chips: ``V / (4 W)`` (each half sends a quarter of the data across the
   bisection).
+* Point to point between the corners of a grid without wraparound: ``V / W`` (two ports, each one way).
 * Over ``S`` slices joined by the data-center network (``dcn.slices``), a collective is hierarchical: the
   ICI axes as above, plus a ring over the slices that moves each chip's share of one slice's data,
   ``V / N_ici``, through the chip's DCN egress of ``B = dcn.bandwidth_bytes_per_s``: ``(S - 1) / S x V /
@@ -51,6 +52,11 @@ class Case:
 
     def program(self) -> str:
         chips = self.chips
+        if self.kind == "collective-permute":  # groups: the source_target_pairs; V the array
+            rows = self.nbytes // 4096
+            body = (f"x = f32[{rows},1024] parameter(0)\n  ROOT r = f32[{rows},1024] collective-permute(x), "
+                    f"source_target_pairs={self.groups}")  # fmt: skip
+            return f"HloModule cp, replica_count={chips}\nENTRY main {{\n  {body}\n}}\n"
         group = chips if self.groups == "{}" else int(self.groups.split("]")[0].split(",")[1])
         cols = 1024
         rows = self.nbytes // (4 * cols)
@@ -74,6 +80,8 @@ class Case:
         w = 2 * cfg.ici.link_bandwidth_bytes_per_s
         if self.kind == "all-to-all":
             return self.nbytes / (4 * w)
+        if self.kind == "collective-permute":
+            return self.nbytes / w
         once = self.nbytes / (w * self.axes) if self.axes else 0.0
         if self.dcn_group > 1:
             group = self.chips if self.groups == "{}" else int(self.groups.split("]")[0].split(",")[1])
@@ -95,6 +103,8 @@ CASES = [
     Case("v5e 16 ring, AllReduce, 64 MiB", "tpu_v5e", (16,), "all-reduce", 64 * MIB, "{}", 1),
     Case("v5e 16x16, AllReduce over both axes, 64 MiB", "tpu_v5e", (16, 16), "all-reduce", 64 * MIB, "{}", 2),
     Case("v5e 16 ring, AllToAll, 8 MiB per chip", "tpu_v5e", (16,), "all-to-all", 128 * MIB, "{}", 1),
+    Case("v5e 4x4 without wraparound, point to point corner to corner, 16.8 MB", "tpu_v5e", (4, 4),
+         "collective-permute", 16_797_696, "{{0,15}}", 2),
     Case("v5e 2 slices of a 16 ring, AllReduce across the slices, 8 MiB", "tpu_v5e", (16,), "all-reduce", 8 * MIB,
          "[16,2]<=[2,16]T(1,0)", 0, 2, 2),
     Case("v5e 2 slices of a 16 ring, AllGather over all 32 chips, 64 MiB", "tpu_v5e", (16,), "all-gather",

@@ -226,6 +226,25 @@ def test_all_to_all_pushes_both_ways_round_the_ring() -> None:
     assert got == pytest.approx(book, rel=0.25), (got, book)
 
 
+def test_a_point_to_point_transfer_uses_both_ports_of_a_corner() -> None:
+    """16.8 MB from one corner of a v5e 4x4 grid (no wraparound) to the other, the scaling book's example:
+    one dimension-order route crosses one port's links at 45 GB/s (373 us); the two halves go X-first and
+    Y-first, over disjoint links, so the transfer takes half that (~187 us) plus the six hops' latency."""
+    from tpusim.report.links import link_usage
+
+    cfg = load_config("tpu_v5e")
+    rows = 16_800_000 // 4096
+    text = (
+        f"HloModule cp, replica_count=16\nENTRY main {{\n  x = f32[{rows},1024] parameter(0)\n"
+        f"  ROOT r = f32[{rows},1024] collective-permute(x), source_target_pairs={{{{0,15}}}}\n}}\n"
+    )
+    result = tpusim.simulate(text, chips=16, topology=(4, 4), config=cfg, timing_only=True)
+    two_ports = rows * 4096 / (2 * cfg.ici.link_bandwidth_bytes_per_s)
+    assert result.seconds == pytest.approx(two_ports, rel=0.10), (result.seconds, two_ports)
+    out_of_corner = {u.name: u.bytes for u in link_usage(result)[0] if u.name.startswith("chip0.")}
+    assert out_of_corner == {"chip0.ici0+": 2048 * 4096, "chip0.ici1+": (rows - 2048) * 4096}
+
+
 def test_all_reduce_takes_twice_an_all_gather() -> None:
     cfg = load_config("tpu_v5e")
     ag, ar = _seconds("all-gather", 64 * MIB, cfg, (16,)), _seconds("all-reduce", 64 * MIB, cfg, (16,))

@@ -77,6 +77,7 @@ def every_instruction() -> list:
             chip=Reg(4),
             dst_core=1,
             dst_sem=2,
+            route=(1, 0),
             control=True,
         ),
         SemSignal(2, count=3, core=1, chip=0),
@@ -224,6 +225,8 @@ def test_program_errors_have_line_numbers():
     [
         (lambda: DmaStart(HBM_A, VM_A), r"source window \(128, 256\) and destination window \(128, 128\) differ"),
         (lambda: DmaStart(VM_A, VM_B), "source type f32 and destination type bf16 differ"),
+        (lambda: DmaStart(VM_A, VM_A, chip=1, route=(0, 2)), r"route \(0, 2\) is not an order of axes"),
+        (lambda: DmaStart(VM_A, VM_A, route=(1, 0)), "a route is for a remote write"),
         (lambda: MxuMatmul(0, HBM_A), "MXU left operand must be in vmem, not hbm"),
         (lambda: VpuMap("compare", VM_P, (VM_A, VM_A)), "needs a direction"),
         (lambda: VpuReduce("add", VM_A, VM_A, (1,)), r"reducing \(128, 128\) over \(1,\) gives \(128,\)"),

@@ -40,7 +40,7 @@ class Topology:
     """Chips on a ``shape`` grid; ``wrap`` per axis (or one flag for all); routes in axis ``order``;
     ``switched`` axes (at most the first: the slices) joined by the data-center network."""
 
-    __slots__ = ("_routes", "order", "shape", "strides", "switched", "wrap")
+    __slots__ = ("_crossings", "_routes", "order", "shape", "strides", "switched", "wrap")
 
     def __init__(
         self,
@@ -63,7 +63,8 @@ class Topology:
         if len(self.switched) != len(self.shape) or any(self.switched[1:]):
             raise ConfigError(f"only the first axis of {list(self.shape)} may be the slices joined by DCN")
         self.strides = tuple(prod(self.shape[a + 1 :]) for a in range(len(self.shape)))
-        self._routes: dict[tuple[int, int], tuple[Link, ...]] = {}  # (a 256-chip collective asks each often)
+        self._routes: dict[tuple[int, int, tuple[int, ...] | None], tuple[Link, ...]] = {}  # (asked often)
+        self._crossings: dict[tuple[int, int], tuple[int, int]] = {}
 
     @property
     def chips(self) -> int:
@@ -107,18 +108,25 @@ class Topology:
         c[axis] = x
         return self.chip(tuple(c))
 
-    def route(self, src: int, dst: int) -> list[Link]:
-        """The directed links a transfer from ``src`` to ``dst`` crosses, in order."""
-        known = self._routes.get((src, dst))
+    def route(self, src: int, dst: int, order: tuple[int, ...] | None = None) -> list[Link]:
+        """The directed links a transfer from ``src`` to ``dst`` crosses, in order, correcting the axes in
+        ``order`` (default: the topology's routing order).
+
+        Raises:
+            ValueError: ``order`` is not a permutation of the axes.
+        """
+        known = self._routes.get((src, dst, order))
         if known is None:
-            known = self._routes[(src, dst)] = tuple(self._route(src, dst))
+            if order is not None and sorted(order) != list(range(len(self.shape))):
+                raise ValueError(f"route order {list(order)} is not an order of the {len(self.shape)} axes")
+            known = self._routes[(src, dst, order)] = tuple(self._route(src, dst, order or self.order))
         return list(known)
 
-    def _route(self, src: int, dst: int) -> list[Link]:
+    def _route(self, src: int, dst: int, order: tuple[int, ...]) -> list[Link]:
         here = list(self.coords(src))
         goal = self.coords(dst)
         links: list[Link] = []
-        for axis in self.order:
+        for axis in order:
             n = self.shape[axis]
             if self.switched[axis]:  # one crossing of the network: out of this chip, into the other slice's
                 if goal[axis] != here[axis]:
@@ -139,9 +147,12 @@ class Topology:
 
     def crossings(self, src: int, dst: int) -> tuple[int, int]:
         """``(ICI hops, DCN crossings)`` of a transfer from ``src`` to ``dst``."""
-        route = self.route(src, dst)
-        dcn = sum(1 for _, axis, step in route if self.switched[axis] and step > 0)
-        return len(route) - 2 * dcn, dcn
+        known = self._crossings.get((src, dst))
+        if known is None:
+            route = self.route(src, dst) if src != dst else []
+            dcn = sum(1 for _, axis, step in route if self.switched[axis] and step > 0)
+            known = self._crossings[(src, dst)] = (len(route) - 2 * dcn, dcn)
+        return known
 
     def is_dcn(self, link: Link) -> bool:
         """Whether ``link`` is a chip's DCN egress (+1) or ingress (-1) rather than an ICI link."""

@@ -588,9 +588,14 @@ def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core
     planner = transfer_plan if d.numeric else strided_plan
     plan = planner(sp.shape, key[-4], dp.shape, key[-3], sizes, cfg.dma.burst_bytes)
     topology = core.machine.topology
-    hops = topology.route(core.chip.index, dst_chip.index) if dst_chip is not core.chip else []
     latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (sp.space, dp.space) else 0
-    latency += cfg.network_cycles(*topology.crossings(core.chip.index, dst_chip.index))
+    hops = []
+    if dst_chip is not core.chip:
+        try:
+            hops = topology.route(core.chip.index, dst_chip.index, d.ins.route)
+        except ValueError as e:
+            raise core.error(d.index, f"{e} of the system's topology {topology}") from None
+        latency += cfg.network_cycles(*topology.crossings(core.chip.index, dst_chip.index))
     src_port, dst_port = (core.chip.index, core.index), (dst_chip.index, dst_core)
     specs, cap = flow_specs(cfg, plan, sp.space, s_at, dp.space, d_at, src_port, dst_port, hops, topology)
     return TransferFacts(plan, latency, [(resource(k, name, c), w) for k, name, c, w in specs], cap)

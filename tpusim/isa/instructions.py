@@ -96,6 +96,9 @@ class DmaStart:
         chip: destination chip for a remote write (immediate or register), None for this chip.
         dst_core: core whose VMEM/SMEM is written (None: the core with the issuing core's index).
         dst_sem: semaphore of the destination core incremented at completion, or None.
+        route: for a remote write, the order in which its route corrects the topology's axes (a permutation
+            of them); None: the system's routing order (``ici.routing``). Two halves of a transfer sent in
+            two orders cross disjoint links when source and destination differ along two axes.
     """
 
     src: MemRef
@@ -104,6 +107,7 @@ class DmaStart:
     chip: Scalar | None = None
     dst_core: int | None = None
     dst_sem: int | None = None
+    route: tuple[int, ...] | None = None
     control: bool = False
     hlo: str | None = field(default=None, compare=False)
     op: ClassVar[Op] = Op.DMA_START
@@ -117,6 +121,13 @@ class DmaStart:
         )
         for v, what in ((self.sem, "sem"), (self.dst_sem, "dst_sem"), (self.dst_core, "dst_core")):
             _need(v is None or v >= 0, f"{what} {v} is negative")
+        if self.route is not None:
+            object.__setattr__(self, "route", tuple(self.route))
+            _need(
+                sorted(self.route) == list(range(len(self.route))),
+                f"route {self.route} is not an order of axes (each of 0..{len(self.route) - 1} once)",
+            )
+            _need(self.chip is not None, "a route is for a remote write (give chip=)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Instruction
 from tpusim.compiler.lowering.collective_plan import GroupPlan, permute_pairs
+from tpusim.compiler.lowering.collective_ring import Piece, tile_rows, window
 from tpusim.compiler.lowering.collective_sync import Bank, CollectiveState, Facts, flat_view
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.control import copy_arrays
@@ -125,13 +126,39 @@ def zero_fill(ctx: Lowering, y: MemRef) -> None:
     ctx.emit(SemWait, sem=sem, count=count)
 
 
+def _routes(
+    ctx: Lowering, state: CollectiveState, target: list[int], x: MemRef, y: MemRef, tmp: Reg
+) -> list[tuple[MemRef, MemRef, tuple[int, ...] | None]]:
+    """The pushes of a permute: ``(source window, destination window, route order)``. When some chip's target
+    differs from it along two axes or more, the array goes as two halves along routes that correct the axes
+    in opposite orders, which cross disjoint links: both ports of the corner of a grid carry data (the
+    scaling book's point-to-point example), not one. The halves are cut along the leading dimension on a
+    tile boundary (windows sharing a tile would touch the same bytes and go one after the other)."""
+    topo = state.topology
+    turns = any(
+        t >= 0 and sum(a != b for a, b in zip(topo.coords(d), topo.coords(t))) >= 2 for d, t in enumerate(target)
+    )
+    rows = x.shape.dimensions[0] if x.shape.rank else 0
+    q = tile_rows(0, x.shape, y.shape) if rows else 1
+    half = rows // 2 // q * q
+    if not turns or half == 0:
+        return [(x, y, None)]
+    orders: list[tuple[int, ...] | None] = [None, tuple(reversed(topo.order))]
+    return [
+        (window(ctx, x, 0, 0, rows, p, None, tmp), window(ctx, y, 0, 0, rows, p, None, tmp), order)
+        for p, order in zip((Piece(0, 0, half), Piece(0, half, rows - half)), orders)
+    ]
+
+
 def collective_permute(
     ctx: Lowering, state: CollectiveState, instr: Instruction, x: MemRef, y: MemRef, part: str, bank: Bank
 ) -> None:
-    """Push ``x`` to this chip's target; ``part`` is ``all`` (sync), ``start`` (push) or ``done`` (wait)."""
+    """Push ``x`` to this chip's target (in two halves over two routes where targets are two axes or more
+    away, :func:`_routes`); ``part`` is ``all`` (sync), ``start`` (push) or ``done`` (wait)."""
     target, source = permute_pairs(instr, state.who)
     facts = Facts(ctx, state)
     tgt, src = facts.table(target), facts.table(source)
+    pushes = _routes(ctx, state, target, x, y, tgt)
     sent = bank.local if part != "all" and bank.local is not None else None
     if part in ("all", "start"):
         if sent is None:
@@ -146,7 +173,8 @@ def collective_permute(
         ctx.emit(Branch, cond="lt", a=tgt, b=0, target=no_push)
         ctx.emit(Branch, cond="eq", a=tgt, b=facts.me, target=self_copy)
         ctx.emit(SemWait, sem=bank.ready, count=1)
-        ctx.emit(DmaStart, src=x, dst=y, chip=tgt, dst_sem=bank.arrive[0], sem=sent)
+        for xs, ys, order in pushes:
+            ctx.emit(DmaStart, src=xs, dst=ys, chip=tgt, dst_sem=bank.arrive[0], sem=sent, route=order)
         ctx.emit(Jump, target=no_push)
         ctx.place_label(self_copy)
         local = ctx.semaphore()
@@ -162,11 +190,11 @@ def collective_permute(
         skip_recv, skip_sent = ctx.label(f"{instr.name}.norecv"), ctx.label(f"{instr.name}.nosent")
         ctx.emit(Branch, cond="lt", a=src, b=0, target=skip_recv)
         ctx.emit(Branch, cond="eq", a=src, b=facts.me, target=skip_recv)
-        ctx.emit(SemWait, sem=bank.arrive[0], count=1)
+        ctx.emit(SemWait, sem=bank.arrive[0], count=len(pushes))
         ctx.place_label(skip_recv)
         ctx.emit(Branch, cond="lt", a=tgt, b=0, target=skip_sent)
         ctx.emit(Branch, cond="eq", a=tgt, b=facts.me, target=skip_sent)
-        ctx.emit(SemWait, sem=sent, count=1)
+        ctx.emit(SemWait, sem=sent, count=len(pushes))
         ctx.place_label(skip_sent)
 
 
