@@ -13,7 +13,7 @@ from tpusim.config import ChipConfig
 from tpusim.devices.core import Core
 from tpusim.devices.engine import make_env
 from tpusim.devices.fallback import FallbackEvaluator
-from tpusim.devices.flows import FlowNetwork
+from tpusim.devices.flows import FlowNetwork, Resource, resource
 from tpusim.devices.stores import ByteStore
 from tpusim.devices.sync import BarrierState, Semaphores
 from tpusim.isa import Program, Space
@@ -40,6 +40,10 @@ class ChipState:
         if space is Space.HBM:
             return self.hbm
         return self.vmem[core] if space is Space.VMEM else self.smem[core]
+
+
+_Route = tuple[list[tuple[Resource, float]], int, float, tuple[int, ...]]
+"""The links of a route as ``(resource, weight)`` pairs, its latency, their least capacity and their ids."""
 
 
 class Machine:
@@ -72,6 +76,45 @@ class Machine:
         self.expected: dict[Any, int] = {}
         self.chips = [ChipState(self, c) for c in range(topology.chips)]
         self.cores: list[Core] = []
+        self._resources: dict[tuple[str, int, int, float], Resource] = {}
+        self._routes: dict[tuple[int, int, tuple[int, ...] | None], _Route] = {}
+
+    def resource(self, kind: str, chip: int, core: int, capacity: float) -> Resource:
+        """A transfer side's flow resource: ``hbm`` of ``chip``, or the ``local`` DMA port of its ``core``."""
+        key = (kind, chip, core, capacity)
+        r = self._resources.get(key)
+        if r is None:
+            if kind == "hbm":
+                r = resource(("hbm", chip), f"chip{chip}.hbm", capacity)
+            else:
+                r = resource(("local", chip, core), f"chip{chip}.core{core}.dma_port", capacity)
+            self._resources[key] = r
+        return r
+
+    def route_uses(self, src: int, dst: int, order: tuple[int, ...] | None, index: int, core: Core) -> _Route:
+        """The flow resources of the route from chip ``src`` to ``dst`` (axes corrected in ``order``; None: the
+        topology's), each with weight 1: an ICI link of ``ici.link_bandwidth_bytes_per_s`` per hop, a chip's
+        DCN egress or ingress of ``dcn.bandwidth_bytes_per_s`` between slices; its latency in cycles; the
+        least capacity of its links and their ids (a flow's part of :meth:`Flow.shape_of`).
+
+        Raises:
+            ExecutionError: ``order`` (of instruction ``index`` of ``core``) is not an order of the axes.
+        """
+        known = self._routes.get((src, dst, order))
+        if known is None:
+            topo, cfg = self.topology, self.cfg
+            try:
+                hops = topo.route(src, dst, order)
+            except ValueError as e:
+                raise core.error(index, f"{e} of the system's topology {topo}") from None
+            links = []
+            for link in hops:
+                capacity = cfg.dcn_bytes_per_cycle if topo.is_dcn(link) else cfg.link_bytes_per_cycle
+                links.append((resource(("link", *link), topo.link_name(link), capacity), 1.0))
+            network = cfg.network_cycles(*topo.crossings(src, dst))
+            fastest = min((r.capacity for r, _ in links), default=float("inf"))
+            known = self._routes[(src, dst, order)] = (links, network, fastest, tuple(id(r) for r, _ in links))
+        return known
 
     def unit_id(self, name: str) -> int:
         i = self._unit_ids.get(name)

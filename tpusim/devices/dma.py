@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tpusim.devices.engine import Event, Timeout
-from tpusim.devices.flows import Flow, resource, uses_arrays
+from tpusim.devices.flows import Flow, uses_arrays
 from tpusim.devices.stores import read_value, write_value
 from tpusim.devices.units import Access, Issued
 from tpusim.isa import Reg, Space
@@ -41,7 +41,6 @@ from tpusim.memory.windows import window_slots, window_strides
 if TYPE_CHECKING:
     from tpusim.devices.core import Core
     from tpusim.devices.decode import Decoded, OperandPlan
-    from tpusim.topology import Link, Topology
 
 __all__ = [
     "DmaEngines",
@@ -327,7 +326,14 @@ class TransferFacts:
 
     __slots__ = ("arrays", "bytes", "cap", "latency", "payload", "plan", "shape", "uses")
 
-    def __init__(self, plan: TransferPlan, latency: int, uses: list[Any], cap: float) -> None:
+    def __init__(
+        self,
+        plan: TransferPlan,
+        latency: int,
+        uses: list[Any],
+        cap: float,
+        shape: tuple[float, tuple[int, ...]] | None = None,
+    ) -> None:
         self.arrays: tuple[Any, Any] | None = None  # uses_arrays(uses), made when a large network needs it
         self.plan = plan
         self.bytes = plan.payload
@@ -335,7 +341,7 @@ class TransferFacts:
         self.latency = latency
         self.uses = uses
         self.cap = cap
-        self.shape = Flow.shape_of(uses, cap)
+        self.shape = Flow.shape_of(uses, cap) if shape is None else shape
 
 
 class Transfer(Flow):
@@ -539,15 +545,12 @@ def flow_specs(
     dst_address: int,
     src_port: tuple[int, int],
     dst_port: tuple[int, int],
-    hops: list[Link],
-    topology: Topology,
 ) -> tuple[list[tuple[Any, str, float, float]], float]:
-    """The resources a transfer crosses, as ``(key, name, capacity, weight)``, and its own rate cap (payload
-    bytes per cycle).
+    """The resources a transfer's two sides use, as ``(key, name, capacity, weight)``, and its own rate cap
+    (payload bytes per cycle); the links of its route are the machine's (:meth:`Machine.route_uses`).
 
     The addresses are where the plan's (normalized) windows start; ``src_port`` / ``dst_port`` are the
-    (chip, core) of each side's memory; ``hops`` the links of its route on ``topology`` (an ICI link, or a
-    chip's DCN egress or ingress). :meth:`FlowNetwork.resource` turns a key into the run's resource.
+    (chip, core) of each side's memory.
     """
     payload = max(plan.payload, 1)
     specs: list[tuple[Any, str, float, float]] = []
@@ -572,33 +575,53 @@ def flow_specs(
         specs.append((("hbm", chip), f"chip{chip}.hbm", cfg.hbm_bytes_per_cycle, weight))
         channels = min(cfg.hbm.channels, max(1, ceil(b / cfg.hbm.interleave_bytes)))
         cap = min(cap, channels * cfg.hbm_bytes_per_cycle / cfg.hbm.channels / weight)
-    for link in hops:
-        capacity = cfg.dcn_bytes_per_cycle if topology.is_dcn(link) else cfg.link_bytes_per_cycle
-        specs.append((("link", *link), topology.link_name(link), capacity, 1.0))
     return specs, cap
 
 
 def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core: int, s_at: int, d_at: int) -> Any:
     """The :class:`TransferFacts` of a transfer of ``d`` whose windows start at ``s_at`` / ``d_at`` (their
-    normalized offsets are ``key[-4]`` and ``key[-3]``)."""
+    normalized offsets are ``key[-4]`` and ``key[-3]``).
+
+    NOTE: speed. What does not depend on which chips and cores the transfer connects (its plan, HBM latency,
+    the resources of its two sides by role, its rate cap) is worked out once per instruction and alignment
+    and kept on ``d`` (:func:`_proto`); per transfer only the roles' resources and the route's links are
+    looked up (a 256-chip all-reduce resolves some 230,000 transfers, most of them once)."""
+    remote = dst_chip is not core.chip
+    proto_key = ("proto", remote, *key[3:])
+    proto = d.extra.get(proto_key)
+    if proto is None:
+        proto = d.extra[proto_key] = _proto(core, d, key, remote, s_at, d_at)
+    plan, latency, roles, cap = proto
+    machine = core.machine
+    chips, cores = (core.chip.index, dst_chip.index), (core.index, dst_core)
+    uses = [(machine.resource(kind, chips[side], cores[side], capacity), w) for kind, side, capacity, w in roles]
+    solo, sig = Flow.shape_of(uses, cap)  # (of the sides; the route's part is kept with the route)
+    if remote:
+        links, network, fastest, ids = machine.route_uses(chips[0], chips[1], d.ins.route, d.index, core)
+        uses += links  # (a new list: += extends the one made above)
+        latency += network
+        solo, sig = min(solo, fastest), sig + ids
+    return TransferFacts(plan, latency, uses, cap, (solo, sig))
+
+
+def _proto(
+    core: Core, d: Decoded, key: tuple[Any, ...], remote: bool, s_at: int, d_at: int
+) -> tuple[TransferPlan, int, list[tuple[str, int, float, float]], float]:
+    """``(plan, latency without the route's, roles, cap)`` of a transfer of ``d``: :func:`flow_specs` of its
+    two sides as ``(kind, side, capacity, weight)`` roles (side 0 the source's chip and core, 1 the
+    destination's), which :func:`_facts` turns into the resources of the chips it connects."""
     sp, dp = d.plans_r[0], d.plans_w[0]
     cfg = core.cfg
     sizes = sp.sizes if sp.sizes is not None else sp.dims
     # Element maps only where the bytes move (a numeric run, or a value control flow reads); costs alone else.
     planner = transfer_plan if d.numeric else strided_plan
     plan = planner(sp.shape, key[-4], dp.shape, key[-3], sizes, cfg.dma.burst_bytes)
-    topology = core.machine.topology
     latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (sp.space, dp.space) else 0
-    hops = []
-    if dst_chip is not core.chip:
-        try:
-            hops = topology.route(core.chip.index, dst_chip.index, d.ins.route)
-        except ValueError as e:
-            raise core.error(d.index, f"{e} of the system's topology {topology}") from None
-        latency += cfg.network_cycles(*topology.crossings(core.chip.index, dst_chip.index))
-    src_port, dst_port = (core.chip.index, core.index), (dst_chip.index, dst_core)
-    specs, cap = flow_specs(cfg, plan, sp.space, s_at, dp.space, d_at, src_port, dst_port, hops, topology)
-    return TransferFacts(plan, latency, [(resource(k, name, c), w) for k, name, c, w in specs], cap)
+    # placeholder ports: chip 0 the source's, 1 the destination's (the same chip's HBM is one resource);
+    # core 0 the source side's, 1 the destination side's
+    specs, cap = flow_specs(cfg, plan, sp.space, s_at, dp.space, d_at, (0, 0), (int(remote), 1))
+    roles = [(k[0], k[2] if k[0] == "local" else k[1], capacity, w) for k, _, capacity, w in specs]
+    return plan, latency, roles, cap
 
 
 def issue_dma(core: Core, d: Decoded, t: int) -> Issued:
