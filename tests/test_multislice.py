@@ -140,15 +140,19 @@ def test_an_all_reduce_over_every_chip_is_hierarchical():
     assert result.seconds == pytest.approx(want, rel=0.05)
 
 
-def test_the_network_latency_is_paid_per_crossing():
-    """A 4 KiB all-reduce across two slices is three crossings of the network one after the other (the entry
+@pytest.mark.parametrize(
+    ("topology", "chips", "groups"), [("16", 32, "[16,2]<=[2,16]T(1,0)"), ("2x2", 8, "{}")]
+)  # fmt: skip
+def test_the_network_latency_is_paid_per_crossing(topology: str, chips: int, groups: str):
+    """A small all-reduce across two slices is three crossings of the network one after the other (the entry
     handshake, a reduce-scatter stage, an all-gather stage): at least 3 x dcn.latency_ns, and 3 x more when
-    the latency doubles."""
+    the latency doubles. Over every chip of two 2x2 slices the data goes in two parts (one per ICI axis),
+    which take the network at once: still three crossings, not six."""
     times = []
     for ns in (10_000, 20_000):
         cfg = load_config("tpu_v5e", ["dcn.slices=2", f"dcn.latency_ns={ns}"])
         result = tpusim.simulate(
-            _program(1, "[16,2]<=[2,16]T(1,0)", 32), chips=32, topology="16", config=cfg, timing_only=True
+            _program(8, groups, chips), chips=chips, topology=topology, config=cfg, timing_only=True
         )
         times.append(result.seconds)
         assert result.seconds >= 3 * ns * 1e-9

@@ -114,10 +114,14 @@ class CollectiveState:
             )
         return min(free)
 
-    def channel(self, axis: int, step: int) -> int:
-        """The arrive-semaphore index of ring traffic along topology ``axis`` in direction ``step``."""
+    def channel(self, axis: int, step: int, part: int = 0) -> int:
+        """The arrive-semaphore index of ring traffic along topology ``axis`` in direction ``step``; along the
+        slices of a multi-slice system, of part ``part`` of a collective over several axes (the parts take
+        that one ring at once, each counting its own arrivals)."""
         axes = [a for a, n in enumerate(self.topology.shape) if n > 1] or [0]
         k = axes.index(axis) if axis in axes else 0
+        if part and self.topology.switched[axis]:
+            k = len(axes) + part - 1
         return 2 * k + (0 if step > 0 else 1)
 
 
@@ -187,6 +191,8 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     who = participants(ctx.module, ctx.config)
     topology = system_topology(ctx.config, who.devices)
     axes = max(1, sum(1 for n in topology.shape if n > 1))
+    if topology.slices > 1:  # the slices' ring: its own arrival semaphores for every part but the first
+        axes += PARTS - 1
     banks, any_async = _banks_needed(ctx.module)
     parts = PARTS if any_async else 0
     per_bank = 1 + 2 * axes + parts

@@ -24,8 +24,8 @@ done runs the forwarding steps (the reduce-scatter reads the operand, which may 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from math import ceil, prod
 
 from tpusim.compiler.buffer_assignment import leaf_paths
@@ -210,16 +210,21 @@ def _axis_orders(plan: GroupPlan, kind: str) -> list[list[int]] | None:
     return [slow + o if kind == "gather" else o + slow for o in rotations]
 
 
-def _round(plan: GroupPlan, axis: int, phases: list[Iterator[None]]) -> None:
-    """Emit the parts' phases of one round: interleaved on the rings of different ICI axes; one after the
-    other on the network between slices, the one ring every part is on in that round (its arrivals on a
-    semaphore then come stage by stage, part by part)."""
+def _part_rings(facts: Facts, plan: GroupPlan, bank: Bank, rings: dict[int, Ring], parts: int) -> list[dict[int, Ring]]:
+    """Each part's rings: the group's own, but along the slices of a multi-slice system (the one ring every
+    part takes in the same round) with the part's own arrival semaphores, so the parts' phases there run at
+    once and each counts only its own arrivals."""
     assert plan.axes is not None
-    if plan.axes[axis].switched:
-        for phase in phases:
-            emit(phase)
-    else:
-        interleave(phases)
+    state = facts.state
+    out = []
+    for j in range(parts):
+        mine = dict(rings)
+        for a, ring in rings.items():
+            ax = plan.axes[a]
+            if j and ax.switched:
+                mine[a] = replace(ring, arrive={s: bank.arrive[state.channel(ax.axis, s, j)] for s in (1, -1)})
+        out.append(mine)
+    return out
 
 
 _SPLIT_STEPS = 60
@@ -394,6 +399,7 @@ def _all_reduce_axes_at_once(
     if part != "done":
         _ring_handshake(facts, plan, bank, [directions.get(i, 0) for i in range(len(lengths))])
     rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
+    own = _part_rings(facts, plan, bank, rings, m)
     assert part == "all" or len(bank.locals) >= m, "an async collective's bank holds a semaphore per part"
     works = _works(facts, [bank.locals[j] if part != "all" else None for j in range(m)])
     rounds = range(len(orders[0]))
@@ -418,13 +424,11 @@ def _all_reduce_axes_at_once(
         for r in rounds:
             src = xf if r == 0 else yf
             ends = [base(j, r + 1) for j in range(m)]
-            _round(
-                plan,
-                orders[0][r],
+            interleave(
                 [
-                    reduce_scatter_stages(w, rings[o[r]], src, yf, ends[j], 0, starts[j], sz[r], fn)
+                    reduce_scatter_stages(w, own[j][o[r]], src, yf, ends[j], 0, starts[j], sz[r], fn)
                     for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
-                ],
+                ]
             )
             facts.release(*starts)
             starts = ends
@@ -434,15 +438,13 @@ def _all_reduce_axes_at_once(
         if part == "start" and not first:
             break
         starts = [base(j, r) for j in range(m)]
-        _round(
-            plan,
-            orders[0][r],
+        interleave(
             [
                 all_gather_stages(
-                    w, rings[o[r]], yf, 0, starts[j], sz[r], stages=_stages(part, rings[o[r]].length, first)
+                    w, own[j][o[r]], yf, 0, starts[j], sz[r], stages=_stages(part, rings[o[r]].length, first)
                 )
                 for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
-            ],
+            ]
         )
         facts.release(*starts)
     for ring in rings.values():
@@ -486,13 +488,15 @@ def reduce_scatter(
 class _Block:
     """What a gather or scatter over the axes of a torus block at once shares: each part's rows of a
     ``k``-row chunk (``rows[j]`` from ``offsets[j]``), the group's lengths, the rows between neighbours along
-    each axis (ranks are row-major over the group's axes) and the rings (registers)."""
+    each axis (ranks are row-major over the group's axes), the rings (registers) and each part's rings
+    (:func:`_part_rings`)."""
 
     rows: list[int]
     offsets: list[int]
     lengths: list[int]
     rank_stride: list[int]
     rings: dict[int, Ring]
+    own: list[dict[int, Ring]]
 
     def windows(self, axes: Sequence[int]) -> list[tuple[int, int]]:
         """The window levels of a chunk that spans every coordinate along ``axes``."""
@@ -534,7 +538,7 @@ def _block(
     if handshake:
         directions = max(len(pieces(dims, dim, h)) for h in rows)
         _ring_handshake(facts, plan, bank, [directions if i in rings else 0 for i in range(len(lengths))])
-    return _Block(rows, offsets, lengths, rank_stride, rings)
+    return _Block(rows, offsets, lengths, rank_stride, rings, _part_rings(facts, plan, bank, rings, m))
 
 
 def _reduce_scatter_axes_at_once(
@@ -561,12 +565,10 @@ def _reduce_scatter_axes_at_once(
         fin: list[Reg | int] = (
             list(blk.offsets) if last else [blk.start(facts, o[: r + 1], j) for j, o in enumerate(orders)]
         )
-        _round(
-            plan,
-            orders[0][r],
+        interleave(
             [
                 reduce_scatter_stages(
-                    w, blk.rings[o[r]], x if r == 0 else partial, y if last else partial, fin[j], dim, base[j],
+                    w, blk.own[j][o[r]], x if r == 0 else partial, y if last else partial, fin[j], dim, base[j],
                     blk.rows[j], fn, stride=blk.rank_stride[o[r]], repeat=blk.windows(o[r + 1 :]),
                 )
                 for j, (w, o) in enumerate(zip(works, orders))
@@ -658,12 +660,10 @@ def _all_gather_axes_at_once(
         if part == "start" and r > 0:
             break
         base = [blk.start(facts, o[r + 1 :], j) for j, o in enumerate(orders)]
-        _round(
-            plan,
-            orders[0][r],
+        interleave(
             [
                 all_gather_stages(
-                    w, blk.rings[o[r]], y, dim, base[j], blk.rows[j], stride=blk.rank_stride[o[r]],
+                    w, blk.own[j][o[r]], y, dim, base[j], blk.rows[j], stride=blk.rank_stride[o[r]],
                     repeat=blk.windows(o[:r]), stages=_stages(part, blk.lengths[o[r]], r == 0),
                 )
                 for j, (w, o) in enumerate(zip(works, orders))
