@@ -327,12 +327,7 @@ class TransferFacts:
     __slots__ = ("arrays", "bytes", "cap", "latency", "payload", "plan", "shape", "uses")
 
     def __init__(
-        self,
-        plan: TransferPlan,
-        latency: int,
-        uses: list[Any],
-        cap: float,
-        shape: tuple[float, tuple[int, ...]] | None = None,
+        self, plan: TransferPlan, latency: int, uses: list[Any], cap: float, shape: tuple[float, tuple[int, ...]]
     ) -> None:
         self.arrays: tuple[Any, Any] | None = None  # uses_arrays(uses), made when a large network needs it
         self.plan = plan
@@ -341,7 +336,7 @@ class TransferFacts:
         self.latency = latency
         self.uses = uses
         self.cap = cap
-        self.shape = Flow.shape_of(uses, cap) if shape is None else shape
+        self.shape = shape
 
 
 class Transfer(Flow):
@@ -543,39 +538,41 @@ def flow_specs(
     src_address: int,
     dst_space: Space,
     dst_address: int,
-    src_port: tuple[int, int],
-    dst_port: tuple[int, int],
-) -> tuple[list[tuple[Any, str, float, float]], float]:
-    """The resources a transfer's two sides use, as ``(key, name, capacity, weight)``, and its own rate cap
-    (payload bytes per cycle); the links of its route are the machine's (:meth:`Machine.route_uses`).
+    same_chip: bool,
+) -> tuple[list[tuple[str, int, float, float]], float]:
+    """The resources a transfer's two sides use, as ``(kind, side, capacity, weight)`` roles, and its own rate
+    cap (payload bytes per cycle). ``kind`` is ``local`` (the DMA port of the side's core; ``side`` 0 the
+    source's, 1 the destination's) or ``hbm`` (the HBM of the side's chip; both sides on one chip are one
+    resource, side 0); :func:`_facts` turns roles into the resources of the chips and cores a transfer
+    connects, and adds the links of its route (:meth:`Machine.route_uses`).
 
-    The addresses are where the plan's (normalized) windows start; ``src_port`` / ``dst_port`` are the
-    (chip, core) of each side's memory.
+    The addresses are where the plan's (normalized) windows start.
     """
     payload = max(plan.payload, 1)
-    specs: list[tuple[Any, str, float, float]] = []
+    roles: list[tuple[str, int, float, float]] = []
     cap = cfg.dma.runs_per_cycle * payload / max(plan.runs, 1)
     hbm_bytes: dict[int, int] = {}
-    sides = ((src_space, src_address, plan.src_runs, src_port), (dst_space, dst_address, plan.dst_runs, dst_port))
+    sides = ((src_space, src_address, plan.src_runs), (dst_space, dst_address, plan.dst_runs))
     burst = cfg.dma.burst_bytes
-    for side, (space, address, runs, (chip, core)) in enumerate(sides):
+    for side, (space, address, runs) in enumerate(sides):
         if space is Space.HBM:
             # (a function of the address modulo the burst: kept on the plan, which many transfers share)
             key = (side, address % burst, burst)
             b = plan.bursts.get(key)
             if b is None:
                 b = plan.bursts[key] = burst_bytes(runs, address, burst)
+            chip = 0 if same_chip else side
             hbm_bytes[chip] = hbm_bytes.get(chip, 0) + b
         else:
-            specs.append((("local", chip, core), f"chip{chip}.core{core}.dma_port", cfg.dma.local_bytes_per_cycle, 1.0))
+            roles.append(("local", side, cfg.dma.local_bytes_per_cycle, 1.0))
     for chip, b in hbm_bytes.items():
         if b == 0:  # an empty array: no burst touches HBM
             continue
         weight = b / payload
-        specs.append((("hbm", chip), f"chip{chip}.hbm", cfg.hbm_bytes_per_cycle, weight))
+        roles.append(("hbm", chip, cfg.hbm_bytes_per_cycle, weight))
         channels = min(cfg.hbm.channels, max(1, ceil(b / cfg.hbm.interleave_bytes)))
         cap = min(cap, channels * cfg.hbm_bytes_per_cycle / cfg.hbm.channels / weight)
-    return specs, cap
+    return roles, cap
 
 
 def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core: int, s_at: int, d_at: int) -> Any:
@@ -607,9 +604,8 @@ def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core
 def _proto(
     core: Core, d: Decoded, key: tuple[Any, ...], remote: bool, s_at: int, d_at: int
 ) -> tuple[TransferPlan, int, list[tuple[str, int, float, float]], float]:
-    """``(plan, latency without the route's, roles, cap)`` of a transfer of ``d``: :func:`flow_specs` of its
-    two sides as ``(kind, side, capacity, weight)`` roles (side 0 the source's chip and core, 1 the
-    destination's), which :func:`_facts` turns into the resources of the chips it connects."""
+    """``(plan, latency without the route's, roles, cap)`` of a transfer of ``d`` (roles and cap:
+    :func:`flow_specs`)."""
     sp, dp = d.plans_r[0], d.plans_w[0]
     cfg = core.cfg
     sizes = sp.sizes if sp.sizes is not None else sp.dims
@@ -617,10 +613,7 @@ def _proto(
     planner = transfer_plan if d.numeric else strided_plan
     plan = planner(sp.shape, key[-4], dp.shape, key[-3], sizes, cfg.dma.burst_bytes)
     latency = cfg.cycles(cfg.hbm.latency_ns) if Space.HBM in (sp.space, dp.space) else 0
-    # placeholder ports: chip 0 the source's, 1 the destination's (the same chip's HBM is one resource);
-    # core 0 the source side's, 1 the destination side's
-    specs, cap = flow_specs(cfg, plan, sp.space, s_at, dp.space, d_at, (0, 0), (int(remote), 1))
-    roles = [(k[0], k[2] if k[0] == "local" else k[1], capacity, w) for k, _, capacity, w in specs]
+    roles, cap = flow_specs(cfg, plan, sp.space, s_at, dp.space, d_at, not remote)
     return plan, latency, roles, cap
 
 
