@@ -168,3 +168,23 @@ def test_xla_compiles_for_one_slice_and_says_so(tmp_path, capsys):
     argv = ["run", str(path), "--topology", "2x2", "--set", "dcn.slices=2", "--compiler", "xla", "--timing-only"]
     assert main(argv) == 1
     assert "compiles for one slice, not dcn.slices = 2" in capsys.readouterr().err
+
+
+def test_a_dma_route_must_order_the_systems_axes():
+    """``route=`` names an order of the topology's axes: on two slices of a 2x2 grid (three axes, the slices
+    first) the order (1, 0) is refused where the DMA runs, naming the instruction and the topology."""
+    from tpusim.devices import ExecutionError, System
+    from tpusim.isa import DmaStart, Halt, MemRef, Program, Space, Stream
+    from tpusim.memory import parse_shape
+
+    block = parse_shape("f32[8,128]{1,0:T(8,128)}")
+    src, dst = MemRef(Space.VMEM, 0, block), MemRef(Space.VMEM, 0x1000, block)
+    cfg = _slices(2)
+    program = Program((Stream(0, (DmaStart(src, dst, chip=7, route=(1, 0)), Halt()), chip=0),))
+    with pytest.raises(ExecutionError, match=r"route order \[1, 0\] is not an order of the 3 axes of the system's "
+                       r"topology 2 slices of 2x2 joined by DCN"):  # fmt: skip
+        System(cfg, 8, (2, 2)).run(program, timing_only=True)
+    # in the order (2, 1, 0) it crosses this slice's two links first, then the network into chip 7
+    good = Program((Stream(0, (DmaStart(src, dst, chip=7, route=(2, 1, 0)), Halt()), chip=0),))
+    run = System(cfg, 8, (2, 2)).run(good, timing_only=True)
+    assert run.cycles > cfg.cycles(cfg.dcn.latency_ns) + 2 * cfg.cycles(cfg.ici.hop_latency_ns)
