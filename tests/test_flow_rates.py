@@ -33,8 +33,39 @@ def test_array_filling_equals_the_loop_to_the_bit(seed: int, monkeypatch: pytest
     monkeypatch.setattr(flows_module, "_MANY", 10**9)  # the loop, however many flows
     net._rates()
     loop = [f.rate for f in flows]
-    for f in flows:
-        f.rate = -1.0
-    _rates_arrays(flows)
-    assert [f.rate for f in flows] == loop
+    assert _rates_arrays(flows).tolist() == loop
     assert all(r > 0 for r in loop)
+
+
+def _finishes(seed: int, many: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """``(flow, cycle its last byte moved)`` of a network whose flows start over time (some at once)."""
+    from tpusim.devices.engine import make_env
+
+    monkeypatch.setattr(flows_module, "_MANY", many)
+    rng = random.Random(seed)
+    env = make_env()
+    net = FlowNetwork(env)
+    flows = _network(seed, 160)
+    done: list[tuple[int, int]] = []
+    for k, f in enumerate(flows):
+        f.on_done = lambda cycle, k=k: done.append((k, cycle))
+    starts = sorted(rng.choice([0, 0, rng.randint(0, 40_000)]) for _ in flows)
+
+    def feed():
+        for f, at in zip(flows, starts):
+            if at > env.now:
+                yield env.timeout(at - env.now)
+            net.add(f, at)
+
+    env.process(feed())
+    env.run()
+    return done
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_network_of_many_flows_finishes_them_as_the_loops_do(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From _MANY active flows the network keeps bytes left and rates in arrays; flows starting and ending
+    over time cross that threshold both ways, and every flow ends at the same cycle as with the loops."""
+    arrays = _finishes(seed, 48, monkeypatch)
+    loops = _finishes(seed, 10**9, monkeypatch)
+    assert len(arrays) == 160 and arrays == loops
