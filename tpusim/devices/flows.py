@@ -129,6 +129,7 @@ class FlowNetwork:
         # all-reduce keeps ~800 flows in flight over 110,000 network events).
         self._rem: np.ndarray | None = None
         self._rate: np.ndarray | None = None
+        self._parts: list[tuple[np.ndarray, np.ndarray]] = []  # (array mode) each flow's resource_arrays()
 
     def add(self, flow: Flow, start: int) -> None:
         """Start ``flow`` at cycle ``start`` (not before the current cycle)."""
@@ -211,9 +212,11 @@ class FlowNetwork:
             assert self._rate is not None
             self._rem = np.concatenate((self._rem, [f.remaining for f in new]))
             self._rate = np.concatenate((self._rate, np.zeros(len(new))))
+            self._parts.extend(f.resource_arrays() for f in new)
         elif len(self.active) >= _MANY:
             self._rem = np.array([f.remaining for f in self.active], dtype=np.float64)
             self._rate = np.array([f.rate for f in self.active], dtype=np.float64)
+            self._parts = [f.resource_arrays() for f in self.active]
 
     def _finished(self) -> list[Flow]:
         """Take the flows done by now out of the active ones (the others keep their order); [] if none."""
@@ -237,8 +240,10 @@ class FlowNetwork:
             f = active[i]
             f.remaining = float(rem[i])
             done.append(f)
+        parts = self._parts
         for i in reversed(idx.tolist()):
             del active[i]
+            del parts[i]
         rem, rate = np.delete(rem, idx), np.delete(self._rate, idx)
         if len(active) >= _MANY:
             self._rem, self._rate = rem, rate
@@ -246,6 +251,7 @@ class FlowNetwork:
             for f, r, x in zip(active, rem.tolist(), rate.tolist()):
                 f.remaining, f.rate = r, x
             self._rem = self._rate = None
+            self._parts = []
         return done
 
     def _rates(self) -> None:
@@ -261,7 +267,7 @@ class FlowNetwork:
                 self._rate = np.array([f.rate for f in flows], dtype=np.float64)
             return
         if len(flows) >= _MANY:
-            rates = _rates_arrays(flows)
+            rates = _rates_arrays(flows, self._parts if self._rem is not None else None)
             if self._rem is not None:
                 self._rate = rates
             else:
@@ -379,11 +385,13 @@ _MANY = 48
 """Flows from which :meth:`FlowNetwork._rates` fills with arrays (the per-call setup costs more below)."""
 
 
-def _rates_arrays(flows: list[Flow]) -> np.ndarray:
+def _rates_arrays(flows: list[Flow], parts: list[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
     """:meth:`FlowNetwork._rates`'s progressive filling on arrays, with the same arithmetic in the same order
     (sums accumulate entry by entry in the flows' order, as the loop does), so the rates are equal to the bit:
-    the flows' rates, in order. NOTE: speed; a 256-chip all-reduce has about 800 flows in flight."""
-    parts = [f.resource_arrays() for f in flows]
+    the flows' rates, in order (``parts``: their :meth:`Flow.resource_arrays`, when the caller keeps them).
+    NOTE: speed; a 256-chip all-reduce has about 800 flows in flight."""
+    if parts is None:
+        parts = [f.resource_arrays() for f in flows]
     numbers = np.concatenate([a[0] for a in parts])
     w_ = np.concatenate([a[1] for a in parts])
     flow = np.repeat(np.arange(len(flows)), [len(a[0]) for a in parts])
