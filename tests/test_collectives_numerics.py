@@ -353,3 +353,17 @@ def test_spmd_partitioner_dump_runs(tmp_path: Path) -> None:
     want = evaluate_spmd(module, per)
     result = tpusim.simulate(module, [np.stack([d[0] for d in per])], chips=8, topology="2x4")
     _compare(result.outputs, want, "spmd-partitioning dump")
+
+
+def test_all_to_all_half_way_round_a_ring_goes_both_ways() -> None:
+    """On a ring of four v4 chips (wraparound) the partner two away is as far either way: its chunk goes
+    half forward and half backward (two pushes, tie=1 and tie=-1), and every chip still gets JAX's answer;
+    a chunk too short to cut on a tile boundary goes whole."""
+    for rows in (64, 8):
+        text = _module("a2a", "replica_count=4", "", f"""
+            x = f32[{rows},128] parameter(0)
+            ROOT r = f32[{rows},128] all-to-all(x), replica_groups={{}}, dimensions={{0}}""")
+        compiled = tpusim.compile_program(text, config=load_config("tpu_v4", ["ici.shape=[4]"]))
+        ties = {getattr(i, "tie", 1) for s in compiled.program.streams for i in s.instructions}
+        assert ties == ({1, -1} if rows == 64 else {1})
+        _run(text, chips=4, topology="4", config="tpu_v4")

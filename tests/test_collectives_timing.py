@@ -212,8 +212,9 @@ def test_collectives_over_three_axes_run_them_at_once() -> None:
 def test_all_to_all_pushes_both_ways_round_the_ring() -> None:
     """All-to-all of 8 MiB per chip on a 16-chip v5e ring: the scaling book's bisection bound is
     ``V / (4 W)`` = 373 us. The pushes alternate between the partners ahead and behind; in rank order the
-    DMA engines' first pushes all went one way round and the other direction's links idled (757 us). What
-    is left (+17%) is the four engines holding the long routes' pushes (docs/multichip.md)."""
+    DMA engines' first pushes all went one way round and the other direction's links idled (757 us). The
+    partner half-way round gets half its chunk each way: sent forward (the routes' rule on a tie), the
+    forward links carried 36 chunk-hops to the backward links' 28 (436 us, +17%); now +4%."""
     cfg = load_config("tpu_v5e")
     per, chips = 8 * MIB, 16
     rows = per // 4096
@@ -223,7 +224,7 @@ def test_all_to_all_pushes_both_ways_round_the_ring() -> None:
     )
     got = tpusim.simulate(text, chips=chips, topology=(chips,), config=cfg, timing_only=True).seconds
     book = per * chips / (4 * 2 * cfg.ici.link_bandwidth_bytes_per_s)
-    assert got == pytest.approx(book, rel=0.25), (got, book)
+    assert got == pytest.approx(book, rel=0.10), (got, book)
 
 
 def test_a_point_to_point_transfer_uses_both_ports_of_a_corner() -> None:

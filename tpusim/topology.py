@@ -63,7 +63,7 @@ class Topology:
         if len(self.switched) != len(self.shape) or any(self.switched[1:]):
             raise ConfigError(f"only the first axis of {list(self.shape)} may be the slices joined by DCN")
         self.strides = tuple(prod(self.shape[a + 1 :]) for a in range(len(self.shape)))
-        self._routes: dict[tuple[int, int, tuple[int, ...] | None], tuple[Link, ...]] = {}  # (asked often)
+        self._routes: dict[tuple[int, int, tuple[int, ...] | None, int], tuple[Link, ...]] = {}  # (asked often)
         self._crossings: dict[tuple[int, int], tuple[int, int]] = {}
 
     @property
@@ -108,21 +108,22 @@ class Topology:
         c[axis] = x
         return self.chip(tuple(c))
 
-    def route(self, src: int, dst: int, order: tuple[int, ...] | None = None) -> list[Link]:
+    def route(self, src: int, dst: int, order: tuple[int, ...] | None = None, tie: int = 1) -> list[Link]:
         """The directed links a transfer from ``src`` to ``dst`` crosses, in order, correcting the axes in
-        ``order`` (default: the topology's routing order).
+        ``order`` (default: the topology's routing order), going round a ring the ``tie`` way (+1 forward, -1
+        backward) where both ways are as short.
 
         Raises:
             ValueError: ``order`` is not a permutation of the axes.
         """
-        known = self._routes.get((src, dst, order))
+        known = self._routes.get((src, dst, order, tie))
         if known is None:
             if order is not None and sorted(order) != list(range(len(self.shape))):
                 raise ValueError(f"route order {list(order)} is not an order of the {len(self.shape)} axes")
-            known = self._routes[(src, dst, order)] = tuple(self._route(src, dst, order or self.order))
+            known = self._routes[(src, dst, order, tie)] = tuple(self._route(src, dst, order or self.order, tie))
         return list(known)
 
-    def _route(self, src: int, dst: int, order: tuple[int, ...]) -> list[Link]:
+    def _route(self, src: int, dst: int, order: tuple[int, ...], tie: int) -> list[Link]:
         here = list(self.coords(src))
         goal = self.coords(dst)
         links: list[Link] = []
@@ -136,7 +137,8 @@ class Topology:
                 continue
             if self.wrap[axis]:
                 fwd = (goal[axis] - here[axis]) % n
-                step, count = (1, fwd) if fwd <= n - fwd else (-1, n - fwd)
+                forward = fwd < n - fwd or (fwd == n - fwd and tie > 0)
+                step, count = (1, fwd) if forward else (-1, n - fwd)
             else:
                 delta = goal[axis] - here[axis]
                 step, count = (1 if delta >= 0 else -1), abs(delta)

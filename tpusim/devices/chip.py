@@ -77,7 +77,7 @@ class Machine:
         self.chips = [ChipState(self, c) for c in range(topology.chips)]
         self.cores: list[Core] = []
         self._resources: dict[tuple[str, int, int, float], Resource] = {}
-        self._routes: dict[tuple[int, int, tuple[int, ...] | None], _Route] = {}
+        self._routes: dict[tuple[int, int, tuple[int, ...] | None, int], _Route] = {}
 
     def resource(self, kind: str, chip: int, core: int, capacity: float) -> Resource:
         """A transfer side's flow resource: ``hbm`` of ``chip``, or the ``local`` DMA port of its ``core``."""
@@ -91,20 +91,21 @@ class Machine:
             self._resources[key] = r
         return r
 
-    def route_uses(self, src: int, dst: int, order: tuple[int, ...] | None, index: int, core: Core) -> _Route:
-        """The flow resources of the route from chip ``src`` to ``dst`` (axes corrected in ``order``; None: the
-        topology's), each with weight 1: an ICI link of ``ici.link_bandwidth_bytes_per_s`` per hop, a chip's
-        DCN egress or ingress of ``dcn.bandwidth_bytes_per_s`` between slices; its latency in cycles; the
-        least capacity of its links and their ids (a flow's part of :meth:`Flow.shape_of`).
+    def route_uses(self, src: int, dst: int, order: tuple[int, ...] | None, tie: int, index: int, core: Core) -> _Route:
+        """The flow resources of the route from chip ``src`` to ``dst`` (axes corrected in ``order``, None: the
+        topology's; round a ring the ``tie`` way where both are as short), each with weight 1: an ICI link of
+        ``ici.link_bandwidth_bytes_per_s`` per hop, a chip's DCN egress or ingress of
+        ``dcn.bandwidth_bytes_per_s`` between slices; its latency in cycles; the least capacity of its links
+        and their ids (a flow's part of :meth:`Flow.shape_of`).
 
         Raises:
             ExecutionError: ``order`` (of instruction ``index`` of ``core``) is not an order of the axes.
         """
-        known = self._routes.get((src, dst, order))
+        known = self._routes.get((src, dst, order, tie))
         if known is None:
             topo, cfg = self.topology, self.cfg
             try:
-                hops = topo.route(src, dst, order)
+                hops = topo.route(src, dst, order, tie)
             except ValueError as e:
                 raise core.error(index, f"{e} of the system's topology {topo}") from None
             links = []
@@ -113,7 +114,7 @@ class Machine:
                 links.append((resource(("link", *link), topo.link_name(link), capacity), 1.0))
             network = cfg.network_cycles(*topo.crossings(src, dst))
             fastest = min((r.capacity for r, _ in links), default=float("inf"))
-            known = self._routes[(src, dst, order)] = (links, network, fastest, tuple(id(r) for r, _ in links))
+            known = self._routes[(src, dst, order, tie)] = (links, network, fastest, tuple(id(r) for r, _ in links))
         return known
 
     def unit_id(self, name: str) -> int:

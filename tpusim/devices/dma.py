@@ -603,7 +603,9 @@ def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core
             solo = capacity / w
     sig = tuple(ids)
     if remote:
-        links, network, fastest, link_ids = machine.route_uses(chips[0], chips[1], d.ins.route, d.index, core)
+        links, network, fastest, link_ids = machine.route_uses(
+            chips[0], chips[1], d.ins.route, d.ins.tie, d.index, core
+        )
         uses += links
         latency += network
         solo, sig = min(solo, fastest), sig + link_ids

@@ -99,6 +99,8 @@ class DmaStart:
         route: for a remote write, the order in which its route corrects the topology's axes (a permutation
             of them); None: the system's routing order (``ici.routing``). Two halves of a transfer sent in
             two orders cross disjoint links when source and destination differ along two axes.
+        tie: the way a remote write's route goes round a ring whose two ways are as short (+1 forward, -1
+            backward): two halves sent both ways to the chip half-way round use both directions' links.
     """
 
     src: MemRef
@@ -108,6 +110,7 @@ class DmaStart:
     dst_core: int | None = None
     dst_sem: int | None = None
     route: tuple[int, ...] | None = None
+    tie: int = 1
     control: bool = False
     hlo: str | None = field(default=None, compare=False)
     op: ClassVar[Op] = Op.DMA_START
@@ -128,6 +131,7 @@ class DmaStart:
                 f"route {self.route} is not an order of axes (each of 0..{len(self.route) - 1} once)",
             )
             _need(self.chip is not None, "a route is for a remote write (give chip=)")
+        _need(self.tie in (1, -1), f"tie {self.tie} must be 1 (forward) or -1 (backward)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,7 +93,14 @@ def _srcs(ops: tuple[Any, ...]) -> str:
 _PRINTERS: dict[type, Callable[[Any], str]] = {
     DmaStart: lambda i: (
         f"dma.start {i.src} -> {i.dst}"
-        + _kw(sem=i.sem, chip=i.chip, dst_core=i.dst_core, dst_sem=i.dst_sem, route=i.route)
+        + _kw(
+            sem=i.sem,
+            chip=i.chip,
+            dst_core=i.dst_core,
+            dst_sem=i.dst_sem,
+            route=i.route,
+            tie=None if i.tie == 1 else i.tie,
+        )
     ),
     SemSignal: lambda i: "sem.signal" + _kw(sem=i.sem, count=i.count, core=i.core, chip=i.chip),
     SemWait: lambda i: "sem.wait" + _kw(sem=i.sem, count=i.count),
@@ -441,7 +448,7 @@ def _parse_dma(c: _Cursor, mnemonic: str) -> dict[str, Any]:
     src = c.memref()
     c.expect("->", "'->' between DMA source and destination")
     dst = c.memref()
-    keys = {"sem": _v_int, "chip": _v_scalar, "dst_core": _v_int, "dst_sem": _v_int, "route": _v_tuple}
+    keys = {"sem": _v_int, "chip": _v_scalar, "dst_core": _v_int, "dst_sem": _v_int, "route": _v_tuple, "tie": _v_int}
     kw, hlo = _keywords(c, {**keys, **_CONTROL})
     return {"cls": DmaStart, "src": src, "dst": dst, **kw, "hlo": hlo}
 

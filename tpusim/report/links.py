@@ -181,7 +181,7 @@ def _remote_rows(result: SimulationResult) -> tuple[list[tuple[int, list[Link], 
         if dst is None:
             unknown += 1
             continue
-        route = topo.route(src, dst, ins.route) if dst != src else []
+        route = topo.route(src, dst, ins.route, ins.tie) if dst != src else []
         if not route:
             continue
         latency = cfg.network_cycles(*topo.crossings(src, dst))

@@ -55,21 +55,38 @@ def all_to_all(
         facts.release(chip)
     ctx.emit(SemWait, sem=bank.ready, count=S - 1)
     sem, local = ctx.semaphore(), ctx.semaphore()
+    pushes = S - 1
     if dim is not None:
         x, y = xs[0], ys[0]
         c = x.shape.dimensions[dim] // S
         facts.alu("mul", off_r, rank, c)
+        # the partner half-way round a ring (both ways as short) gets half its chunk each way (tile-aligned)
+        ring = plan.axes is not None and len(plan.axes) == 1 and plan.axes[0].wraps and S % 2 == 0
+        q = tile_rows(dim, x.shape, y.shape)
+        half = c // 2 // q * q if ring else 0
 
-        def chunk(ref: MemRef, start: Reg) -> MemRef:
+        def chunk(ref: MemRef, start: Reg, at: int = 0, size: int = c, tmp: Reg | None = None) -> MemRef:
             offsets: list[Reg | int] = [0] * ref.shape.rank
             sizes = list(ref.shape.dimensions)
-            offsets[dim], sizes[dim] = start, c
+            if at:
+                assert tmp is not None
+                start = facts.alu("add", tmp, start, at)
+            offsets[dim], sizes[dim] = start, size
             return MemRef(Space.HBM, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes)))
 
         for delta in _both_ways(S):
             chip = peer(delta)
             facts.alu("mul", off_j, j, c)
-            ctx.emit(DmaStart, src=chunk(x, off_j), dst=chunk(y, off_r), chip=chip, dst_sem=bank.arrive[0], sem=sem)
+            if delta == S // 2 and half:
+                at_s, at_d = facts.reg(), facts.reg()
+                for at, size, tie in ((0, half, 1), (half, c - half, -1)):
+                    src, dst = chunk(x, off_j, at, size, at_s), chunk(y, off_r, at, size, at_d)
+                    ctx.emit(DmaStart, src=src, dst=dst, chip=chip, dst_sem=bank.arrive[0], sem=sem, tie=tie)
+                facts.release(at_s, at_d)
+                pushes += 1
+            else:
+                dst = chunk(y, off_r)
+                ctx.emit(DmaStart, src=chunk(x, off_j), dst=dst, chip=chip, dst_sem=bank.arrive[0], sem=sem)
             facts.release(chip)
         ctx.emit(DmaStart, src=chunk(x, off_r), dst=chunk(y, off_r), sem=local)
     else:
@@ -90,8 +107,8 @@ def all_to_all(
             DmaStart, src=MemRef(Space.HBM, xs[0].address, xs[0].shape, None, own),
             dst=MemRef(Space.HBM, ys[0].address, ys[0].shape, None, dst_base), sem=local,
         )  # fmt: skip
-    ctx.emit(SemWait, sem=bank.arrive[0], count=S - 1)
-    ctx.emit(SemWait, sem=sem, count=S - 1)
+    ctx.emit(SemWait, sem=bank.arrive[0], count=pushes)
+    ctx.emit(SemWait, sem=sem, count=pushes)
     ctx.emit(SemWait, sem=local, count=1)
 
 
