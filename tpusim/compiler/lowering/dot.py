@@ -958,10 +958,17 @@ class _DotEmitter:
         transpose = self.b_mode == "transposed"
         # An unrolled product repeats its MXU instructions (its slots rotate: the d1024 decoder block's 38,912
         # weight loads are 536 distinct ones): each is built once, from a key of plain numbers, and appended
-        # again (one object, which decoding then finds by identity).
+        # again (one object, which decoding then finds by identity). Whole steps repeat too: a step's
+        # instructions are kept by what they depend on, so a repeated step is one lookup.
         built = self._built
         flags = (ctx.hlo, ctx.control)
         a_id, b_id = _place_id(a_at), _place_id(b_at)
+        step_key = ("step", a_id, b_id, ms, ks, block.ms, block.ns, st.first, tuple(acc_half), half, flags)
+        known = built.get(step_key)
+        if known is not None:
+            ctx.append(known)
+            return
+        step: list[Any] = []
         for k0 in range(0, ks, cfg.rows):
             kt = min(cfg.rows, ks - k0)
             for mxu, n0, nt, r0, rs in self._mxu_map(block, plan):
@@ -987,7 +994,9 @@ class _DotEmitter:
                         accumulate=accumulate,
                         precision=self.precision,
                     )
-                ctx.append((load, matmul))
+                step += (load, matmul)
+        built[step_key] = step
+        ctx.append(step)
 
     def _block(
         self, at: _Place, sizes: tuple[int, int], transpose: bool
