@@ -131,7 +131,12 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
         default=None,
         help="run on N chips (an SPMD per-device module or N replicas); inputs and outputs get a leading axis of N",
     )
-    p.add_argument("--topology", default=None, help="the chips' grid, e.g. 2x4 (default: ici.shape or one for --chips)")
+    p.add_argument(
+        "--topology",
+        default=None,
+        help="the chips' grid, e.g. 2x4 (default: ici.shape or one for "
+        "--chips); with --set dcn.slices=N, the grid of each of N slices joined by the data-center network",
+    )
     from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS
 
     p.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, metavar="N",
