@@ -13,7 +13,7 @@ from tpusim.config import ChipConfig
 from tpusim.devices.core import Core
 from tpusim.devices.engine import make_env
 from tpusim.devices.fallback import FallbackEvaluator
-from tpusim.devices.flows import FlowNetwork, Resource, resource
+from tpusim.devices.flows import Flow, FlowNetwork, Resource, resource
 from tpusim.devices.stores import ByteStore
 from tpusim.devices.sync import BarrierState, Semaphores
 from tpusim.isa import Program, Space
@@ -113,8 +113,7 @@ class Machine:
                 capacity = cfg.dcn_bytes_per_cycle if topo.is_dcn(link) else cfg.link_bytes_per_cycle
                 links.append((resource(("link", *link), topo.link_name(link), capacity), 1.0))
             network = cfg.network_cycles(*topo.crossings(src, dst))
-            fastest = min((r.capacity for r, _ in links), default=float("inf"))
-            known = self._routes[(src, dst, order, tie)] = (links, network, fastest, tuple(id(r) for r, _ in links))
+            known = self._routes[(src, dst, order, tie)] = (links, network, *Flow.shape_of(links, float("inf")))
         return known
 
     def unit_id(self, name: str) -> int:

@@ -591,17 +591,8 @@ def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core
     plan, latency, roles, cap = proto
     machine = core.machine
     chips, cores = (core.chip.index, dst_chip.index), (core.index, dst_core)
-    # the flow's resources and Flow.shape_of them: the sides' here, the route's kept with the route
-    uses = []
-    solo = cap
-    ids = []
-    for kind, side, capacity, w in roles:
-        r = machine.resource(kind, chips[side], cores[side], capacity)
-        uses.append((r, w))
-        ids.append(id(r))
-        if capacity / w < solo:
-            solo = capacity / w
-    sig = tuple(ids)
+    uses = [(machine.resource(kind, chips[side], cores[side], capacity), w) for kind, side, capacity, w in roles]
+    solo, sig = Flow.shape_of(uses, cap)  # (of the sides; the route's part is kept with the route)
     if remote:
         links, network, fastest, link_ids = machine.route_uses(
             chips[0], chips[1], d.ins.route, d.ins.tie, d.index, core
