@@ -963,7 +963,7 @@ class _DotEmitter:
         built = self._built
         flags = (ctx.hlo, ctx.control)
         a_id, b_id = _place_id(a_at), _place_id(b_at)
-        step_key = ("step", a_id, b_id, ms, ks, block.ms, block.ns, st.first, tuple(acc_half), half, flags)
+        step_key = ("step", a_id, b_id, ms, ks, block.ns, st.first, tuple(acc_half), half, flags)  # (ms: block's)
         known = built.get(step_key)
         if known is not None:
             ctx.append(known)
