@@ -132,14 +132,22 @@ class Machine:
             if stream.chip is not None and stream.chip >= len(self.chips):
                 raise _load_error(f"{stream.where}: the system has only {len(self.chips)} chips")
         for chip in self.chips:
-            for stream in program.streams:
+            mains: dict[int, Core] = {}
+            # main sequencers first: a DMA sequencer shares its core's DMA engines
+            for stream in sorted(program.streams, key=lambda s: s.sequencer):
                 if stream.chip is None or stream.chip == chip.index:
-                    core = Core(chip, stream.core, stream, len(self.cores))
+                    main = mains.get(stream.core)
+                    if stream.sequencer and main is None:
+                        raise _load_error(f"{stream.where}: core {stream.core} of chip {chip.index} has no main stream")
+                    core = Core(chip, stream.core, stream, len(self.cores), main if stream.sequencer else None)
+                    if not stream.sequencer:
+                        mains[stream.core] = core
                     chip.cores.append(core)
                     self.cores.append(core)
+        # barriers are for main sequencers (a DMA sequencer issues none)
         for chip in self.chips:
-            self.expected[("chip", chip.index)] = len(chip.cores)
-        self.expected[("system", None)] = len(self.cores)
+            self.expected[("chip", chip.index)] = sum(1 for c in chip.cores if not c.stream.sequencer)
+        self.expected[("system", None)] = sum(1 for c in self.cores if not c.stream.sequencer)
         for core in self.cores:
             self.env.process(core.run())
 

@@ -62,6 +62,8 @@ class Core:
         index: core number within the chip.
         stream: its instruction stream.
         stream_id: its number in the trace.
+        main: for the core's DMA sequencer (a stream of ``sequencer=1``), the core of its main sequencer, whose
+            DMA engines it shares (its memories and semaphores are the core's anyway).
     """
 
     __slots__ = (
@@ -112,7 +114,7 @@ class Core:
         "xlu_units",
     )
 
-    def __init__(self, chip: ChipState, index: int, stream: Stream, stream_id: int) -> None:
+    def __init__(self, chip: ChipState, index: int, stream: Stream, stream_id: int, main: Core | None = None) -> None:
         machine = chip.machine
         cfg = machine.cfg
         self.machine = machine
@@ -143,6 +145,8 @@ class Core:
         self.max_end = 0  # latest end cycle of any compute instruction issued so far
         name = f"chip{chip.index}.core{index}"
         self.unit = {u: machine.unit_id(f"{name}.{u}") for u in ("scalar", "sync", "dma", "vpu", "fallback")}
+        if main is not None:  # the DMA sequencer: its own scalar and sync slots, the core's DMA engines
+            self.unit.update({u: machine.unit_id(f"{name}.dmaseq.{u}") for u in ("scalar", "sync")})
         self.vpu_unit = self.unit["vpu"]
         self.scalar_unit = self.unit["scalar"]
         self.sync_unit = self.unit["sync"]
@@ -151,7 +155,7 @@ class Core:
         self.mxu_units = [machine.unit_id(f"{name}.mxu{i}") for i in range(cfg.mxu.count)]
         # per MXU: its state, its FIFO of start cycles, its trace unit id and the FIFO's depth (issue_mxu_fast)
         self.mxu_ctx = [(m, q, u, depth) for m, q, u in zip(self.mxus, self.mxu_queues, self.mxu_units)]
-        self.dma = DmaEngines(self)
+        self.dma: DmaEngines = DmaEngines(self) if main is None else main.dma
         self.pc = 0
         self.first_try = 0  # cycle the current instruction was first tried (for stalls in the trace)
         self.blocked: tuple[int, str, tuple[Any, ...]] | None = None  # see block
@@ -168,7 +172,8 @@ class Core:
     # ------------------------------------------------------------------ naming and errors
     @property
     def name(self) -> str:
-        return f"chip {self.chip.index} core {self.index}"
+        seq = "'s DMA sequencer" if self.stream.sequencer else ""
+        return f"chip {self.chip.index} core {self.index}{seq}"
 
     def text(self, index: int) -> str:
         ds = self.decoding

@@ -22,21 +22,23 @@ __all__ = ["BarrierState", "Semaphores"]
 
 
 class Semaphores:
-    """The semaphores of one core."""
+    """The semaphores of one core (its main sequencer and its DMA sequencer share them)."""
 
     __slots__ = ("env", "values", "waiting")
 
     def __init__(self, env: Any, count: int) -> None:
         self.env = env
         self.values = [0] * count
-        self.waiting: tuple[int, int, Any] | None = None  # (semaphore, count, event) of the core's sem.wait
+        # (semaphore, count, event) of each sequencer's sem.wait that has to wait (at most one per sequencer)
+        self.waiting: list[tuple[int, int, Any]] = []
 
     def signal(self, sem: int, count: int = 1) -> None:
-        self.values[sem] += count
-        w = self.waiting
-        if w is not None and w[0] == sem and self.values[sem] >= w[1]:
-            self.waiting = None
-            w[2].succeed()
+        values = self.values
+        values[sem] += count
+        if self.waiting:
+            for w in [w for w in self.waiting if w[0] == sem and values[sem] >= w[1]]:
+                self.waiting.remove(w)
+                w[2].succeed()  # (the sequencer then takes the count, or waits again if the other took it)
 
 
 class BarrierState:
@@ -66,7 +68,7 @@ def issue_sem_wait(core: Core, d: Decoded, t: int) -> Issued:
         core.pc = d.index + 1
         return t + 1
     ev = Event(core.env)
-    bank.waiting = (ins.sem, ins.count, ev)
+    bank.waiting.append((ins.sem, ins.count, ev))
     return core.block(
         d, "waits for semaphore {} to reach {} (it holds {}) and nothing left to run can signal it", ev, ins.sem,
         ins.count, v,

@@ -217,7 +217,7 @@ def _place(m: Machine, sym: Symbol, value: Any) -> None:
 def _trace_stream(core: Core) -> TraceStream:
     ds = core.decoding
     assert ds is not None  # (decoded when the core was made)
-    return TraceStream(core.chip.index, core.index, ds.hlo, ds.texts)
+    return TraceStream(core.chip.index, core.index, ds.hlo, ds.texts, core.stream.sequencer)
 
 
 def _deadlock(blocked: list[Any]) -> DeadlockError:

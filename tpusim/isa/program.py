@@ -7,10 +7,32 @@ from dataclasses import dataclass, field
 from math import ceil
 from typing import Any
 
-from tpusim.isa.instructions import Branch, Fallback, Instruction, Jump
+from tpusim.isa.instructions import (
+    Branch,
+    DmaStart,
+    Fallback,
+    Halt,
+    Instruction,
+    Jump,
+    ScalarAlu,
+    ScalarLoad,
+    ScalarStore,
+    SemSignal,
+    SemWait,
+)
 from tpusim.isa.operands import IsaError, MemRef, Space
 
-__all__ = ["NAME_PATTERN", "FallbackKernel", "Program", "Stream", "StreamBuilder", "Symbol"]
+__all__ = ["DMA_SEQUENCER", "NAME_PATTERN", "FallbackKernel", "Program", "Stream", "StreamBuilder", "Symbol"]
+
+DMA_SEQUENCER = 1
+"""The ``sequencer`` of a core's second instruction stream: it issues only scalar, semaphore and DMA
+instructions (:data:`DMA_SEQUENCER_OPS`), into the core's own DMA engines, while the main sequencer (0)
+computes. The compiler puts the ring steps of an async collective there, so that they go on while the
+kernels between its ``-start`` and ``-done`` run (docs/isa.md, "Sequencers")."""
+
+DMA_SEQUENCER_OPS: tuple[type, ...] = (
+    DmaStart, SemSignal, SemWait, ScalarAlu, ScalarLoad, ScalarStore, Branch, Jump, Halt,
+)  # fmt: skip
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 """Names of symbols, kernels, labels and HLO instructions (XLA's instruction-name characters)."""
@@ -86,12 +108,15 @@ class Stream:
         instructions: the instructions, in order.
         labels: ``(name, index)`` pairs; a label names the instruction at ``index`` (``len(instructions)``
             for the end).
+        sequencer: 0 for the core's main sequencer, :data:`DMA_SEQUENCER` for its DMA sequencer (which needs
+            a main stream on the same core and chips).
     """
 
     core: int
     instructions: tuple[Instruction, ...]
     labels: tuple[tuple[str, int], ...] = ()
     chip: int | None = None
+    sequencer: int = 0
     _targets: dict[str, int] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -111,11 +136,21 @@ class Stream:
                 raise IsaError(f"{self.where}: instruction {i} jumps to undefined label {ins.target!r}")
         if self.core < 0 or (self.chip is not None and self.chip < 0):
             raise IsaError(f"{self.where}: negative core or chip number")
+        if self.sequencer not in (0, DMA_SEQUENCER):
+            raise IsaError(f"{self.where}: sequencer {self.sequencer} is not 0 (main) or {DMA_SEQUENCER} (DMA)")
+        if self.sequencer == DMA_SEQUENCER:
+            for i, ins in enumerate(self.instructions):
+                if not isinstance(ins, DMA_SEQUENCER_OPS):
+                    raise IsaError(
+                        f"{self.where}: instruction {i} is a {type(ins).__name__}; the DMA sequencer issues only "
+                        + ", ".join(c.__name__ for c in DMA_SEQUENCER_OPS)
+                    )
 
     @property
     def where(self) -> str:
         chip = "every chip" if self.chip is None else f"chip {self.chip}"
-        return f"stream of core {self.core} on {chip}"
+        seq = "'s DMA sequencer" if self.sequencer == DMA_SEQUENCER else ""
+        return f"stream of core {self.core}{seq} on {chip}"
 
     def target(self, label: str) -> int:
         return self._targets[label]
@@ -158,9 +193,9 @@ class Program:
             kernels[k.name] = k
         object.__setattr__(self, "_symbols", syms)
         object.__setattr__(self, "_fallbacks", kernels)
-        seen: dict[int, set[int | None]] = {}
+        seen: dict[tuple[int, int], set[int | None]] = {}
         for st in self.streams:
-            chips = seen.setdefault(st.core, set())
+            chips = seen.setdefault((st.core, st.sequencer), set())
             if st.chip in chips or (st.chip is None and chips) or None in chips:
                 raise IsaError(f"two streams for core {st.core} on the same chip ({st.where})")
             chips.add(st.chip)
@@ -202,9 +237,10 @@ class StreamBuilder:
     3
     """
 
-    def __init__(self, core: int = 0, chip: int | None = None) -> None:
+    def __init__(self, core: int = 0, chip: int | None = None, sequencer: int = 0) -> None:
         self.core = core
         self.chip = chip
+        self.sequencer = sequencer
         self.instructions: list[Instruction] = []
         self.labels: list[tuple[str, int]] = []
 
@@ -215,4 +251,4 @@ class StreamBuilder:
         self.labels.append((name, len(self.instructions)))
 
     def build(self) -> Stream:
-        return Stream(self.core, tuple(self.instructions), tuple(self.labels), self.chip)
+        return Stream(self.core, tuple(self.instructions), tuple(self.labels), self.chip, self.sequencer)

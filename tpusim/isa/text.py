@@ -166,7 +166,10 @@ def print_program(program: Program) -> str:
         lines.extend(k.hlo.split("\n"))
         lines.append(">>>")
     for st in program.streams:
-        lines.append(f"stream core={st.core} chip={'*' if st.chip is None else st.chip}")
+        lines.append(
+            f"stream core={st.core} chip={'*' if st.chip is None else st.chip}"
+            + (f" sequencer={st.sequencer}" if st.sequencer else "")
+        )
         for i, ins in enumerate(st.instructions):
             lines.extend(f"{name}:" for name in st.labels_at(i))
             lines.append("  " + format_instruction(ins))
@@ -662,7 +665,13 @@ def parse_program(text: str, source: str | None = None) -> Program:
         if current is not None:
             try:
                 streams.append(
-                    Stream(current["core"], tuple(current["ins"]), tuple(current["labels"]), current["chip"])
+                    Stream(
+                        current["core"],
+                        tuple(current["ins"]),
+                        tuple(current["labels"]),
+                        current["chip"],
+                        current["sequencer"],
+                    )
                 )
             except IsaError as e:
                 raise IsaParseError(str(e), text, current["offset"], source) from None
@@ -723,10 +732,15 @@ def parse_program(text: str, source: str | None = None) -> Program:
             continue
         elif word == "stream":
             finish_stream()
-            kw, _ = _keywords(c, {"core": _v_int, "chip": lambda cc, k: None if cc.eat("*") else cc.integer(k)})
+            kw, _ = _keywords(
+                c, {"core": _v_int, "chip": lambda cc, k: None if cc.eat("*") else cc.integer(k), "sequencer": _v_int}
+            )
             if "core" not in kw:
                 raise c.error("a stream needs core=N", word_at)
-            current = {"core": kw["core"], "chip": kw.get("chip"), "ins": [], "labels": [], "offset": word_at}
+            current = {
+                "core": kw["core"], "chip": kw.get("chip"), "sequencer": kw.get("sequencer", 0), "ins": [],
+                "labels": [], "offset": word_at,
+            }  # fmt: skip
         else:
             if current is None:
                 raise c.error(f"expected 'program', 'symbol', 'fallback' or 'stream', found {word!r}", word_at)

@@ -131,18 +131,21 @@ def _instruction_facts(ins: Instruction, text: str, chip: int, core: int, cfg: C
 
 def _program_streams(trace: Trace, program: Program | None) -> list[tuple[Instruction, ...] | None]:
     """Each trace stream's instructions from the program, when it ran it: the devices number their cores chip by
-    chip, each chip taking the program's streams for it in order (``tpusim.devices.chip.Machine.start``).
+    chip, each chip taking the program's streams for it in order, main sequencers' first
+    (``tpusim.devices.chip.Machine.start``).
     A stream that does not match (length, core, first and last text) is None and gets parsed from its text."""
     if program is None:
         return [None] * len(trace.streams)
     chips = max((s.chip for s in trace.streams), default=-1) + 1
-    order = [st for chip in range(chips) for st in program.streams if st.chip is None or st.chip == chip]
+    streams = sorted(program.streams, key=lambda st: st.sequencer)
+    order = [st for chip in range(chips) for st in streams if st.chip is None or st.chip == chip]
     out: list[tuple[Instruction, ...] | None] = []
     for k, ts in enumerate(trace.streams):
         st = order[k] if k < len(order) else None
         same = (
             st is not None
             and st.core == ts.core
+            and st.sequencer == ts.sequencer
             and len(st.instructions) == len(ts.text)
             and (not ts.text or (format_instruction(st.instructions[0]) == ts.text[0]
                                  and format_instruction(st.instructions[-1]) == ts.text[-1]))

@@ -160,7 +160,7 @@ def _remote_rows(result: SimulationResult) -> tuple[list[tuple[int, list[Link], 
     stream_of: dict[int, int] = {}
     for sid, ts in enumerate(tr.streams):
         for pi, ps in enumerate(program.streams):
-            if ps.core == ts.core and (ps.chip is None or ps.chip == ts.chip):
+            if ps.core == ts.core and ps.sequencer == ts.sequencer and (ps.chip is None or ps.chip == ts.chip):
                 stream_of[sid] = pi
                 break
     rows, unknown = [], 0
