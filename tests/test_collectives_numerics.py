@@ -285,6 +285,29 @@ def test_scalars_predicates_and_loops() -> None:
     _run(LOOP, chips=4)
 
 
+def test_async_pairs_in_a_loop_and_through_an_update() -> None:
+    """An async all-reduce in a loop body (its ring steps stay on the main sequencer: the DMA sequencer's
+    stream runs once) and an all-gather through an ``async-update``, which reads the result and so waits for
+    the DMA sequencer's steps."""
+    body = "r = f32[8,128] all-reduce(x), replica_groups={}, to_apply=sum"
+    split = ("s = f32[8,128] all-reduce-start(x), replica_groups={}, to_apply=sum\n"
+             "  e = f32[8,128] exponential(x)\n  r = f32[8,128] all-reduce-done(s)")  # fmt: skip
+    assert body in LOOP
+    _run(LOOP.replace(body, split), chips=4)
+    wrapped = """ag_body {
+  p = f32[16,128] parameter(0)
+  ROOT a = f32[128,128] all-gather(p), replica_groups={}, dimensions={0}
+}
+"""
+    _run(_module("calls", "replica_count=8", wrapped, """
+        x = f32[16,128] parameter(0)
+        s = ((f32[16,128]), f32[128,128], u32[]) async-start(x), calls=ag_body
+        e = f32[16,128] exponential(x)
+        u = ((f32[16,128]), f32[128,128], u32[]) async-update(s)
+        d = f32[128,128] async-done(u)
+        ROOT t = (f32[128,128], f32[16,128]) tuple(d, e)"""), topology="2x4")
+
+
 MESH_SHAPE = (2, 4)
 
 

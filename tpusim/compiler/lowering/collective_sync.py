@@ -76,6 +76,9 @@ class Bank:
     arrive: tuple[int, ...]
     # completions of this chip's pushes of an async collective (outlive its -start), one per part (PARTS)
     locals: tuple[int, ...] = ()
+    # an async collective whose ring steps the DMA sequencer forwards: the main sequencer signals ``go`` after
+    # the start, the DMA sequencer ``done`` after the last step, which the -done waits for
+    handoff: tuple[int, ...] = ()
 
     @property
     def local(self) -> int | None:
@@ -90,13 +93,14 @@ class CollectiveState:
         who: replicas x partitions of the run.
         topology: the chips' grid.
         banks: reserved semaphores, by async nesting level.
-        open_async: ``-start`` instructions whose ``-done`` is not lowered yet: (bank, split in two parts).
+        open_async: ``-start`` instructions whose ``-done`` is not lowered yet: (bank, split in two parts, the
+            second part on the DMA sequencer).
     """
 
     who: Participants
     topology: Topology
     banks: list[Bank]
-    open_async: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    open_async: dict[str, tuple[int, bool, bool]] = field(default_factory=dict)
     arena: tuple[object, MemRef] | None = None  # (lowering scope, VMEM) the current instruction's rings share
 
     def free_bank(self) -> int:
@@ -105,7 +109,7 @@ class CollectiveState:
         Raises:
             CompileError: every bank is held (more async collectives in flight than the module's computations
                 showed one at a time, e.g. through a call or loop between a start and its done)."""
-        held = {level for level, split in self.open_async.values() if split}
+        held = {level for level, split, _ in self.open_async.values() if split}
         free = set(range(len(self.banks))) - held
         if not free:
             raise CompileError(
@@ -195,7 +199,8 @@ def collective_state(ctx: Lowering) -> CollectiveState:
         axes += PARTS - 1
     banks, any_async = _banks_needed(ctx.module)
     parts = PARTS if any_async else 0
-    per_bank = 1 + 2 * axes + parts
+    handoff = 2 if any_async else 0
+    per_bank = 1 + 2 * axes + parts + handoff
     total = ctx.config.core.semaphores
     need = banks * per_bank
     if need + 4 > total:
@@ -216,7 +221,9 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     bank_list = []
     for b in range(banks):
         nums = reserved[b * per_bank : (b + 1) * per_bank]
-        bank_list.append(Bank(nums[0], tuple(nums[1 : 1 + 2 * axes]), tuple(nums[1 + 2 * axes :])))
+        at = 1 + 2 * axes
+        go_done = (nums[at + parts], nums[at + parts + 1]) if handoff else ()
+        bank_list.append(Bank(nums[0], tuple(nums[1:at]), tuple(nums[at : at + parts]), go_done))
     state = CollectiveState(who, topology, bank_list)
     ctx.rule_state.set(_STATE, state)
     return state

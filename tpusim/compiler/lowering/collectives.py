@@ -65,6 +65,7 @@ from tpusim.isa import (
     Reg,
     ScalarAlu,
     ScalarStore,
+    SemSignal,
     SemWait,
     Space,
     Window,
@@ -752,9 +753,53 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
             collective_broadcast(ctx, state, bank, plan, [x for x, _ in pairs], [y for _, y in pairs])
         else:
             raise _fail(instr, "is not a collective tpusim lowers")
+    forwarded = split and op != "collective-permute" and _forwards(ctx)  # (a permute's done only waits)
+    if forwarded:
+        _forward_on_dma_sequencer(ctx, state, bank, instr, xs[0], ys[0])
     if part == "start":
-        state.open_async[instr.name] = (level, split)
+        state.open_async[instr.name] = (level, split, forwarded)
     return split
+
+
+def _forwards(ctx: Lowering) -> bool:
+    """Whether a split start's remaining ring steps go to the DMA sequencer: when the start runs once per
+    program (in the entry computation, outside loops and conditionals, whose code runs many times or never)
+    and on a core of its own (without megacore)."""
+    return ctx.cores == 1 and ctx.computation is not None and ctx.computation.name == ctx.module.entry
+
+
+def _forward_on_dma_sequencer(
+    ctx: Lowering, state: CollectiveState, bank: Bank, op: Instruction, x: MemRef, y: MemRef
+) -> None:
+    """The DMA sequencer waits for the start (``go``), runs the ring steps the start left, and signals ``done``,
+    which the ``-done`` waits for: the main sequencer computes meanwhile. The steps use only the bank's
+    semaphores (a scoped one could be the main sequencer's, reused by the next instruction) and the DMA
+    sequencer's own scalar registers."""
+    go, done = bank.handoff
+    ctx.emit(SemSignal, sem=go)
+    side = ctx.dma_sequencer()
+    at = len(ctx.streams[side].instructions)
+    with ctx.on((side,)):
+        ctx.emit(SemWait, sem=go, count=1)
+        _forwarding(ctx, state, bank, op, x, y)
+        ctx.emit(SemSignal, sem=done)
+    reserved = {bank.ready, *bank.arrive, *bank.locals, go, done}
+    for ins in ctx.streams[side].instructions[at:]:
+        for sem in (getattr(ins, "sem", None), getattr(ins, "dst_sem", None)):
+            assert sem is None or sem in reserved, f"{ctx.hlo}: the DMA sequencer's steps use scoped semaphore {sem}"
+
+
+def _forwarding(ctx: Lowering, state: CollectiveState, bank: Bank, op: Instruction, x: MemRef, y: MemRef) -> None:
+    """The ring steps a split start of collective ``op`` left (operand ``x``, result ``y``)."""
+    if op.opcode.startswith("collective-permute"):
+        collective_permute(ctx, state, op, x, y, "done", bank)
+        return
+    plan = plan_groups(ctx.module, op, state.who, state.topology)
+    if op.opcode.startswith("all-reduce"):
+        all_reduce(ctx, state, bank, plan, x, y, _reducer(ctx, op), "done")
+    else:
+        (dim,) = op.attr("dimensions", (0,))
+        all_gather(ctx, state, bank, plan, x, y, dim, "done")
 
 
 @lowering(
@@ -775,19 +820,13 @@ def finish_collective(
     held = state.open_async.pop(start.name, None)
     if held is None:
         raise _fail(instr, f"its operand {start.name} is not an async start lowered before it")
-    level, split = held
+    level, split, forwarded = held
     bank = state.banks[max(level, 0)]
     results = _result_leaves(ctx, comp, start)
-    if split and op.opcode.startswith("collective-permute"):
-        collective_permute(ctx, state, op, _operands(ctx, comp, start)[0], results[0], "done", bank)
+    if forwarded:
+        ctx.emit(SemWait, sem=bank.handoff[1], count=1)
     elif split:
-        plan = plan_groups(ctx.module, op, state.who, state.topology)
-        x = _operands(ctx, comp, start)[0]
-        if op.opcode.startswith("all-reduce"):
-            all_reduce(ctx, state, bank, plan, x, results[0], _reducer(ctx, op), "done")
-        else:
-            (dim,) = op.attr("dimensions", (0,))
-            all_gather(ctx, state, bank, plan, x, results[0], dim, "done")
+        _forwarding(ctx, state, bank, op, _operands(ctx, comp, start)[0], results[0])
     copy_arrays(ctx, list(zip(results, ctx.home_leaves(comp.name, instr.name))))
 
 
@@ -831,7 +870,7 @@ def lower_async_start(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     part = "start" if op.opcode in ("all-reduce", "all-gather", "collective-permute") else "all"
     run_collective(ctx, op, _operands(ctx, comp, instr), ys, part)
     state = collective_state(ctx)
-    state.open_async[instr.name] = state.open_async.pop(op.name, (-1, False))  # -1: done, holds no bank
+    state.open_async[instr.name] = state.open_async.pop(op.name, (-1, False, False))  # -1: done, holds no bank
 
 
 @lowering("async-update", when=_ends_collective)
@@ -840,7 +879,11 @@ def lower_async_update(ctx: Lowering, comp: Computation, instr: Instruction) -> 
     source = comp[instr.operands[0]]
     state = collective_state(ctx)
     if source.name in state.open_async:
-        state.open_async[instr.name] = state.open_async.pop(source.name)
+        level, split, forwarded = state.open_async.pop(source.name)
+        if forwarded:  # the update reads the result: the DMA sequencer's steps must have ended (then all did)
+            ctx.emit(SemWait, sem=state.banks[level].handoff[1], count=1)
+            split = forwarded = False
+        state.open_async[instr.name] = (level, split, forwarded)
     pairs = [(ctx.home(comp.name, source.name, path), ctx.home(comp.name, instr.name, path))
              for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]  # fmt: skip
     copy_arrays(ctx, pairs)

@@ -23,7 +23,7 @@ from tpusim.compiler.lowering.prologue import find_prologues
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
-from tpusim.isa import Barrier, DmaStart, Fallback, FallbackKernel, MemRef, Reg, Space, StreamBuilder
+from tpusim.isa import DMA_SEQUENCER, Barrier, DmaStart, Fallback, FallbackKernel, MemRef, Reg, Space, StreamBuilder
 from tpusim.memory import Layout, Shape
 from tpusim.memory.windows import window_extent
 
@@ -130,6 +130,7 @@ class Lowering:
         self.options = options
         self.cores = cores
         self.streams = [StreamBuilder(core=c) for c in range(cores)]
+        self._dma_stream: int | None = None  # index in streams of core 0's DMA sequencer, once used
         self.targets: tuple[int, ...] = (0,)
         self.share: tuple[int, int] | None = None
         self.claimed = False  # a rule took its share with split() during the current core's pass
@@ -205,6 +206,14 @@ class Lowering:
         for c in self.targets:
             self.streams[c].emit(*instructions)
 
+    def dma_sequencer(self) -> int:
+        """The index in :attr:`streams` of core 0's DMA sequencer stream (``tpusim.isa.DMA_SEQUENCER``),
+        created on first use; emit to it with :meth:`on`."""
+        if self._dma_stream is None:
+            self._dma_stream = len(self.streams)
+            self.streams.append(StreamBuilder(core=0, sequencer=DMA_SEQUENCER))
+        return self._dma_stream
+
     @contextmanager
     def on(self, cores: Sequence[int]) -> Iterator[None]:
         """Emit to the streams of ``cores`` (labels too) inside the block."""
@@ -257,7 +266,8 @@ class Lowering:
 
     def rollback(self, mark: Mark) -> None:
         """Take back everything emitted and allocated since ``mark``."""
-        for b, (n, labels) in zip(self.streams, mark.streams):
+        for k, b in enumerate(self.streams):  # (a stream begun after the mark loses everything)
+            n, labels = mark.streams[k] if k < len(mark.streams) else (0, 0)
             del b.instructions[n:]
             del b.labels[labels:]
         del self.kernels[mark.kernels :]
