@@ -108,6 +108,11 @@ def _add_chip_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matmul-precision", default="default", choices=("default", "high", "highest"),
                    help="what DEFAULT precision means for f32 dots: 1, 3 or 6 bf16 passes")  # fmt: skip
     p.add_argument("--no-fuse", action="store_true", help="do not fuse elementwise operations")
+    p.add_argument(
+        "--sync-collectives",
+        action="store_true",
+        help="run each collective where the module puts it (no async pairs around other compute)",
+    )
     p.add_argument("--no-megacore", action="store_true",
                    help="run on one TensorCore of a two-core chip (v4, v5p), not split across both")  # fmt: skip
     p.add_argument("--compiler", default="tpusim", choices=("tpusim", "xla"),
@@ -157,6 +162,7 @@ def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         matmul_precision=args.matmul_precision,
         fuse=not args.no_fuse,
         megacore=not args.no_megacore,
+        async_collectives=not args.sync_collectives,
     )
 
 

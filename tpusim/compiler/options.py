@@ -27,6 +27,10 @@ class CompileOptions:
         megacore: on a chip of several TensorCores (``core.count``, v4 and v5p), split the blocks of dots
             and vector operations between its cores, one instruction stream per core, as XLA does for
             megacore; False runs everything on core 0 (single-core chips are unaffected either way).
+        async_collectives: in a module without async collectives (JAX's), turn the entry computation's
+            all-reduces and all-gathers into start/done pairs scheduled around the compute that does not
+            depend on them, as XLA:TPU does (:mod:`tpusim.compiler.collective_schedule`); False runs each
+            where the module puts it, all of its time exposed.
     """
 
     tiling: str = "tpu_default"
@@ -35,6 +39,7 @@ class CompileOptions:
     vmem_fraction: float = 0.5
     resident_vmem_fraction: float = 0.75
     megacore: bool = True
+    async_collectives: bool = True
 
     def __post_init__(self) -> None:
         if self.matmul_precision not in ("default", "high", "highest"):

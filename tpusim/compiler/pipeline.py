@@ -13,6 +13,7 @@ import numpy as np
 
 from tpusim.compiler.buffer_assignment import BufferAssignment, assign_buffers, leaf_paths
 from tpusim.compiler.canonical import canonicalize
+from tpusim.compiler.collective_schedule import schedule_collectives
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo import verify_module
 from tpusim.compiler.hlo.ir import Module
@@ -20,6 +21,7 @@ from tpusim.compiler.hlo.opcodes import talks_to_other_devices
 from tpusim.compiler.hlo.printer import print_module
 from tpusim.compiler.layout_assignment import Relayout, assign_layouts
 from tpusim.compiler.lowering import lower_module, megacore_cores
+from tpusim.compiler.lowering.collective_sync import LOCAL_SEMAPHORES, reserved_semaphores
 from tpusim.compiler.lowering.epilogue import find_epilogues
 from tpusim.compiler.memory_spaces import keep_on_chip
 from tpusim.compiler.options import CompileOptions
@@ -95,6 +97,11 @@ def _compile(module: Module, config: ChipConfig, options: CompileOptions | None)
     rules = load_tiling_rules(options.tiling, sublanes=config.vpu.sublanes, lanes=config.vpu.lanes)
     checking = verify_enabled()
     module = prepare_module(module, options)  # fuse elementwise chains; unfuse what fusions cannot hold
+    if options.async_collectives:  # collectives as async pairs around independent compute, if semaphores allow
+        scheduled = schedule_collectives(module)
+        room = config.core.semaphores - LOCAL_SEMAPHORES
+        if scheduled is not module and reserved_semaphores(scheduled, config) <= room:
+            module = scheduled
     _debug("prepare", lambda: print_module(module))
     if checking:
         verify_module(module)

@@ -33,11 +33,13 @@ from tpusim.memory import Layout, Shape, geometry
 from tpusim.topology import Topology, system_topology
 
 __all__ = [
+    "LOCAL_SEMAPHORES",
     "Bank",
     "CollectiveState",
     "Facts",
     "collective_state",
     "flat_view",
+    "reserved_semaphores",
     "wrapped_collective",
 ]
 
@@ -182,6 +184,28 @@ def _banks_needed(module: Module) -> tuple[int, bool]:
 
 _STATE: StateKey[CollectiveState] = StateKey("collectives")
 
+LOCAL_SEMAPHORES = 4
+"""Semaphores a program with collectives keeps for its local transfers at least."""
+
+
+def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, int, int]:
+    """(banks, ring axes with arrival semaphores, completion semaphores per bank, hand-off semaphores per
+    bank) that ``module``'s collectives reserve on ``config``'s system."""
+    topology = system_topology(config, participants(module, config).devices)
+    axes = max(1, sum(1 for n in topology.shape if n > 1))
+    if topology.slices > 1:  # the slices' ring: its own arrival semaphores for every part but the first
+        axes += PARTS - 1
+    banks, any_async = _banks_needed(module)
+    return banks, axes, PARTS if any_async else 0, 2 if any_async else 0
+
+
+def reserved_semaphores(module: Module, config: ChipConfig) -> int:
+    """How many semaphores ``module``'s collectives reserve on ``config``'s system (0 without collectives)."""
+    if not any(is_collective(i.opcode) for c in module.computations for i in c.instructions):
+        return 0
+    banks, axes, parts, handoff = _bank_layout(module, config)
+    return banks * (1 + 2 * axes + parts + handoff)
+
 
 def collective_state(ctx: Lowering) -> CollectiveState:
     """The collective state of this compilation, created (and the semaphores reserved) on first use.
@@ -194,19 +218,14 @@ def collective_state(ctx: Lowering) -> CollectiveState:
         return found
     who = participants(ctx.module, ctx.config)
     topology = system_topology(ctx.config, who.devices)
-    axes = max(1, sum(1 for n in topology.shape if n > 1))
-    if topology.slices > 1:  # the slices' ring: its own arrival semaphores for every part but the first
-        axes += PARTS - 1
-    banks, any_async = _banks_needed(ctx.module)
-    parts = PARTS if any_async else 0
-    handoff = 2 if any_async else 0
+    banks, axes, parts, handoff = _bank_layout(ctx.module, ctx.config)
     per_bank = 1 + 2 * axes + parts + handoff
     total = ctx.config.core.semaphores
     need = banks * per_bank
-    if need + 4 > total:
+    if need + LOCAL_SEMAPHORES > total:
         raise CompileError(
             f"{ctx.hlo}: collectives on a {topology} system need {need} semaphores reserved for pushes from "
-            f"other chips plus 4 for local transfers, but a core has {total} (core.semaphores)"
+            f"other chips plus {LOCAL_SEMAPHORES} for local transfers, but a core has {total} (core.semaphores)"
         )
     reserved = list(range(total - 1, total - 1 - need, -1))
     for i, ins in enumerate(ctx.stream.instructions):

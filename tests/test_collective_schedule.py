@@ -1,0 +1,98 @@
+"""Collectives as async pairs scheduled around the compute that does not depend on them (XLA:TPU's async
+collective creator and latency-hiding scheduler, tpusim.compiler.collective_schedule)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tpusim
+from tpusim.compiler.collective_schedule import schedule_collectives
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.reference import evaluate_spmd
+from tpusim.compiler.hlo.reference.io import random_inputs
+from tpusim.compiler.options import CompileOptions
+
+SUM = "sum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n"
+
+# Two "layers" of a backward pass: the gradient g1 is ready after the first product, its all-reduce can run
+# while the second product (independent of it) computes; g2's all-reduce comes after g1's (one in flight).
+STEP = f"""HloModule step, replica_count=8
+{SUM}ENTRY main {{
+  x = f32[4096,1024] parameter(0)
+  a = bf16[2048,2048] parameter(1)
+  b = bf16[2048,2048] parameter(2)
+  c = bf16[2048,2048] parameter(3)
+  g1 = f32[4096,1024] negate(x)
+  r1 = f32[4096,1024] all-reduce(g1), replica_groups={{}}, to_apply=sum
+  m = bf16[2048,2048] dot(a, b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  g2 = f32[4096,1024] exponential(x)
+  n = bf16[2048,2048] dot(m, c), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  r2 = f32[4096,1024] all-reduce(g2), replica_groups={{}}, to_apply=sum
+  ROOT t = (f32[4096,1024], f32[4096,1024], bf16[2048,2048]) tuple(r1, r2, n)
+}}
+"""
+
+
+def _order(text: str) -> list[str]:
+    module = schedule_collectives(parse_module(text))
+    return [f"{i.name}:{i.opcode}" for i in module.entry_computation.instructions if i.opcode != "parameter"]
+
+
+def test_a_start_goes_up_to_its_operand_and_its_done_down_to_where_it_is_due() -> None:
+    assert _order(STEP) == [
+        "g1:negate",
+        "r1.start:all-reduce-start",  # as soon as its operand is ready
+        "m:dot",  # the compute that does not need it runs in between
+        "g2:exponential",
+        "r1:all-reduce-done",  # due: the next collective's operand is ready (one in flight)
+        "r2.start:all-reduce-start",
+        "n:dot",
+        "r2:all-reduce-done",
+        "t:tuple",
+    ]
+
+
+def test_modules_it_leaves_alone() -> None:
+    one_device = STEP.replace("replica_count=8", "replica_count=1")
+    assert schedule_collectives(parse_module(one_device)) == parse_module(one_device)
+    scheduled = schedule_collectives(parse_module(STEP))
+    assert schedule_collectives(scheduled) is scheduled  # already has async collectives (XLA:TPU's own)
+
+
+def test_control_predecessors_hold_a_start_back() -> None:
+    r1 = "  r1 = f32[4096,1024] all-reduce(g1), replica_groups={}, to_apply=sum\n"
+    m = "  m = bf16[2048,2048] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    assert r1 in STEP and m in STEP
+    text = STEP.replace(r1, "").replace(m, m + r1.replace("to_apply=sum", "to_apply=sum, control-predecessors={m}"))
+    order = _order(text)
+    assert order.index("m:dot") < order.index("r1.start:all-reduce-start")  # (without: right after g1)
+
+
+@pytest.mark.parametrize("async_collectives", [False, True])
+def test_the_scheduled_step_gives_the_reference_answer(async_collectives: bool) -> None:
+    small = STEP.replace("4096,1024", "64,128").replace("2048,2048", "128,128")
+    module = parse_module(small)
+    per = random_inputs(module, 0, 8)
+    want = evaluate_spmd(module, per, num_devices=8)
+    inputs = [np.stack([d[i] for d in per]) for i in range(len(per[0]))]
+    options = CompileOptions(async_collectives=async_collectives)
+    got = tpusim.simulate(module, inputs, chips=8, options=options).outputs
+    for j, out in enumerate(got):
+        np.testing.assert_allclose(out, np.stack([d[j] for d in want]), rtol=2e-2, atol=1e-5)
+
+
+def test_compute_between_the_pairs_hides_the_collectives() -> None:
+    """v5e, 8 chips: each 16 MiB all-reduce takes 706 us where the module puts it (1,662 us in all with
+    the two 2048^3 matmuls, 94 us each, and the fused elementwise kernel). As pairs, the first has nothing
+    to overlap (the fusion pass computes both gradients in one kernel, so the second pair's operand is ready
+    at once and one pair is in flight at a time), and the second hides the second matmul behind its
+    all-gather half: 1,569 us."""
+
+    def seconds(async_collectives: bool) -> float:
+        options = CompileOptions(async_collectives=async_collectives)
+        return tpusim.simulate(STEP, chips=8, config="tpu_v5e", timing_only=True, options=options).seconds
+
+    sync, overlapped = seconds(False), seconds(True)
+    matmul = 140_800 / 1.5e9  # (the matmul's span on the MXUs)
+    assert overlapped == pytest.approx(sync - matmul, rel=0.01)
