@@ -6,16 +6,18 @@ scheduler moves each start as early and each done as late as the data allow, so 
 not depend on a collective runs while its data moves; by default it keeps at most one collective in flight
 (``SchedulerConfig::parallel_collective_overlap_limit = 1`` and one per kind, in XLA's
 ``xla/service/latency_hiding_scheduler.h``). :func:`schedule_collectives` does the same in the entry
-computation (the code that runs once: there the DMA sequencer forwards a pair's ring steps, see
+computation (the code that runs once: there the async sequencer forwards a pair's ring steps, see
 ``lowering/collectives.py``), without a cost model:
 
-* every ``all-reduce`` and ``all-gather`` of one array becomes a start named ``<name>.start`` and a done that
-  keeps the collective's name, so its users are unchanged;
+* every ``all-reduce`` and ``all-gather`` of one array becomes a start that keeps the collective's name (its
+  time and its errors are reported under it) and a done named ``<name>.done``, which its users then read;
 * the instructions are then listed again in dependence order (operands and ``control-predecessors``, and
   each pair after the previous pair's done: one in flight), taking at each step: a start whose operands
   are ready; else a done that is due, because a user of it comes next in the original order or the next
   collective's operands are ready (it then starts as soon as it may); else the instructions in their
-  original order; else a done.
+  original order; else a done;
+* a pair with nothing between its start and its done is the plain collective again, as XLA's
+  ConvertAsyncCollectivesToSync makes it.
 
 A data-parallel step's gradient all-reduces then each overlap the backward compute of the layers before
 them. Modules that already hold async collectives (XLA:TPU's own, or hand-scheduled) keep their order.
@@ -24,7 +26,7 @@ them. Modules that already hold async collectives (XLA:TPU's own, or hand-schedu
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from tpusim.compiler.errors import CompileError
@@ -35,22 +37,32 @@ from tpusim.memory import Shape, TupleShape
 
 __all__ = ["schedule_collectives"]
 
-_ASYNC = {"all-reduce": "all-reduce", "all-gather": "all-gather"}
+_ASYNC = frozenset({"all-reduce", "all-gather"})
 """The collectives that become pairs (their start and done opcodes are ``<op>-start`` and ``<op>-done``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Pair:
+    plain: Instruction  # the collective as the module has it
+    start: Instruction  # (its name)
+    done: Instruction  # NAME.done
 
 
 def schedule_collectives(module: Module) -> Module:
     """``module`` with the entry computation's all-reduces and all-gathers as async pairs, scheduled around
     the compute that does not depend on them (see the module docstring); unchanged when it runs on one
-    device or already has async collectives."""
+    device or already has async collectives, or when no pair overlaps anything."""
     if module.replica_count * module.num_partitions == 1 or _has_async(module):
         return module
     entry = module.entry_computation
     pairs = _pairs(entry)
-    if not pairs:
+    order = _synchronous_again(_schedule(entry, pairs), pairs)
+    done = {name: p.done.name for name, p in pairs.items() if any(i is p.done for i in order)}
+    if not done:
         return module
-    body = _schedule(entry, pairs)
-    comps = tuple(replace(c, instructions=body) if c.name == entry.name else c for c in module.computations)
+    body = tuple(i if i.opcode.endswith("-done") else _reading(i, done) for i in order)
+    root = done.get(entry.root, entry.root)
+    comps = tuple(replace(c, instructions=body, root=root) if c.name == entry.name else c for c in module.computations)
     return replace(module, computations=comps)
 
 
@@ -62,26 +74,52 @@ def _has_async(module: Module) -> bool:
     )
 
 
-def _pairs(comp: Computation) -> dict[str, tuple[Instruction, Instruction]]:
-    """Collective name -> (start, done) for the collectives of ``comp`` that become pairs."""
+def _pairs(comp: Computation) -> dict[str, _Pair]:
+    """Collective name -> its pair, for the collectives of ``comp`` that become pairs."""
     taken = {i.name for i in comp.instructions}
-    out: dict[str, tuple[Instruction, Instruction]] = {}
+    out: dict[str, _Pair] = {}
     for instr in comp.instructions:
-        op = _ASYNC.get(instr.opcode)
-        if op is None or len(instr.operands) != 1 or not isinstance(instr.shape, Shape):
+        if instr.opcode not in _ASYNC or len(instr.operands) != 1 or not isinstance(instr.shape, Shape):
             continue
         operand = comp[instr.operands[0]].shape
         if not isinstance(operand, Shape):
             continue
-        name = unique_name(f"{instr.name}.start", taken)
+        op = instr.opcode
         shape = instr.shape if op == "all-reduce" else TupleShape((operand, instr.shape))
-        start = replace(instr, name=name, opcode=f"{op}-start", shape=shape)
-        done = Instruction(instr.name, f"{op}-done", instr.shape, (name,), loc=instr.loc)
-        out[instr.name] = (start, done)
+        start = replace(instr, opcode=f"{op}-start", shape=shape)
+        done = Instruction(unique_name(f"{instr.name}.done", taken), f"{op}-done", instr.shape, (instr.name,))
+        out[instr.name] = _Pair(instr, start, replace(done, loc=instr.loc))
     return out
 
 
-def _schedule(comp: Computation, pairs: dict[str, tuple[Instruction, Instruction]]) -> tuple[Instruction, ...]:
+def _reading(instr: Instruction, done: dict[str, str]) -> Instruction:
+    """``instr`` reading each collective that became a pair from its done (operands, control predecessors)."""
+    operands = tuple(done.get(o, o) for o in instr.operands)
+    preds = instr.attr("control-predecessors", ())
+    renamed = tuple(done.get(p, p) for p in preds) if isinstance(preds, tuple) else preds
+    if operands == instr.operands and renamed == preds:
+        return instr
+    attributes = instr.attributes.replace(**{"control-predecessors": renamed}) if renamed != preds else None
+    return replace(instr, operands=operands, attributes=attributes or instr.attributes)
+
+
+def _synchronous_again(order: tuple[Instruction, ...], pairs: dict[str, _Pair]) -> tuple[Instruction, ...]:
+    """A pair with nothing between its start and its done is the plain collective again (XLA's
+    ConvertAsyncCollectivesToSync): it would overlap nothing."""
+    of_done = {p.done.name: p for p in pairs.values()}
+    out: list[Instruction] = []
+    for instr in order:
+        pair = of_done.get(instr.name)
+        if pair is not None and out and out[-1] is pair.start:
+            out[-1] = pair.plain
+        else:
+            out.append(instr)
+    return tuple(out)
+
+
+def _schedule(comp: Computation, pairs: dict[str, _Pair]) -> tuple[Instruction, ...]:
+    """The instructions of ``comp`` with each collective of ``pairs`` as its start and done, in the order of
+    the module docstring."""
     nodes: list[Instruction] = []
     kind: list[str] = []  # "start", "done" or "op"
     rank: list[int] = []  # position in the original order
@@ -92,16 +130,18 @@ def _schedule(comp: Computation, pairs: dict[str, tuple[Instruction, Instruction
             kind.append("op")
             rank.append(k)
         else:
-            nodes.extend(pair)
+            nodes.extend((pair.start, pair.done))
             kind.extend(("start", "done"))
             rank.extend((k, k))
     index = {n.name: i for i, n in enumerate(nodes)}
+    value = {name: index[p.done.name] for name, p in pairs.items()}  # a pair's result: its done
     deps: list[set[int]] = []
-    for n in nodes:
+    for i, n in enumerate(nodes):
         named = list(n.operands)
         preds = n.attr("control-predecessors", ())
         named += list(preds) if isinstance(preds, tuple) else []
-        deps.append({index[o] for o in named if o in index})
+        reads = value if kind[i] != "done" else {}  # (a done reads its start)
+        deps.append({reads.get(o, index.get(o, -1)) for o in named} - {-1})
     starts = [i for i, k in enumerate(kind) if k == "start"]
     for previous, start in pairwise(starts):  # one pair in flight: a start after the previous done
         deps[start].add(previous + 1)
