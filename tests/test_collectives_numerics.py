@@ -286,9 +286,9 @@ def test_scalars_predicates_and_loops() -> None:
 
 
 def test_async_pairs_in_a_loop_and_through_an_update() -> None:
-    """An async all-reduce in a loop body (its ring steps stay on the main sequencer: the DMA sequencer's
+    """An async all-reduce in a loop body (its ring steps stay on the main sequencer: the async sequencer's
     stream runs once) and an all-gather through an ``async-update``, which reads the result and so waits for
-    the DMA sequencer's steps."""
+    the async sequencer's steps."""
     body = "r = f32[8,128] all-reduce(x), replica_groups={}, to_apply=sum"
     split = ("s = f32[8,128] all-reduce-start(x), replica_groups={}, to_apply=sum\n"
              "  e = f32[8,128] exponential(x)\n  r = f32[8,128] all-reduce-done(s)")  # fmt: skip

@@ -9,7 +9,7 @@ from tpusim.api import reference_evaluator
 from tpusim.config import load_config, with_overrides
 from tpusim.devices import Chip, DeadlockError, ExecutionError, System
 from tpusim.isa import (
-    DMA_SEQUENCER,
+    ASYNC_SEQUENCER,
     Barrier,
     Branch,
     Const,
@@ -20,6 +20,7 @@ from tpusim.isa import (
     IsaError,
     Jump,
     MemRef,
+    MxuPop,
     Program,
     Reg,
     ScalarAlu,
@@ -216,36 +217,51 @@ def test_semaphores_between_cores():
     assert rows[("chip0.core0.sync", "sem.wait")] == (2, 3)
 
 
-def test_the_dma_sequencer_moves_data_while_the_main_one_computes():
-    """A core's DMA sequencer (``sequencer=1``) waits for the main sequencer's signal, copies through the
+def test_the_async_sequencer_moves_data_while_the_main_one_computes():
+    """A core's async sequencer (``sequencer=1``) waits for the main sequencer's signal, copies through the
     core's DMA engines and signals back; the main sequencer computes meanwhile and its wait ends when the
     copy lands. Both wait on the core's one semaphore bank at once."""
     long = ref("vmem", 0x1000, "f32[64,8]{1,0:T(8,8)}")
     prog = Program(
         (
             Stream(0, (SemSignal(0), VpuMap("exponential", long, (long,)), SemWait(1), VpuMap("negate", Y, (X,)))),
-            Stream(0, (SemWait(0), DmaStart(X_HBM, X, sem=2), SemWait(2), SemSignal(1)), sequencer=DMA_SEQUENCER),
+            Stream(0, (SemWait(0), DmaStart(X_HBM, X, sem=2), SemWait(2), SemSignal(1)), sequencer=ASYNC_SEQUENCER),
         )
     )
     res = Chip(TEACH).run(prog, timing_only=True)
     u = "chip0.core0."
     assert [(r[0], r[1], r[2].split()[0], r[3]) for r in res.trace.rows()] == [
         (0, u + "sync", "sem.signal", 1),
-        (0, u + "dmaseq.sync", "sem.wait", 1),
+        (0, u + "async.sync", "sem.wait", 1),
         (1, u + "vpu", "vpu.exponential", 23),  # at once: the copy does not hold the main sequencer
-        (1, u + "dma", "dma.start", 57),  # the core's DMA unit, issued by the DMA sequencer
+        (1, u + "dma", "dma.start", 57),  # the core's DMA unit, issued by the async sequencer
         (2, u + "sync", "sem.wait", 58),  # both sequencers wait at once
-        (2, u + "dmaseq.sync", "sem.wait", 58),
-        (58, u + "dmaseq.sync", "sem.signal", 59),
-        (58, u + "vpu", "vpu.negate", 62),  # after the DMA sequencer's signal
+        (2, u + "async.sync", "sem.wait", 58),
+        (58, u + "async.sync", "sem.signal", 59),
+        (58, u + "vpu", "vpu.negate", 62),  # after the async sequencer's signal
     ]
 
 
-def test_a_dma_sequencer_needs_a_main_stream_and_issues_no_compute():
+def test_the_async_sequencer_issues_into_the_cores_vector_unit():
+    """Its vector instructions take the core's one vector unit in issue order: the negate (8 registers)
+    starts when the exponential (16 registers, issued first) leaves the unit free."""
+    long = ref("vmem", 0x1000, "f32[64,8]{1,0:T(8,8)}")
+    other = ref("vmem", 0x2000, "f32[64,8]{1,0:T(8,8)}")
+    prog = Program(
+        (
+            Stream(0, (VpuMap("exponential", long, (long,)),)),
+            Stream(0, (VpuMap("negate", other, (other,)),), sequencer=ASYNC_SEQUENCER),
+        )
+    )
+    rows = [(r[0], r[1], r[2].split()[0], r[3]) for r in Chip(TEACH).run(prog, timing_only=True).trace.rows()]
+    assert rows == [(0, "chip0.core0.vpu", "vpu.exponential", 22), (16, "chip0.core0.vpu", "vpu.negate", 26)]
+
+
+def test_an_async_sequencer_needs_a_main_stream_and_issues_no_matrix_work():
     with pytest.raises(ExecutionError, match="core 0 of chip 0 has no main stream"):
-        Chip(TEACH).run(Program((Stream(0, (Halt(),), sequencer=DMA_SEQUENCER),)))
-    with pytest.raises(IsaError, match="instruction 0 is a VpuMap; the DMA sequencer issues only DmaStart"):
-        Stream(0, (VpuMap("negate", Y, (X,)),), sequencer=DMA_SEQUENCER)
+        Chip(TEACH).run(Program((Stream(0, (Halt(),), sequencer=ASYNC_SEQUENCER),)))
+    with pytest.raises(IsaError, match="instruction 0 is a MxuPop; the async sequencer issues only DmaStart"):
+        Stream(0, (MxuPop(0, X),), sequencer=ASYNC_SEQUENCER)
 
 
 def test_remote_signal_arrives_after_the_hops():

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from tpusim.isa import (
-    DMA_SEQUENCER,
+    ASYNC_SEQUENCER,
     Barrier,
     Branch,
     Const,
@@ -120,10 +120,11 @@ def sample_program() -> Program:
     ins = every_instruction()
     stream = Stream(0, tuple(ins), (("top", 0), ("end", len(ins))))
     other = Stream(1, (SemWait(0), Halt()), chip=None)
-    dma_sequencer = Stream(0, (SemWait(0), DmaStart(VM_A, VM_A, sem=1, chip=1), SemSignal(2)), sequencer=DMA_SEQUENCER)
+    pushes = (SemWait(0), DmaStart(VM_A, VM_A, sem=1, chip=1), SemSignal(2))
+    async_sequencer = Stream(0, pushes, sequencer=ASYNC_SEQUENCER)
     kernel = FallbackKernel("sort.1", "HloModule m\n\nENTRY e {\n  ROOT p = f32[2] parameter(0)\n}", 10, 0.25, 1.0, 7)
     syms = (Symbol("x", HBM_A), Symbol("buf", VM_A, chip=0, core=1))
-    return Program((stream, other, dma_sequencer), syms, (kernel,), "round trip")
+    return Program((stream, other, async_sequencer), syms, (kernel,), "round trip")
 
 
 def test_round_trip_program_text():

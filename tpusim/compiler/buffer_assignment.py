@@ -228,6 +228,24 @@ class _Planner:
         self.buffers: list[Buffer] = []
         self.extents: dict[tuple[str, str], int] = {}  # (computation, space) -> bytes its placement spans
 
+    def _hold_async_operands(self) -> None:
+        """An ``all-reduce-start`` of the entry computation runs on the core's async sequencer while the main
+        sequencer goes on (``lowering/collectives.py``): it reads its operand until its done, which must not
+        be reused before."""
+        entry = self.module.entry_computation
+        name = entry.name
+        for instr in entry.instructions:
+            if instr.opcode != "all-reduce-done":
+                continue
+            start = entry[instr.operands[0]]
+            if start.opcode != "all-reduce-start":
+                continue
+            at = self.position[(name, instr.name)]
+            for o in start.operands:
+                self.last_use[(name, o)] = max(self.last_use.get((name, o), 0), at)
+                for path, _ in leaf_paths(entry[o].shape):
+                    self.leaf_reads[(name, o, path)] = max(self.leaf_reads.get((name, o, path), 0), at)
+
     # ------------------------------------------------------------------ aliases
     def leaves(self, comp: str, instr: Instruction) -> list[Key]:
         return [(comp, instr.name, path) for path, _ in leaf_paths(instr.shape)]
@@ -252,6 +270,7 @@ class _Planner:
             self.last_use[(name, comp.root)] = len(comp.instructions)
             for path, _ in leaf_paths(comp.root_instruction.shape):
                 self.leaf_reads[(name, comp.root, path)] = len(comp.instructions)
+        self._hold_async_operands()
         entry = self.module.entry_computation
         for p in entry.parameters:
             for key in self.leaves(entry.name, p):

@@ -133,7 +133,7 @@ class Machine:
                 raise _load_error(f"{stream.where}: the system has only {len(self.chips)} chips")
         for chip in self.chips:
             mains: dict[int, Core] = {}
-            # main sequencers first: a DMA sequencer shares its core's DMA engines
+            # main sequencers first: an async sequencer shares its core's DMA engines
             for stream in sorted(program.streams, key=lambda s: s.sequencer):
                 if stream.chip is None or stream.chip == chip.index:
                     main = mains.get(stream.core)
@@ -144,7 +144,7 @@ class Machine:
                         mains[stream.core] = core
                     chip.cores.append(core)
                     self.cores.append(core)
-        # barriers are for main sequencers (a DMA sequencer issues none)
+        # barriers are for main sequencers (an async sequencer issues none)
         for chip in self.chips:
             self.expected[("chip", chip.index)] = sum(1 for c in chip.cores if not c.stream.sequencer)
         self.expected[("system", None)] = sum(1 for c in self.cores if not c.stream.sequencer)

@@ -78,8 +78,9 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Issued:
         if len(q) == q.maxlen and q[0] > t:
             t = q[0]
         if kind == "vpu":
-            start = max(t, need, core.vpu_free)
-            core.vpu_free = start + cost.occupancy
+            clock = core.vpu_free
+            start = max(t, need, clock[0])
+            clock[0] = start + cost.occupancy
             unit = core.unit["vpu"]
         elif kind == "xlu":
             free = core.xlu_free
@@ -191,12 +192,13 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Issued:
     if len(q) == q.maxlen and q[0] > t:
         t = q[0]
     cost = d.cost
-    start = core.vpu_free
+    clock = core.vpu_free
+    start = clock[0]
     if start < t:
         start = t
     if start < need:
         start = need
-    free = core.vpu_free = start + cost.occupancy  # type: ignore[union-attr]
+    free = clock[0] = start + cost.occupancy  # type: ignore[union-attr]
     end = free + cost.latency  # type: ignore[union-attr]
     q.append(start)
     if end > core.max_end:

@@ -62,7 +62,7 @@ class Core:
         index: core number within the chip.
         stream: its instruction stream.
         stream_id: its number in the trace.
-        main: for the core's DMA sequencer (a stream of ``sequencer=1``), the core of its main sequencer, whose
+        main: for the core's async sequencer (a stream of ``sequencer=1``), the core of its main sequencer, whose
             DMA engines it shares (its memories and semaphores are the core's anyway).
     """
 
@@ -137,16 +137,19 @@ class Core:
         self.mxus = [MxuState(cfg) for _ in range(cfg.mxu.count)]
         depth = cfg.core.instruction_queue_depth
         self.queues: dict[str, deque[int]] = {k: deque(maxlen=depth) for k in ("vpu", "xlu", "fallback", "dma")}
+        if main is not None:
+            self.queues["vpu"] = main.queues["vpu"]  # one vector unit, one FIFO
         self.vpu_queue = self.queues["vpu"]
         self.mxu_queues: list[deque[int]] = [deque(maxlen=depth) for _ in range(cfg.mxu.count)]
-        self.vpu_free = 0
+        # the vector unit's next free cycle, shared with the core's async sequencer (which issues into it)
+        self.vpu_free: list[int] = [0] if main is None else main.vpu_free
         self.xlu_free = [0] * cfg.xlu.count
         self.fallback_free = 0
         self.max_end = 0  # latest end cycle of any compute instruction issued so far
         name = f"chip{chip.index}.core{index}"
         self.unit = {u: machine.unit_id(f"{name}.{u}") for u in ("scalar", "sync", "dma", "vpu", "fallback")}
-        if main is not None:  # the DMA sequencer: its own scalar and sync slots, the core's DMA engines
-            self.unit.update({u: machine.unit_id(f"{name}.dmaseq.{u}") for u in ("scalar", "sync")})
+        if main is not None:  # the async sequencer: its own scalar and sync slots, the core's DMA and vector units
+            self.unit.update({u: machine.unit_id(f"{name}.async.{u}") for u in ("scalar", "sync")})
         self.vpu_unit = self.unit["vpu"]
         self.scalar_unit = self.unit["scalar"]
         self.sync_unit = self.unit["sync"]
@@ -172,7 +175,7 @@ class Core:
     # ------------------------------------------------------------------ naming and errors
     @property
     def name(self) -> str:
-        seq = "'s DMA sequencer" if self.stream.sequencer else ""
+        seq = "'s async sequencer" if self.stream.sequencer else ""
         return f"chip {self.chip.index} core {self.index}{seq}"
 
     def text(self, index: int) -> str:

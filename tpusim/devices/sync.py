@@ -22,7 +22,7 @@ __all__ = ["BarrierState", "Semaphores"]
 
 
 class Semaphores:
-    """The semaphores of one core (its main sequencer and its DMA sequencer share them)."""
+    """The semaphores of one core (its main sequencer and its async sequencer share them)."""
 
     __slots__ = ("env", "values", "waiting")
 

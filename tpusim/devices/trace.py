@@ -67,7 +67,7 @@ class TraceStream:
     core: int
     hlo: tuple[str, ...]  # per instruction index: the HLO instruction name, "" when none
     text: Sequence[str]  # per instruction index: the instruction's text form (an InstructionTexts)
-    sequencer: int = 0  # the core's main sequencer (0) or its DMA sequencer (tpusim.isa.DMA_SEQUENCER)
+    sequencer: int = 0  # the core's main sequencer (0) or its async sequencer (tpusim.isa.ASYNC_SEQUENCER)
 
 
 def _order(a: np.ndarray) -> np.ndarray:

@@ -43,12 +43,12 @@ from tpusim.isa.ops import (
     OpGroup,
     VpuFunction,
 )
-from tpusim.isa.program import DMA_SEQUENCER, FallbackKernel, Program, Stream, StreamBuilder, Symbol
+from tpusim.isa.program import ASYNC_SEQUENCER, FallbackKernel, Program, Stream, StreamBuilder, Symbol
 from tpusim.isa.text import IsaParseError, format_instruction, parse_instruction, parse_program, print_program
 
 __all__ = [
+    "ASYNC_SEQUENCER",
     "COMPARE_DIRECTIONS",
-    "DMA_SEQUENCER",
     "PRECISIONS",
     "PRECISION_PASSES",
     "REDUCE_FUNCTIONS",

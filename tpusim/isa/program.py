@@ -19,19 +19,21 @@ from tpusim.isa.instructions import (
     ScalarStore,
     SemSignal,
     SemWait,
+    VpuMap,
 )
 from tpusim.isa.operands import IsaError, MemRef, Space
 
-__all__ = ["DMA_SEQUENCER", "NAME_PATTERN", "FallbackKernel", "Program", "Stream", "StreamBuilder", "Symbol"]
+__all__ = ["ASYNC_SEQUENCER", "NAME_PATTERN", "FallbackKernel", "Program", "Stream", "StreamBuilder", "Symbol"]
 
-DMA_SEQUENCER = 1
-"""The ``sequencer`` of a core's second instruction stream: it issues only scalar, semaphore and DMA
-instructions (:data:`DMA_SEQUENCER_OPS`), into the core's own DMA engines, while the main sequencer (0)
-computes. The compiler puts the ring steps of an async collective there, so that they go on while the
-kernels between its ``-start`` and ``-done`` run (docs/isa.md, "Sequencers")."""
+ASYNC_SEQUENCER = 1
+"""The ``sequencer`` of a core's second instruction stream: it issues only DMA, semaphore, scalar and
+elementwise vector instructions (:data:`ASYNC_SEQUENCER_OPS`), into the core's own DMA engines and vector
+unit, while the main sequencer (0) runs kernels. The compiler puts an async collective there, so that its
+ring steps and reductions go on while the kernels between its ``-start`` and ``-done`` run (docs/isa.md,
+"Sequencers")."""
 
-DMA_SEQUENCER_OPS: tuple[type, ...] = (
-    DmaStart, SemSignal, SemWait, ScalarAlu, ScalarLoad, ScalarStore, Branch, Jump, Halt,
+ASYNC_SEQUENCER_OPS: tuple[type, ...] = (
+    DmaStart, SemSignal, SemWait, ScalarAlu, ScalarLoad, ScalarStore, Branch, Jump, Halt, VpuMap,
 )  # fmt: skip
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
@@ -108,7 +110,7 @@ class Stream:
         instructions: the instructions, in order.
         labels: ``(name, index)`` pairs; a label names the instruction at ``index`` (``len(instructions)``
             for the end).
-        sequencer: 0 for the core's main sequencer, :data:`DMA_SEQUENCER` for its DMA sequencer (which needs
+        sequencer: 0 for the core's main sequencer, :data:`ASYNC_SEQUENCER` for its async sequencer (which needs
             a main stream on the same core and chips).
     """
 
@@ -136,20 +138,20 @@ class Stream:
                 raise IsaError(f"{self.where}: instruction {i} jumps to undefined label {ins.target!r}")
         if self.core < 0 or (self.chip is not None and self.chip < 0):
             raise IsaError(f"{self.where}: negative core or chip number")
-        if self.sequencer not in (0, DMA_SEQUENCER):
-            raise IsaError(f"{self.where}: sequencer {self.sequencer} is not 0 (main) or {DMA_SEQUENCER} (DMA)")
-        if self.sequencer == DMA_SEQUENCER:
+        if self.sequencer not in (0, ASYNC_SEQUENCER):
+            raise IsaError(f"{self.where}: sequencer {self.sequencer} is not 0 (main) or {ASYNC_SEQUENCER} (DMA)")
+        if self.sequencer == ASYNC_SEQUENCER:
             for i, ins in enumerate(self.instructions):
-                if not isinstance(ins, DMA_SEQUENCER_OPS):
+                if not isinstance(ins, ASYNC_SEQUENCER_OPS):
                     raise IsaError(
-                        f"{self.where}: instruction {i} is a {type(ins).__name__}; the DMA sequencer issues only "
-                        + ", ".join(c.__name__ for c in DMA_SEQUENCER_OPS)
+                        f"{self.where}: instruction {i} is a {type(ins).__name__}; the async sequencer issues only "
+                        + ", ".join(c.__name__ for c in ASYNC_SEQUENCER_OPS)
                     )
 
     @property
     def where(self) -> str:
         chip = "every chip" if self.chip is None else f"chip {self.chip}"
-        seq = "'s DMA sequencer" if self.sequencer == DMA_SEQUENCER else ""
+        seq = "'s async sequencer" if self.sequencer == ASYNC_SEQUENCER else ""
         return f"stream of core {self.core}{seq} on {chip}"
 
     def target(self, label: str) -> int:

@@ -72,4 +72,4 @@ def lower_module(
     for b in ctx.streams:
         b.emit(Halt())
     program = Program(tuple(b.build() for b in ctx.streams), (), tuple(ctx.kernels), name=module.name)
-    return Lowered(program, tuple(ctx.fallen_back), ctx.hbm_peak, tuple(ctx.constants))
+    return Lowered(program, tuple(ctx.fallen_back), ctx.hbm_peak + ctx.async_hbm_used, tuple(ctx.constants))

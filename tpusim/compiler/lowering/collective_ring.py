@@ -101,6 +101,8 @@ class RingWork:
         facts: the collective's per-chip registers.
         sent: the local semaphore pushes (and final writes) signal; default a fresh one (an async collective
             passes its bank's, which outlives the ``-start`` instruction).
+        The two semaphores a reduce-scatter's block loads signal are fresh ones, or on the async sequencer
+        two of those reserved for it.
         share: ``(j, m)``: this work is part ``j`` of ``m`` running at once (:func:`interleave`), and takes
             the ``j``-th of ``m`` equal slices of the instruction's VMEM arena.
         lead: another part's work whose scratch registers this one uses too. Scratch registers (``tmp``, the
@@ -111,13 +113,21 @@ class RingWork:
     """
 
     def __init__(
-        self, facts: Facts, sent: int | None = None, share: tuple[int, int] = (0, 1), lead: RingWork | None = None
+        self,
+        facts: Facts,
+        sent: int | None = None,
+        share: tuple[int, int] = (0, 1),
+        lead: RingWork | None = None,
     ) -> None:
         ctx = facts.ctx
         self.facts = facts
         self.share = share
         self.sent = sent if sent is not None else ctx.semaphore()
-        self.load = [ctx.semaphore(), ctx.semaphore()]
+        if ctx.on_async:  # the async sequencer's loads (it runs one collective at a time), two per part
+            j = share[0]
+            self.load = list(facts.state.async_loads[2 * j : 2 * j + 2])
+        else:
+            self.load = [ctx.semaphore(), ctx.semaphore()]
         self._lead = lead
         self.tmp: list[Reg] = lead.tmp if lead is not None else [facts.reg(), facts.reg()]
         self.at: Reg = lead.at if lead is not None else facts.reg()

@@ -78,8 +78,8 @@ class Bank:
     arrive: tuple[int, ...]
     # completions of this chip's pushes of an async collective (outlive its -start), one per part (PARTS)
     locals: tuple[int, ...] = ()
-    # an async collective whose ring steps the DMA sequencer forwards: the main sequencer signals ``go`` after
-    # the start, the DMA sequencer ``done`` after the last step, which the -done waits for
+    # an async collective the async sequencer runs: the main sequencer signals ``go`` at the start, the async
+    # sequencer ``done`` after the last step, which the -done waits for
     handoff: tuple[int, ...] = ()
 
     @property
@@ -96,13 +96,14 @@ class CollectiveState:
         topology: the chips' grid.
         banks: reserved semaphores, by async nesting level.
         open_async: ``-start`` instructions whose ``-done`` is not lowered yet: (bank, split in two parts, the
-            second part on the DMA sequencer).
+            second part on the async sequencer).
     """
 
     who: Participants
     topology: Topology
     banks: list[Bank]
     open_async: dict[str, tuple[int, bool, bool]] = field(default_factory=dict)
+    async_loads: tuple[int, ...] = ()  # ASYNC_LOADS semaphores for the async sequencer's reduce-scatters
     arena: tuple[object, MemRef] | None = None  # (lowering scope, VMEM) the current instruction's rings share
 
     def free_bank(self) -> int:
@@ -188,23 +189,32 @@ LOCAL_SEMAPHORES = 4
 """Semaphores a program with collectives keeps for its local transfers at least."""
 
 
-def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, int, int]:
-    """(banks, ring axes with arrival semaphores, completion semaphores per bank, hand-off semaphores per
-    bank) that ``module``'s collectives reserve on ``config``'s system."""
+def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, bool]:
+    """(banks, ring axes with arrival semaphores, whether any collective is async) for ``module``'s
+    collectives on ``config``'s system."""
     topology = system_topology(config, participants(module, config).devices)
     axes = max(1, sum(1 for n in topology.shape if n > 1))
     if topology.slices > 1:  # the slices' ring: its own arrival semaphores for every part but the first
         axes += PARTS - 1
     banks, any_async = _banks_needed(module)
-    return banks, axes, PARTS if any_async else 0, 2 if any_async else 0
+    return banks, axes, any_async
+
+
+def _per_bank(axes: int, any_async: bool) -> int:
+    """A bank's semaphores: ``ready``, two arrivals per axis and, with async collectives, a completion per
+    part and the ``go`` / ``done`` pair."""
+    return 1 + 2 * axes + (PARTS + 2 if any_async else 0)
+
+
+ASYNC_LOADS = 2 * PARTS
+"""Semaphores the async sequencer's reduce-scatter block loads signal, two per part (it runs one collective
+at a time, so one set serves them all)."""
 
 
 def reserved_semaphores(module: Module, config: ChipConfig) -> int:
-    """How many semaphores ``module``'s collectives reserve on ``config``'s system (0 without collectives)."""
-    if not any(is_collective(i.opcode) for c in module.computations for i in c.instructions):
-        return 0
-    banks, axes, parts, handoff = _bank_layout(module, config)
-    return banks * (1 + 2 * axes + parts + handoff)
+    """How many semaphores ``module``'s collectives reserve on ``config``'s system."""
+    banks, axes, any_async = _bank_layout(module, config)
+    return banks * _per_bank(axes, any_async) + (ASYNC_LOADS if any_async else 0)
 
 
 def collective_state(ctx: Lowering) -> CollectiveState:
@@ -218,10 +228,10 @@ def collective_state(ctx: Lowering) -> CollectiveState:
         return found
     who = participants(ctx.module, ctx.config)
     topology = system_topology(ctx.config, who.devices)
-    banks, axes, parts, handoff = _bank_layout(ctx.module, ctx.config)
-    per_bank = 1 + 2 * axes + parts + handoff
+    banks, axes, any_async = _bank_layout(ctx.module, ctx.config)
+    per_bank = _per_bank(axes, any_async)
     total = ctx.config.core.semaphores
-    need = banks * per_bank
+    need = reserved_semaphores(ctx.module, ctx.config)
     if need + LOCAL_SEMAPHORES > total:
         raise CompileError(
             f"{ctx.hlo}: collectives on a {topology} system need {need} semaphores reserved for pushes from "
@@ -241,9 +251,9 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     for b in range(banks):
         nums = reserved[b * per_bank : (b + 1) * per_bank]
         at = 1 + 2 * axes
-        go_done = (nums[at + parts], nums[at + parts + 1]) if handoff else ()
-        bank_list.append(Bank(nums[0], tuple(nums[1:at]), tuple(nums[at : at + parts]), go_done))
-    state = CollectiveState(who, topology, bank_list)
+        locals_, handoff = nums[at : at + PARTS], nums[at + PARTS : at + PARTS + 2]  # (empty when not async)
+        bank_list.append(Bank(nums[0], tuple(nums[1:at]), tuple(locals_), tuple(handoff)))
+    state = CollectiveState(who, topology, bank_list, async_loads=tuple(reserved[banks * per_bank :]))
     ctx.rule_state.set(_STATE, state)
     return state
 

@@ -721,6 +721,10 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
         if op == "all-reduce":
             fn = _reducer(ctx, instr)
             split = part == "start" and len(pairs) == 1 and _all_reduce_in_place(*pairs[0], plan) and plan.size > 1
+            if split and _forwards(ctx):  # the whole of it on the async sequencer
+                _on_async_sequencer(ctx, state, bank, instr, xs[0], ys[0], whole=True)
+                state.open_async[instr.name] = (level, True, True)
+                return True
             for x, y in pairs:
                 all_reduce(ctx, state, bank, plan, x, y, fn, "start" if split else "all")
         elif op == "reduce-scatter":
@@ -755,38 +759,38 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
             raise _fail(instr, "is not a collective tpusim lowers")
     forwarded = split and op != "collective-permute" and _forwards(ctx)  # (a permute's done only waits)
     if forwarded:
-        _forward_on_dma_sequencer(ctx, state, bank, instr, xs[0], ys[0])
+        _on_async_sequencer(ctx, state, bank, instr, xs[0], ys[0], whole=False)
     if part == "start":
         state.open_async[instr.name] = (level, split, forwarded)
     return split
 
 
 def _forwards(ctx: Lowering) -> bool:
-    """Whether a split start's remaining ring steps go to the DMA sequencer: when the start runs once per
-    program (in the entry computation, outside loops and conditionals, whose code runs many times or never)
-    and on a core of its own (without megacore)."""
+    """Whether a split start goes on on the async sequencer: when the start runs once per program (in the
+    entry computation, outside loops and conditionals, whose code runs many times or never) and on a core of
+    its own (without megacore)."""
     return ctx.cores == 1 and ctx.computation is not None and ctx.computation.name == ctx.module.entry
 
 
-def _forward_on_dma_sequencer(
-    ctx: Lowering, state: CollectiveState, bank: Bank, op: Instruction, x: MemRef, y: MemRef
+def _on_async_sequencer(
+    ctx: Lowering, state: CollectiveState, bank: Bank, op: Instruction, x: MemRef, y: MemRef, whole: bool
 ) -> None:
-    """The DMA sequencer waits for the start (``go``), runs the ring steps the start left, and signals ``done``,
-    which the ``-done`` waits for: the main sequencer computes meanwhile. The steps use only the bank's
-    semaphores (a scoped one could be the main sequencer's, reused by the next instruction) and the DMA
-    sequencer's own scalar registers."""
+    """The async sequencer waits for the start (``go``), runs the collective (``whole``: an all-reduce, its
+    reduce-scatter and all-gather) or the ring steps the start left (an all-gather: the start pushed the
+    first step), and signals ``done``, which the ``-done`` waits for: the main sequencer runs the next kernels
+    meanwhile. The code uses the async sequencer's own VMEM, HBM scratch and scalar registers and the bank's
+    semaphores (:meth:`Lowering.on_async_sequencer`)."""
     go, done = bank.handoff
     ctx.emit(SemSignal, sem=go)
-    side = ctx.dma_sequencer()
-    at = len(ctx.streams[side].instructions)
-    with ctx.on((side,)):
+    state.arena = None  # (the reduce-scatter's VMEM is the async sequencer's own)
+    with ctx.on_async_sequencer():
         ctx.emit(SemWait, sem=go, count=1)
+        if whole:
+            plan = plan_groups(ctx.module, op, state.who, state.topology)
+            all_reduce(ctx, state, bank, plan, x, y, _reducer(ctx, op), "start")
         _forwarding(ctx, state, bank, op, x, y)
         ctx.emit(SemSignal, sem=done)
-    reserved = {bank.ready, *bank.arrive, *bank.locals, go, done}
-    for ins in ctx.streams[side].instructions[at:]:
-        for sem in (getattr(ins, "sem", None), getattr(ins, "dst_sem", None)):
-            assert sem is None or sem in reserved, f"{ctx.hlo}: the DMA sequencer's steps use scoped semaphore {sem}"
+    state.arena = None
 
 
 def _forwarding(ctx: Lowering, state: CollectiveState, bank: Bank, op: Instruction, x: MemRef, y: MemRef) -> None:
@@ -880,7 +884,7 @@ def lower_async_update(ctx: Lowering, comp: Computation, instr: Instruction) -> 
     state = collective_state(ctx)
     if source.name in state.open_async:
         level, split, forwarded = state.open_async.pop(source.name)
-        if forwarded:  # the update reads the result: the DMA sequencer's steps must have ended (then all did)
+        if forwarded:  # the update reads the result: the async sequencer's steps must have ended (then all did)
             ctx.emit(SemWait, sem=state.banks[level].handoff[1], count=1)
             split = forwarded = False
         state.open_async[instr.name] = (level, split, forwarded)
