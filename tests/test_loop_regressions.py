@@ -264,12 +264,14 @@ def test_timing_only_runs_without_inputs_draw_them_only_when_control_flow_reads_
     """A timing-only run given no inputs skips drawing random ones when no instruction reads a value (a
     matmul); when a loop's trip count is an input it draws the same seeded inputs a numeric run does, on one
     chip and on several (where it used to start from zeroed memory and run no iteration)."""
-    from tpusim.api import compile_checked, inputs_matter
+    from tpusim.api import compile_checked, inputs_matter, inputs_read
     from tpusim.config import load_config
 
     config = load_config("tpu_v5e")
     loop = compile_checked(load_program(COUNTDOWN_HLO), config)
     assert inputs_matter(loop, timing_only=True) and inputs_matter(loop, timing_only=False)
+    # only the trip count is drawn for a timing-only run; the loop's data starts as zeroed memory
+    assert inputs_read(loop, timing_only=True) == (0,) and inputs_read(loop, timing_only=False) == (0, 1)
     matmul = "HloModule m\nENTRY e {\n  a = f32[128,128] parameter(0)\n  ROOT d = f32[128,128] dot(a, a), "
     matmul += "lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n"
     assert not inputs_matter(compile_checked(load_program(matmul), config), timing_only=True)

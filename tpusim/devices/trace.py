@@ -134,7 +134,24 @@ class Trace:
     @property
     def hlo(self) -> np.ndarray:
         """The HLO instruction name of each entry ("" when none)."""
-        return np.array([self.streams[s].hlo[i] for s, i in zip(self.stream, self.index)], dtype=object)
+        codes, names = self.hlo_codes()
+        out: np.ndarray = names[codes]
+        return out
+
+    def hlo_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each entry's HLO instruction name as a code into the array of distinct names (a program runs few
+        HLO instructions many times: per-name work is then per code, not per entry)."""
+        code: dict[str, int] = {}
+        tables = [np.array([code.setdefault(n, len(code)) for n in st.hlo] or [0], np.int64) for st in self.streams]
+        codes = np.zeros(len(self.index), np.int64)
+        for s, table in enumerate(tables):
+            sel = self.stream == s
+            codes[sel] = table[self.index[sel]]
+        names = np.empty(max(len(code), 1), dtype=object)
+        names[:] = ""
+        for n, c in code.items():
+            names[c] = n
+        return codes, names
 
     def text(self, entry: int) -> str:
         return self.streams[int(self.stream[entry])].text[int(self.index[entry])]

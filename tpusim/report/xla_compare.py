@@ -59,7 +59,7 @@ def xla_kernels(result: SimulationResult) -> list[XlaKernel]:
     if not found:
         return []
     trace = result.trace
-    names = trace.hlo
+    codes, names = trace.hlo_codes()
     total_xla = sum(c for _, _, c in found) or 1
     total = max(result.cycles, 1)
     out = []
@@ -71,7 +71,7 @@ def xla_kernels(result: SimulationResult) -> list[XlaKernel]:
         return any(rest == i or rest.startswith(i + ".") for i in inner[name])
 
     for name, opcode, cycles in found:
-        mine = np.fromiter((part_of(n, name) for n in names), bool, len(names))
+        mine = np.fromiter((part_of(n, name) for n in names), bool, len(names))[codes]  # (per distinct name)
         span = int(trace.end[mine].max() - trace.start[mine].min()) if mine.any() else 0
         out.append(XlaKernel(name, opcode, cycles, cycles / total_xla, span, span / total))
     return sorted(out, key=lambda k: -k.xla_cycles)

@@ -27,9 +27,10 @@ import os
 import sys
 import zipfile
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import ml_dtypes
 import numpy as np
@@ -354,16 +355,33 @@ def _random_array(shape: Shape, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def random_inputs(module: Module, seed: int = DEFAULT_SEED, num_devices: int = 1) -> list[list[Value]]:
-    """Seeded random inputs for every device (see the module docstring for the ranges)."""
+@overload
+def random_inputs(module: Module, seed: int = ..., num_devices: int = ..., only: None = None) -> list[list[Value]]: ...
+
+
+@overload
+def random_inputs(
+    module: Module, seed: int = ..., num_devices: int = ..., *, only: Collection[int]
+) -> list[list[Value | None]]: ...
+
+
+def random_inputs(
+    module: Module, seed: int = DEFAULT_SEED, num_devices: int = 1, only: Collection[int] | None = None
+) -> list[list[Value]] | list[list[Value | None]]:
+    """Seeded random inputs for every device (see the module docstring for the ranges); with ``only``, the
+    values of those parameters (each the same as without it) and None for the others."""
     params = module.entry_computation.parameters
     out = []
     for d in range(num_devices):
         arrays = {}
         for i, p in enumerate(params):
+            if only is not None and i not in only:
+                continue
             for j, (key, shape) in enumerate(_leaves(p.shape, f"arg{i}")):
                 arrays[key] = _random_array(shape, np.random.default_rng([seed, d, i, j]))
-        out.append([_assemble(p.shape, f"arg{i}", arrays) for i, p in enumerate(params)])
+        out.append(
+            [_assemble(p.shape, f"arg{i}", arrays) if only is None or i in only else None for i, p in enumerate(params)]
+        )
     return out
 
 
