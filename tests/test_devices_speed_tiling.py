@@ -127,6 +127,15 @@ def test_window_vregs_count_the_pieces_the_index_maps_slots_touch(shape, data, v
     assert window_vregs(shape, offsets, sizes, vreg_bytes) == want
 
 
+def test_window_vregs_count_an_element_that_crosses_into_the_next_piece():
+    """c128 after an 8-byte ``M(8)`` prefix: the window's elements are bytes 40..71, across two 64-byte pieces
+    (hypothesis found it; both the closed form and the marking counted the first byte's piece only)."""
+    shape = parse_shape("c128[1,1,2,2]{0,1,2,3:M(8)}")
+    assert geometry(shape).prefix_bytes == 8
+    assert window_vregs(shape, (0, 0, 0, 1), (1, 1, 2, 1), 64) == 2
+    assert window_vregs(shape, (0, 0, 0, 0), (1, 1, 2, 1), 64) == 1  # bytes 8..39
+
+
 def test_window_vregs_of_a_large_packed_window_come_from_each_dimensions_pieces():
     """A 1024 x 1024 bf16 window in T(8,128)(2,1) tiles is 512 whole 4 KiB pieces, told from 64 x 8 tile
     positions, not from its 1 M element slots."""

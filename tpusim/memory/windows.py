@@ -149,11 +149,14 @@ def window_vregs(shape: Shape, offsets: tuple[int, ...] | None, sizes: tuple[int
     if pieces is not None:
         return pieces
     slots = window_slots(shape, offsets, sizes)
-    touched = (geo.prefix_bytes + slots * geo.element_bits // 8) // vreg_bytes
+    bits = geo.element_bits
+    first = (geo.prefix_bytes + slots * bits // 8) // vreg_bytes
+    last = (geo.prefix_bytes + ((slots + 1) * bits - 1) // 8) // vreg_bytes  # (an element may cross a piece)
     # distinct pieces by marking them (linear in the window; sorting for np.unique took 9 ms a window)
-    lo = int(touched.min())
-    marks = np.zeros(int(touched.max()) - lo + 1, np.bool_)
-    marks[touched - lo] = True
+    lo = int(first.min())
+    marks = np.zeros(int(last.max()) - lo + 1, np.bool_)
+    marks[first - lo] = True
+    marks[last - lo] = True
     return int(np.count_nonzero(marks))
 
 
@@ -161,17 +164,17 @@ def _pieces_by_axis(terms: list[np.ndarray], bits: int, prefix: int, vreg_bytes:
     """The distinct vreg pieces of the window whose slots are ``sum(terms[d][i_d])``, from each dimension's
     own pieces; None when a piece cannot be told that way.
 
-    NOTE: speed. Write each term as ``q * high + low`` with ``q`` the slots of a piece. When the lows of
-    all dimensions (and the prefix's remainder) never add up to a whole piece, which holds for tiled
-    layouts whose tiles are whole pieces, an element's piece is the sum of its dimensions' highs, so only
-    each dimension's distinct highs are combined: a 1024 x 1024 bf16 window in ``T(8,128)(2,1)`` combines
-    64 x 8 highs instead of marking 1 M slots."""
+    NOTE: speed. Write each term as ``q * high + low`` with ``q`` the slots of a piece. When the element at
+    the largest sum of the lows of all dimensions (after the prefix's remainder) still ends within its piece,
+    which holds for tiled layouts whose tiles are whole pieces, an element's piece is the sum of its
+    dimensions' highs (plus a constant), so only each dimension's distinct highs are combined: a 1024 x 1024
+    bf16 window in ``T(8,128)(2,1)`` combines 64 x 8 highs instead of marking 1 M slots."""
     if bits % 8 or vreg_bytes % (bits // 8):
         return None
     size = bits // 8
     q = vreg_bytes // size
     lows = sum(int((t % q).max()) for t in terms)
-    if prefix % vreg_bytes + lows * size >= vreg_bytes:
+    if prefix % vreg_bytes + (lows + 1) * size > vreg_bytes:  # an element would end in the next piece
         return None
     total = np.zeros(1, np.int64)
     for t in terms:
