@@ -306,6 +306,18 @@ def test_async_pairs_in_a_loop_and_through_an_update() -> None:
         u = ((f32[16,128]), f32[128,128], u32[]) async-update(s)
         d = f32[128,128] async-done(u)
         ROOT t = (f32[128,128], f32[16,128]) tuple(d, e)"""), topology="2x4")
+    # an all-reduce wrapped in async-start: its reduce-scatter at the start, the rest on the async sequencer
+    wrapped_ar = SUM + """ar_body {
+  p = f32[16,128] parameter(0)
+  ROOT a = f32[16,128] all-reduce(p), replica_groups={}, to_apply=sum
+}
+"""
+    _run(_module("calls", "replica_count=8", wrapped_ar, """
+        x = f32[16,128] parameter(0)
+        s = ((f32[16,128]), f32[16,128], u32[]) async-start(x), calls=ar_body
+        e = f32[16,128] exponential(x)
+        d = f32[16,128] async-done(s)
+        ROOT t = (f32[16,128], f32[16,128]) tuple(d, e)"""), topology="2x4")
 
 
 MESH_SHAPE = (2, 4)

@@ -14,11 +14,13 @@ Algorithms (docs/multichip.md has the cost model):
   ``r`` of the result is rank ``r``'s as HLO requires.
 * all-to-all, collective-permute, collective-broadcast: direct pushes (:mod:`.collective_direct`).
 
-Each collective starts with the handshake of :mod:`.collective_sync`. An async pair overlaps compute with
-what can be issued without waiting for other chips: collective-permute-start pushes at once and its done
-waits; all-gather-start and all-reduce-start run up to the pushes of the first all-gather step and their
-done runs the forwarding steps (the reduce-scatter reads the operand, which may die at the start).
-``-done`` copies the result out of the start's buffer when buffer assignment gave it another one.
+Each collective starts with the handshake of :mod:`.collective_sync`. An async pair overlaps compute:
+collective-permute-start pushes at once and its done waits. In the entry computation an all-reduce-start
+runs whole on the core's async sequencer, and an all-gather-start pushes its first step (it reads the
+operand, which may die at the start) and leaves the other steps to the async sequencer; the done waits for
+it. Elsewhere (loop bodies, branches: code that runs many times or never), the start runs up to the pushes
+of the first all-gather step on the main sequencer and the done runs the forwarding steps. ``-done``
+copies the result out of the start's buffer when buffer assignment gave it another one.
 """
 
 from __future__ import annotations
@@ -721,7 +723,9 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
         if op == "all-reduce":
             fn = _reducer(ctx, instr)
             split = part == "start" and len(pairs) == 1 and _all_reduce_in_place(*pairs[0], plan) and plan.size > 1
-            if split and _forwards(ctx):  # the whole of it on the async sequencer
+            # the whole of it on the async sequencer (which holds VMEM and HBM for an all-reduce-start's, and
+            # buffer assignment keeps its operand until the done; an async-start wrapping one splits as below)
+            if split and instr.opcode == "all-reduce-start" and _forwards(ctx):
                 _on_async_sequencer(ctx, state, bank, instr, xs[0], ys[0], whole=True)
                 state.open_async[instr.name] = (level, True, True)
                 return True
