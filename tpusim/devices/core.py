@@ -63,7 +63,8 @@ class Core:
         stream: its instruction stream.
         stream_id: its number in the trace.
         main: for the core's async sequencer (a stream of ``sequencer=1``), the core of its main sequencer, whose
-            DMA engines it shares (its memories and semaphores are the core's anyway).
+            DMA engines and vector unit (next free cycle, FIFO) it shares (its memories and semaphores are the
+            core's anyway).
     """
 
     __slots__ = (
