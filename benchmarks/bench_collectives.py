@@ -14,7 +14,8 @@ Formulas (jax-ml/scaling-book, sharding.md; ``W`` the bidirectional bandwidth of
   Patarasuk and Yuan, JPDC 2009). The phases run one after the other, so the times add.
 
 Each run is timing-only on the shipped config. Rows whose error is large are open items of issue 16
-(docs/multichip.md lists why).
+(docs/multichip.md lists why). A second table runs async pairs with an independent matmul between their
+start and their done: with perfect overlap the pair takes as long as the longer of the two alone.
 
     python benchmarks/bench_collectives.py
 """
@@ -116,6 +117,44 @@ CASES = [
 ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """An async pair of ``kind`` over 16 MiB on a v5e ring of 8 with a bf16 ``n``^3 matmul between its start
+    and its done that does not need it."""
+
+    kind: str
+    n: int
+
+    def program(self, collective: bool, matmul: bool) -> str:
+        if self.kind == "all-gather":
+            x, res = "f32[512,1024]", "f32[4096,1024]"
+            start = f"s = ({x}, {res}) all-gather-start(x), replica_groups={{}}, dimensions={{0}}"
+        else:
+            x = res = "f32[4096,1024]"
+            start = f"s = {res} all-reduce-start(x), replica_groups={{}}, to_apply=sum"
+        n = self.n
+        body = [f"x = {x} parameter(0)", f"a = bf16[{n},{n}] parameter(1)", f"b = bf16[{n},{n}] parameter(2)"]
+        roots, shapes = [], []
+        if collective:
+            body.append(start)
+        if matmul:
+            body.append(f"m = bf16[{n},{n}] dot(a, b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}")
+            roots, shapes = ["m"], [f"bf16[{n},{n}]"]
+        if collective:
+            body.append(f"g = {res} {self.kind}-done(s)")
+            roots, shapes = ["g", *roots], [res, *shapes]
+        body.append(f"ROOT t = ({', '.join(shapes)}) tuple({', '.join(roots)})")
+        lines = "\n  ".join(body)
+        return f"HloModule overlap, replica_count=8\n{SUM}ENTRY main {{\n  {lines}\n}}\n"
+
+    def seconds(self, collective: bool, matmul: bool) -> float:
+        program = self.program(collective, matmul)
+        return tpusim.simulate(program, chips=8, topology=(8,), config="tpu_v5e", timing_only=True).seconds
+
+
+OVERLAPS = [Overlap("all-gather", 2048), Overlap("all-reduce", 2048), Overlap("all-reduce", 4096)]
+
+
 def main() -> None:
     print("| case | formula (us) | tpusim (us) | error | wall (s) |")
     print("| --- | --- | --- | --- | --- |")
@@ -130,6 +169,21 @@ def main() -> None:
         print(
             f"| {case.name} | {want * 1e6:,.1f} | {result.seconds * 1e6:,.1f} | {result.seconds / want - 1:+.1%} "
             f"| {wall:.1f} |",
+            flush=True,
+        )
+    print()
+    print("Async pairs (v5e ring of 8, 16 MiB) with a bf16 matmul between start and done, against perfect overlap:")
+    print()
+    print("| pair | collective alone (us) | matmul alone (us) | both (us) | over the longer of the two | wall (s) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for o in OVERLAPS:
+        began = time.perf_counter()
+        alone, matmul, both = o.seconds(True, False), o.seconds(False, True), o.seconds(True, True)
+        wall = time.perf_counter() - began
+        bound = max(alone, matmul)
+        print(
+            f"| {o.kind}, {o.n}^3 matmul | {alone * 1e6:,.1f} | {matmul * 1e6:,.1f} | {both * 1e6:,.1f} "
+            f"| {both / bound - 1:+.1%} | {wall:.1f} |",
             flush=True,
         )
 
