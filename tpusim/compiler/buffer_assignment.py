@@ -229,22 +229,22 @@ class _Planner:
         self.extents: dict[tuple[str, str], int] = {}  # (computation, space) -> bytes its placement spans
 
     def _hold_async_operands(self) -> None:
-        """An ``all-reduce-start`` of the entry computation runs on the core's async sequencer while the main
-        sequencer goes on (``lowering/collectives.py``): it reads its operand until its done, which must not
-        be reused before."""
-        entry = self.module.entry_computation
-        name = entry.name
-        for instr in entry.instructions:
-            if instr.opcode != "all-reduce-done":
-                continue
-            start = entry[instr.operands[0]]
-            if start.opcode != "all-reduce-start":
-                continue
-            at = self.position[(name, instr.name)]
-            for o in start.operands:
-                self.last_use[(name, o)] = max(self.last_use.get((name, o), 0), at)
-                for path, _ in leaf_paths(entry[o].shape):
-                    self.leaf_reads[(name, o, path)] = max(self.leaf_reads.get((name, o, path), 0), at)
+        """An ``all-reduce-start`` runs on the core's async sequencer while the main sequencer goes on
+        (``lowering/collectives.py``): it reads its operand until its done, so the operand's buffer is not
+        reused before."""
+        for name in self.order:
+            comp = self.module[name]
+            for instr in comp.instructions:
+                if instr.opcode != "all-reduce-done":
+                    continue
+                start = comp[instr.operands[0]]
+                if start.opcode != "all-reduce-start":
+                    continue
+                at = self.position[(name, instr.name)]
+                for o in start.operands:
+                    self.last_use[(name, o)] = max(self.last_use.get((name, o), 0), at)
+                    for path, _ in leaf_paths(comp[o].shape):
+                        self.leaf_reads[(name, o, path)] = max(self.leaf_reads.get((name, o, path), 0), at)
 
     # ------------------------------------------------------------------ aliases
     def leaves(self, comp: str, instr: Instruction) -> list[Key]:

@@ -6,8 +6,8 @@ scheduler moves each start as early and each done as late as the data allow, so 
 not depend on a collective runs while its data moves; by default it keeps at most one collective in flight
 (``SchedulerConfig::parallel_collective_overlap_limit = 1`` and one per kind, in XLA's
 ``xla/service/latency_hiding_scheduler.h``). :func:`schedule_collectives` does the same in the entry
-computation (the code that runs once: there the async sequencer forwards a pair's ring steps, see
-``lowering/collectives.py``), without a cost model:
+computation, without a cost model (the lowering runs each pair on the core's async sequencer, see
+``lowering/collectives.py``; loop bodies keep their collectives where they are):
 
 * every ``all-reduce`` and ``all-gather`` of one array becomes a start that keeps the collective's name (its
   time and its errors are reported under it) and a done named ``<name>.done``, which its users then read;

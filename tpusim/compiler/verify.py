@@ -118,6 +118,15 @@ def verify_program(program: Program, config: ChipConfig) -> None:
             for i in s.instructions
             if isinstance(i, DmaStart) and i.chip is None and i.dst_core == stream.core
         ]
+        # The core's other sequencer writes the same memories (the async sequencer's requests: semaphores
+        # order them).
+        pushed += [
+            ref
+            for s in program.streams
+            if s is not stream and s.chip == stream.chip and s.core == stream.core
+            for i in s.instructions
+            for ref in accesses(i)[1]
+        ]
         _verify_stream(stream, config, check_semaphores=not remote and len(program.streams) == 1, pushed=pushed)
 
 

@@ -67,9 +67,12 @@ def lower_module(
     megacore for every core of the chip (one stream each, see :mod:`.sequential`)."""
     cores = megacore_cores(module, config, options)
     ctx = Lowering(module, buffers, config, options, rules, cores=cores, epilogues=epilogues)
-    ctx.init_pools()
+    ctx.init_pools(reserved_registers=len(ctx.async_registers))
+    ctx.start_async()  # (the write position of the async sequencer's request ring, when it may be used)
     lower_computation(ctx, module.entry)
+    ctx.finish_async()  # (the async sequencer's dispatcher ends its stream)
     for b in ctx.streams:
-        b.emit(Halt())
+        if not b.sequencer:
+            b.emit(Halt())
     program = Program(tuple(b.build() for b in ctx.streams), (), tuple(ctx.kernels), name=module.name)
     return Lowered(program, tuple(ctx.fallen_back), ctx.hbm_peak + ctx.async_hbm_used, tuple(ctx.constants))

@@ -26,7 +26,7 @@ from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Instruction, Module
 from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ASYNC_COLLECTIVE_STARTS, COLLECTIVES
 from tpusim.compiler.lowering.collective_plan import GroupAxis, GroupPlan, Participants
-from tpusim.compiler.lowering.context import Lowering, StateKey
+from tpusim.compiler.lowering.context import ASYNC_REQUESTS, Lowering, StateKey
 from tpusim.config import ChipConfig
 from tpusim.isa import DmaStart, MemRef, Reg, ScalarAlu, SemSignal, SemWait, Space
 from tpusim.memory import Layout, Shape, geometry
@@ -78,9 +78,8 @@ class Bank:
     arrive: tuple[int, ...]
     # completions of this chip's pushes of an async collective (outlive its -start), one per part (PARTS)
     locals: tuple[int, ...] = ()
-    # an async collective the async sequencer runs: the main sequencer signals ``go`` at the start, the async
-    # sequencer ``done`` after the last step, which the -done waits for
-    handoff: tuple[int, ...] = ()
+    # an async collective the async sequencer runs signals it after its last step; the -done waits for it
+    done: int | None = None
 
     @property
     def local(self) -> int | None:
@@ -104,6 +103,7 @@ class CollectiveState:
     banks: list[Bank]
     open_async: dict[str, tuple[int, bool, bool]] = field(default_factory=dict)
     async_loads: tuple[int, ...] = ()  # ASYNC_LOADS semaphores for the async sequencer's reduce-scatters
+    doorbell: int | None = None  # the async sequencer waits on it for requests
     arena: tuple[object, MemRef] | None = None  # (lowering scope, VMEM) the current instruction's rings share
 
     def free_bank(self) -> int:
@@ -202,19 +202,20 @@ def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, bool]:
 
 def _per_bank(axes: int, any_async: bool) -> int:
     """A bank's semaphores: ``ready``, two arrivals per axis and, with async collectives, a completion per
-    part and the ``go`` / ``done`` pair."""
-    return 1 + 2 * axes + (PARTS + 2 if any_async else 0)
+    part and ``done``."""
+    return 1 + 2 * axes + (PARTS + 1 if any_async else 0)
 
 
 ASYNC_LOADS = 2 * PARTS
-"""Semaphores the async sequencer's reduce-scatter block loads signal, two per part (it runs one collective
-at a time, so one set serves them all)."""
+"""Semaphores of the async sequencer: its reduce-scatter block loads signal two per part (it runs one
+collective at a time, so one set serves them all); one more is its doorbell, which the main sequencer's
+requests signal."""
 
 
 def reserved_semaphores(module: Module, config: ChipConfig) -> int:
     """How many semaphores ``module``'s collectives reserve on ``config``'s system."""
     banks, axes, any_async = _bank_layout(module, config)
-    return banks * _per_bank(axes, any_async) + (ASYNC_LOADS if any_async else 0)
+    return banks * _per_bank(axes, any_async) + (ASYNC_LOADS + 1 if any_async else 0)
 
 
 def collective_state(ctx: Lowering) -> CollectiveState:
@@ -251,9 +252,15 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     for b in range(banks):
         nums = reserved[b * per_bank : (b + 1) * per_bank]
         at = 1 + 2 * axes
-        locals_, handoff = nums[at : at + PARTS], nums[at + PARTS : at + PARTS + 2]  # (empty when not async)
-        bank_list.append(Bank(nums[0], tuple(nums[1:at]), tuple(locals_), tuple(handoff)))
-    state = CollectiveState(who, topology, bank_list, async_loads=tuple(reserved[banks * per_bank :]))
+        locals_ = nums[at : at + PARTS]  # (empty when not async)
+        done = nums[at + PARTS] if any_async else None
+        bank_list.append(Bank(nums[0], tuple(nums[1:at]), tuple(locals_), done))
+    if banks > ASYNC_REQUESTS and any_async:
+        raise CompileError(f"{ctx.hlo}: {banks} collectives in flight at once, more than {ASYNC_REQUESTS}")
+    extra = reserved[banks * per_bank :]  # (the async sequencer's loads, then its doorbell)
+    state = CollectiveState(
+        who, topology, bank_list, async_loads=tuple(extra[:ASYNC_LOADS]), doorbell=extra[-1] if extra else None
+    )
     ctx.rule_state.set(_STATE, state)
     return state
 

@@ -15,12 +15,12 @@ Algorithms (docs/multichip.md has the cost model):
 * all-to-all, collective-permute, collective-broadcast: direct pushes (:mod:`.collective_direct`).
 
 Each collective starts with the handshake of :mod:`.collective_sync`. An async pair overlaps compute:
-collective-permute-start pushes at once and its done waits. In the entry computation an all-reduce-start
-runs whole on the core's async sequencer, and an all-gather-start pushes its first step (it reads the
-operand, which may die at the start) and leaves the other steps to the async sequencer; the done waits for
-it. Elsewhere (loop bodies, branches: code that runs many times or never), the start runs up to the pushes
-of the first all-gather step on the main sequencer and the done runs the forwarding steps. ``-done``
-copies the result out of the start's buffer when buffer assignment gave it another one.
+collective-permute-start pushes at once and its done waits. An all-reduce-start runs whole on the core's
+async sequencer (a site of it the start requests, :meth:`Lowering.on_async_site`), and an all-gather-start
+pushes its first step (it reads the operand, which may die at the start) and leaves the other steps to the
+async sequencer; the done waits for it. Under megacore the start runs up to the pushes of the first
+all-gather step and the done runs the forwarding steps. ``-done`` copies the result out of the start's
+buffer when buffer assignment gave it another one.
 """
 
 from __future__ import annotations
@@ -725,7 +725,7 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
             split = part == "start" and len(pairs) == 1 and _all_reduce_in_place(*pairs[0], plan) and plan.size > 1
             # the whole of it on the async sequencer (which holds VMEM and HBM for an all-reduce-start's, and
             # buffer assignment keeps its operand until the done; an async-start wrapping one splits as below)
-            if split and instr.opcode == "all-reduce-start" and _forwards(ctx):
+            if split and instr.opcode == "all-reduce-start" and _forwards(ctx) and _done_beside(ctx, instr):
                 _on_async_sequencer(ctx, state, bank, instr, xs[0], ys[0], whole=True)
                 state.open_async[instr.name] = (level, True, True)
                 return True
@@ -770,30 +770,35 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
 
 
 def _forwards(ctx: Lowering) -> bool:
-    """Whether a split start goes on on the async sequencer: when the start runs once per program (in the
-    entry computation, outside loops and conditionals, whose code runs many times or never) and on a core of
-    its own (without megacore)."""
-    return ctx.cores == 1 and ctx.computation is not None and ctx.computation.name == ctx.module.entry
+    """Whether a split start goes on on the async sequencer: when one core runs the program (without
+    megacore), as :func:`~tpusim.compiler.lowering.context._uses_async_sequencer` promised the context."""
+    return ctx.async_requests
+
+
+def _done_beside(ctx: Lowering, start: Instruction) -> bool:
+    """Whether the done of ``start`` is in the computation being lowered (buffer assignment holds the start's
+    operand until a done there)."""
+    comp = ctx.computation
+    return comp is not None and any(i.opcode.endswith("-done") and start.name in i.operands for i in comp.instructions)
 
 
 def _on_async_sequencer(
     ctx: Lowering, state: CollectiveState, bank: Bank, op: Instruction, x: MemRef, y: MemRef, whole: bool
 ) -> None:
-    """The async sequencer waits for the start (``go``), runs the collective (``whole``: an all-reduce, its
-    reduce-scatter and all-gather) or the ring steps the start left (an all-gather: the start pushed the
-    first step), and signals ``done``, which the ``-done`` waits for: the main sequencer runs the next kernels
-    meanwhile. The code uses the async sequencer's own VMEM, HBM scratch and scalar registers and the bank's
-    semaphores (:meth:`Lowering.on_async_sequencer`)."""
-    go, done = bank.handoff
-    ctx.emit(SemSignal, sem=go)
+    """A site of the async sequencer, which the main sequencer requests here (each time it gets here: in a
+    loop, every iteration): it runs the collective (``whole``: an all-reduce, its reduce-scatter and
+    all-gather) or the ring steps the start left (an all-gather: the start pushed the first step), and signals
+    the bank's ``done``, which the ``-done`` waits for; the main sequencer runs the next kernels meanwhile.
+    The code uses the async sequencer's own VMEM, HBM scratch and scalar registers and reserved semaphores
+    (:meth:`Lowering.on_async_site`)."""
+    assert bank.done is not None and state.doorbell is not None, "async collectives reserve these"
     state.arena = None  # (the reduce-scatter's VMEM is the async sequencer's own)
-    with ctx.on_async_sequencer():
-        ctx.emit(SemWait, sem=go, count=1)
+    with ctx.on_async_site(state.doorbell):
         if whole:
             plan = plan_groups(ctx.module, op, state.who, state.topology)
             all_reduce(ctx, state, bank, plan, x, y, _reducer(ctx, op), "start")
         _forwarding(ctx, state, bank, op, x, y)
-        ctx.emit(SemSignal, sem=done)
+        ctx.emit(SemSignal, sem=bank.done)
     state.arena = None
 
 
@@ -832,7 +837,8 @@ def finish_collective(
     bank = state.banks[max(level, 0)]
     results = _result_leaves(ctx, comp, start)
     if forwarded:
-        ctx.emit(SemWait, sem=bank.handoff[1], count=1)
+        assert bank.done is not None
+        ctx.emit(SemWait, sem=bank.done, count=1)
     elif split:
         _forwarding(ctx, state, bank, op, _operands(ctx, comp, start)[0], results[0])
     copy_arrays(ctx, list(zip(results, ctx.home_leaves(comp.name, instr.name))))
@@ -888,8 +894,9 @@ def lower_async_update(ctx: Lowering, comp: Computation, instr: Instruction) -> 
     state = collective_state(ctx)
     if source.name in state.open_async:
         level, split, forwarded = state.open_async.pop(source.name)
-        if forwarded:  # the update reads the result: the async sequencer's steps must have ended (then all did)
-            ctx.emit(SemWait, sem=state.banks[level].handoff[1], count=1)
+        done = state.banks[level].done
+        if forwarded and done is not None:  # the update reads the result: the async sequencer must have ended
+            ctx.emit(SemWait, sem=done, count=1)
             split = forwarded = False
         state.open_async[instr.name] = (level, split, forwarded)
     pairs = [(ctx.home(comp.name, source.name, path), ctx.home(comp.name, instr.name, path))

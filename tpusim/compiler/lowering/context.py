@@ -23,8 +23,27 @@ from tpusim.compiler.lowering.prologue import find_prologues
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
-from tpusim.isa import ASYNC_SEQUENCER, Barrier, DmaStart, Fallback, FallbackKernel, MemRef, Reg, Space, StreamBuilder
-from tpusim.memory import Layout, Shape
+from tpusim.isa import (
+    ASYNC_SEQUENCER,
+    Barrier,
+    Branch,
+    DmaStart,
+    Fallback,
+    FallbackKernel,
+    Halt,
+    Jump,
+    MemRef,
+    Reg,
+    ScalarAlu,
+    ScalarLoad,
+    ScalarStore,
+    SemSignal,
+    SemWait,
+    Space,
+    StreamBuilder,
+    Window,
+)
+from tpusim.memory import Layout, Shape, element_type
 from tpusim.memory.windows import window_extent
 
 __all__ = ["ControlSlice", "Lowering", "Mark", "OpScope", "RuleState", "StateKey", "control_slice"]
@@ -131,7 +150,9 @@ class Lowering:
         self.cores = cores
         self.streams = [StreamBuilder(core=c) for c in range(cores)]
         self._async_stream: int | None = None  # index in streams of core 0's async sequencer, once used
-        self._on_async = False  # emitting to it (on_async_sequencer)
+        self._on_async = False  # emitting to it (on_async_site)
+        self._async_sites = 0  # sites of code the async sequencer runs on request (numbered from 1)
+        self.async_doorbell: int | None = None  # the semaphore a request signals (set by the first site)
         self.targets: tuple[int, ...] = (0,)
         self.share: tuple[int, int] | None = None
         self.claimed = False  # a rule took its share with split() during the current core's pass
@@ -159,6 +180,12 @@ class Lowering:
         self.vmem_top = config.vmem.bytes - self.async_vmem
         self.scratch_top = config.hbm.bytes - self.async_hbm
         self.async_hbm_used = 0
+        # Requests to the async sequencer: a ring of site numbers at the top of SMEM and the main sequencer's
+        # write position after it; two scalar registers taken out of every stream's pool (the async
+        # sequencer's read position and the site it reads; the main sequencer's write position and a scratch).
+        self.async_requests = _uses_async_sequencer(module, cores)
+        self.smem_top = config.smem.bytes - (4 * (ASYNC_REQUESTS + 1) if self.async_requests else 0)
+        self.async_registers: tuple[Reg, ...] = (Reg(0), Reg(1)) if self.async_requests else ()
         self.vreg_bytes = config.vpu.sublanes * config.vpu.lanes * 4
         self._half = 0
         self._labels = 0
@@ -215,19 +242,31 @@ class Lowering:
 
     @property
     def on_async(self) -> bool:
-        """Whether code goes to the async sequencer now (:meth:`on_async_sequencer`)."""
+        """Whether code goes to the async sequencer now (:meth:`on_async_site`)."""
         return self._on_async
 
     @contextmanager
-    def on_async_sequencer(self) -> Iterator[None]:
-        """Emit to core 0's async sequencer (``tpusim.isa.ASYNC_SEQUENCER``, its stream created on first use)
-        inside the block, with the resources it holds while the main sequencer goes on: the VMEM above
-        :attr:`vmem_top` and the HBM above :attr:`scratch_top` (the same for every collective it runs, one
-        after the other), scalar registers of its own file, and no scoped semaphore (the next instruction of
-        the main sequencer may take it): a semaphore there must be a reserved one."""
-        if self._async_stream is None:
+    def on_async_site(self, doorbell: int) -> Iterator[None]:
+        """Emit a *site* of core 0's async sequencer (``tpusim.isa.ASYNC_SEQUENCER``) inside the block, and
+        after it, on the main sequencer, the request that runs it once (:meth:`_request_async`): its code
+        runs each time the main sequencer reaches this point, in a loop body too, one request after the other.
+        The site has the resources the async sequencer holds while the main sequencer goes on: the VMEM above
+        :attr:`vmem_top` and the HBM above :attr:`scratch_top` (the same for every site, which run one after
+        the other), scalar registers of its own file, and no scoped semaphore (the main sequencer's next
+        instruction may take it): a semaphore there must be a reserved one. ``doorbell`` is the reserved
+        semaphore a request signals."""
+        assert self.async_requests, "the async sequencer serves programs _uses_async_sequencer says use it"
+        read, _ = self.async_registers
+        if self._async_stream is None:  # the stream: its read position, then the dispatcher (at its end)
             self._async_stream = len(self.streams)
             self.streams.append(StreamBuilder(core=0, sequencer=ASYNC_SEQUENCER))
+            self.async_doorbell = doorbell
+            self.streams[self._async_stream].emit(
+                ScalarAlu("mov", read, 0, control=True), Jump("async_dispatch", control=True)
+            )
+        self._async_sites += 1
+        site = self._async_sites
+        self.streams[self._async_stream].label(f"async_site{site}")
         scope = self.scope
         saved = (scope.vmem_base, scope.vmem_end, scope.vmem_next, scope.scratch_next)
         scope.vmem_base = scope.vmem_next = self.vmem_top
@@ -237,9 +276,59 @@ class Lowering:
         try:
             with self.on((self._async_stream,)):
                 yield
+                self.emit(Jump, target="async_dispatch")
         finally:
             self._on_async = False
             scope.vmem_base, scope.vmem_end, scope.vmem_next, scope.scratch_next = saved
+        self._request_async(site)
+
+    def _request_async(self, site: int) -> None:
+        """On the main sequencer: put ``site`` (0: stop) in the next slot of the request ring and ring the
+        async sequencer's doorbell."""
+        assert self.async_doorbell is not None
+        at, scratch = self.async_registers
+        ring, position = self._async_ring()
+        for ins in (
+            ScalarLoad(at, position, control=True, hlo=self.hlo),
+            ScalarStore(_slot(ring, at), site, control=True, hlo=self.hlo),
+            ScalarAlu("add", scratch, at, 1, control=True, hlo=self.hlo),
+            ScalarAlu("rem", scratch, scratch, ASYNC_REQUESTS, control=True, hlo=self.hlo),
+            ScalarStore(position, scratch, control=True, hlo=self.hlo),
+            SemSignal(self.async_doorbell, control=True, hlo=self.hlo),
+        ):
+            self.streams[0].emit(ins)
+
+    def _async_ring(self) -> tuple[MemRef, MemRef]:
+        """The request ring (``ASYNC_REQUESTS`` words) and the main sequencer's write position."""
+        s32 = Shape(element_type("s32"), (ASYNC_REQUESTS,), layout=Layout((0,)))
+        word = Shape(element_type("s32"), (), layout=Layout(()))
+        return MemRef(Space.SMEM, self.smem_top, s32), MemRef(Space.SMEM, self.smem_top + 4 * ASYNC_REQUESTS, word)
+
+    def start_async(self) -> None:
+        """At the start of the main stream: the request ring's write position is 0."""
+        if self.async_requests:
+            self.streams[0].emit(ScalarStore(self._async_ring()[1], 0, control=True))
+
+    def finish_async(self) -> None:
+        """After the entry computation: ask the async sequencer to stop, and write its dispatcher (wait for the
+        doorbell, read the next request, run its site; stop at site 0)."""
+        if self._async_stream is None:
+            return
+        assert self.async_doorbell is not None
+        self._request_async(0)
+        read, site = self.async_registers
+        ring, _ = self._async_ring()
+        b = self.streams[self._async_stream]
+        b.label("async_dispatch")
+        b.emit(
+            SemWait(self.async_doorbell, control=True),
+            ScalarLoad(site, _slot(ring, read), control=True),
+            ScalarAlu("add", read, read, 1, control=True),
+            ScalarAlu("rem", read, read, ASYNC_REQUESTS, control=True),
+        )
+        for k in range(1, self._async_sites + 1):
+            b.emit(Branch("eq", site, k, f"async_site{k}", control=True))
+        b.emit(Halt())
 
     @contextmanager
     def on(self, cores: Sequence[int]) -> Iterator[None]:
@@ -556,8 +645,8 @@ class Lowering:
         scope = self.scope
         at = -(-scope.smem_next // 4) * 4
         scope.smem_next = at + shape.byte_size
-        if scope.smem_next > self.config.smem.bytes:
-            raise CompileError(f"{self.hlo}: SMEM is full ({self.config.smem.bytes} bytes)")
+        if scope.smem_next > self.smem_top:
+            raise CompileError(f"{self.hlo}: SMEM is full ({self.smem_top} bytes)")
         return MemRef(Space.SMEM, at, shape)
 
     def scratch(self, shape: Shape) -> MemRef:
@@ -652,20 +741,40 @@ reduce-scatter's blocks keep the links as busy as with all of VMEM (a v4 4x4 all
 start/done pair: 781.6 us as the plain op, 777.6 with 4 MiB, 816.5 with 1 MiB)."""
 
 
-def _async_reservation(module: Module, config: ChipConfig, cores: int) -> tuple[int, int]:
-    """(VMEM bytes, HBM bytes) the async sequencer holds for the all-reduces it runs: none unless the entry
-    computation of a program on several devices has an ``all-reduce-start`` and one core runs it. A
-    reduce-scatter's receive slots take less than its operand (the ``L - 1`` chunks of one ring, fewer on
-    later rings); the HBM held is twice the largest operand, at the top of HBM."""
-    entry = module.entry_computation
+ASYNC_REQUESTS = 8
+"""Slots of the ring of requests to the async sequencer: at most one per async collective in flight (each
+holds a bank of semaphores until its done)."""
+
+
+def _uses_async_sequencer(module: Module, cores: int) -> bool:
+    """Whether the lowering may give async collectives to the async sequencer: a program of several devices
+    on one core with an ``all-reduce-start`` or ``all-gather-start``."""
     if cores != 1 or module.replica_count * module.num_partitions == 1:
+        return False
+    return any(
+        i.opcode in ("all-reduce-start", "all-gather-start") for c in module.computations for i in c.instructions
+    )
+
+
+def _slot(ring: MemRef, at: Reg) -> MemRef:
+    """Word ``at`` of the request ring."""
+    return MemRef(ring.space, ring.address, ring.shape, Window((at,), (1,)))
+
+
+def _async_reservation(module: Module, config: ChipConfig, cores: int) -> tuple[int, int]:
+    """(VMEM bytes, HBM bytes) the async sequencer holds for the all-reduces it runs: none unless a program on
+    several devices has an ``all-reduce-start`` and one core runs it. A reduce-scatter's receive slots take
+    less than its operand (the ``L - 1`` chunks of one ring, fewer on later rings); the HBM held is twice the
+    largest operand, at the top of HBM."""
+    if not _uses_async_sequencer(module, cores):
         return 0, 0
     largest = 0
-    for instr in entry.instructions:
-        if instr.opcode == "all-reduce-start" and len(instr.operands) == 1:
-            shape = entry[instr.operands[0]].shape
-            if isinstance(shape, Shape):
-                largest = max(largest, shape.byte_size)
+    for comp in module.computations:
+        for instr in comp.instructions:
+            if instr.opcode == "all-reduce-start" and len(instr.operands) == 1:
+                shape = comp[instr.operands[0]].shape
+                if isinstance(shape, Shape):
+                    largest = max(largest, shape.byte_size)
     if not largest:
         return 0, 0
     unit = config.vpu.sublanes * config.vpu.lanes * 4
