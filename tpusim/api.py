@@ -68,7 +68,9 @@ class SimulationResult:
         run: the device model's result (trace, memories, events).
         tree: for :func:`simulate_jax`, the outputs in the function's own structure.
         compile_seconds: wall time compiling (0 when given a compiled program).
-        run_seconds: wall time simulating (placing inputs, running the device model, reading outputs).
+        run_seconds: wall time simulating (drawing and placing inputs, running the device model, reading
+            outputs).
+        inputs_seconds: the part of ``run_seconds`` spent drawing random inputs and checking inputs.
         xla: with ``compiler="xla"``, what XLA:TPU made of the program (its compiled text and its
             ``cost_analysis()`` estimate, :class:`tpusim.xla_tpu.XlaCompiled`); None otherwise.
     """
@@ -81,6 +83,7 @@ class SimulationResult:
     compile_seconds: float = 0.0
     run_seconds: float = 0.0
     xla: Any = field(default=None, compare=False)
+    inputs_seconds: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -339,6 +342,7 @@ def simulate(
         placed = _flatten_inputs(module, random_inputs(module, seed, only=read)[0], read) if read else {}
     else:
         placed = _flatten_inputs(module, inputs)
+    drawn = time.perf_counter() - compiled_at
     placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
     try:
         run = Chip(compiled.config).run(
@@ -355,7 +359,9 @@ def simulate(
     outputs = () if timing_only else tuple(run.read(f"out{j}") for j in range(len(compiled.outputs)))
     done = time.perf_counter()
     compile_seconds = compiled_at - began if not isinstance(program, CompiledProgram) else 0.0
-    return SimulationResult(outputs, run.cycles, compiled, run, None, compile_seconds, done - compiled_at, xla)
+    return SimulationResult(
+        outputs, run.cycles, compiled, run, None, compile_seconds, done - compiled_at, xla, inputs_seconds=drawn
+    )
 
 
 def inputs_matter(compiled: CompiledProgram, timing_only: bool) -> bool:
@@ -516,6 +522,7 @@ def simulate_chips(
         per_device = random_inputs(module, seed, n, only=read) if inputs is None else _split_chips(module, inputs, n)
         flat = [_flatten_inputs(module, per_device[d], read) for d in range(n)]
         placed = {k: [f[k] for f in flat] for k in (flat[0] if flat else {})}
+    drawn = time.perf_counter() - compiled_at
     placed.update({f"const{k}": value for k, (_, value) in enumerate(compiled.constants)})
     system = System(compiled.config, n, topo.slice_shape)
     try:
@@ -530,8 +537,9 @@ def simulate_chips(
         outputs = tuple(np.stack([run.read(f"out{j}", chip=d) for d in range(n)]) for j in range(len(compiled.outputs)))
     compile_seconds = compiled_at - began if not isinstance(program, CompiledProgram) else 0.0
     return SimulationResult(
-        outputs, run.cycles, compiled, run, None, compile_seconds, time.perf_counter() - compiled_at
-    )
+        outputs, run.cycles, compiled, run, None, compile_seconds, time.perf_counter() - compiled_at,
+        inputs_seconds=drawn,
+    )  # fmt: skip
 
 
 def _split_chips(module: Module, inputs: Sequence[Any], n: int) -> list[list[Any]]:

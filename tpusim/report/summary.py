@@ -78,10 +78,11 @@ def _host_line(result: SimulationResult, wall_seconds: float) -> str:
     program; the simulation rate counts the SimPy run alone)."""
     phases = result.run.host_seconds
     sim = phases.get("simulate", 0.0)
-    rest = max(0.0, result.run_seconds - sum(phases.get(k, 0.0) for k in ("place", "decode", "simulate")))
+    inputs = result.inputs_seconds + phases.get("place", 0.0)  # (drawn or checked, then placed in memory)
+    rest = max(0.0, result.run_seconds - inputs - sum(phases.get(k, 0.0) for k in ("decode", "simulate")))
     return (
         f"host: compiled in {result.compile_seconds:.2f} s; ran in {result.run_seconds:.2f} s: inputs "
-        f"{phases.get('place', 0.0):.2f} s, decode {phases.get('decode', 0.0):.2f} s, simulation {sim:.2f} s "
+        f"{inputs:.2f} s, decode {phases.get('decode', 0.0):.2f} s, simulation {sim:.2f} s "
         f"({result.instructions / max(sim, 1e-9):,.0f} instructions/s), trace and outputs {rest:.2f} s; "
         f"{wall_seconds:.2f} s in all"
     )
