@@ -31,10 +31,11 @@ from tpusim.compiler.hlo.reference.core import TOKEN, DeviceState, Host
 from tpusim.compiler.hlo.reference.io import DEFAULT_SEED, random_inputs
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.pipeline import CompiledProgram, compile_module
+from tpusim.compiler.verify import accesses
 from tpusim.config import ChipConfig, load_config
 from tpusim.devices import Chip, FallbackEvaluator, RunMonitor, RunResult, Trace
 from tpusim.errors import TpusimError
-from tpusim.isa import MemRef, Space
+from tpusim.isa import Space
 from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS, RunLimitError
 
 __all__ = [
@@ -384,24 +385,13 @@ def inputs_read(compiled: CompiledProgram, timing_only: bool) -> tuple[int, ...]
         for ins in stream.instructions:
             if not getattr(ins, "control", False):
                 continue
-            for ref in _memrefs(ins):
+            reads, writes, _, _ = accesses(ins)
+            for ref in reads + writes:
                 if ref.space is not Space.HBM:
                     continue
                 lo, hi = ref.address, ref.address + ref.shape.byte_size
                 read.update(i for i, leaf in enumerate(spans) if any(a < hi and lo < b for a, b in leaf))
     return tuple(sorted(read))
-
-
-def _memrefs(ins: object) -> list[MemRef]:
-    """The memory operands of an instruction (whatever its class: fields holding a MemRef or a tuple of them)."""
-    out: list[MemRef] = []
-    for name in getattr(ins, "__dataclass_fields__", ()):
-        value = getattr(ins, name)
-        if isinstance(value, MemRef):
-            out.append(value)
-        elif isinstance(value, tuple):
-            out.extend(v for v in value if isinstance(v, MemRef))
-    return out
 
 
 def reference_evaluator(

@@ -214,7 +214,10 @@ requests signal."""
 
 def reserved_semaphores(module: Module, config: ChipConfig) -> int:
     """How many semaphores ``module``'s collectives reserve on ``config``'s system."""
-    banks, axes, any_async = _bank_layout(module, config)
+    return _reserved(*_bank_layout(module, config))
+
+
+def _reserved(banks: int, axes: int, any_async: bool) -> int:
     return banks * _per_bank(axes, any_async) + (ASYNC_LOADS + 1 if any_async else 0)
 
 
@@ -232,7 +235,7 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     banks, axes, any_async = _bank_layout(ctx.module, ctx.config)
     per_bank = _per_bank(axes, any_async)
     total = ctx.config.core.semaphores
-    need = reserved_semaphores(ctx.module, ctx.config)
+    need = _reserved(banks, axes, any_async)
     if need + LOCAL_SEMAPHORES > total:
         raise CompileError(
             f"{ctx.hlo}: collectives on a {topology} system need {need} semaphores reserved for pushes from "
