@@ -133,7 +133,7 @@ class Machine:
                 raise _load_error(f"{stream.where}: the system has only {len(self.chips)} chips")
         for chip in self.chips:
             mains: dict[int, Core] = {}
-            # main sequencers first: an async sequencer shares its core's DMA engines
+            # main sequencers first: an async sequencer shares its core's DMA engines and vector unit
             for stream in sorted(program.streams, key=lambda s: s.sequencer):
                 if stream.chip is None or stream.chip == chip.index:
                     main = mains.get(stream.core)

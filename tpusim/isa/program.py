@@ -139,7 +139,7 @@ class Stream:
         if self.core < 0 or (self.chip is not None and self.chip < 0):
             raise IsaError(f"{self.where}: negative core or chip number")
         if self.sequencer not in (0, ASYNC_SEQUENCER):
-            raise IsaError(f"{self.where}: sequencer {self.sequencer} is not 0 (main) or {ASYNC_SEQUENCER} (DMA)")
+            raise IsaError(f"{self.where}: sequencer {self.sequencer} is not 0 (main) or {ASYNC_SEQUENCER} (async)")
         if self.sequencer == ASYNC_SEQUENCER:
             for i, ins in enumerate(self.instructions):
                 if not isinstance(ins, ASYNC_SEQUENCER_OPS):
