@@ -169,7 +169,7 @@ class Machine:
             for store in (chip.hbm, *chip.vmem, *chip.smem):
                 store.values = None
         for core in self.cores:
-            for mxu in core.mxus:
+            for mxu in core.units.mxus:
                 mxu.drop_numerics()
 
     def release_barrier(self, key: Any, state: BarrierState) -> None:

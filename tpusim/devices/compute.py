@@ -67,31 +67,31 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Issued:
     assert cost is not None
     kind = cost.unit
     flops = cost.flops
+    units = core.units
     if kind == "mxu":
-        q = core.mxu_queues[ins.mxu]
+        q = units.mxu_queues[ins.mxu]
         if len(q) == q.maxlen and q[0] > t:
             t = q[0]
-        start, end, flops = core.mxus[ins.mxu].schedule(ins, t, need, cost, core, d.index)
-        unit = core.mxu_units[ins.mxu]
+        start, end, flops = units.mxus[ins.mxu].schedule(ins, t, need, cost, core, d.index)
+        unit = units.mxu_units[ins.mxu]
     else:
-        q = core.queues[kind]
+        q = units.queues[kind]
         if len(q) == q.maxlen and q[0] > t:
             t = q[0]
         if kind == "vpu":
-            clock = core.vpu_free
-            start = max(t, need, clock[0])
-            clock[0] = start + cost.occupancy
-            unit = core.unit["vpu"]
+            start = max(t, need, units.vpu_free)
+            units.vpu_free = start + cost.occupancy
+            unit = units.vpu_unit
         elif kind == "xlu":
-            free = core.xlu_free
+            free = units.xlu_free
             k = free.index(min(free))
             start = max(t, need, free[k])
             free[k] = start + cost.occupancy
-            unit = core.xlu_units[k]
+            unit = units.xlu_units[k]
         else:
-            start = max(t, need, core.fallback_free)
-            core.fallback_free = start + cost.occupancy
-            unit = core.unit["fallback"]
+            start = max(t, need, units.fallback_free)
+            units.fallback_free = start + cost.occupancy
+            unit = units.fallback_unit
         end = start + cost.occupancy + cost.latency
     q.append(start)
     if end > core.max_end:
@@ -136,7 +136,7 @@ def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Issued:
             need, dma = sb.check_one(t, key, lo, hi, is_write)
             if dma is not None:
                 return core.block(d, "waits for {}, which touches its operands", dma.wait_event(), dma)
-    mxu, q, unit, depth = core.mxu_ctx[d.mxu]
+    mxu, q, unit, depth = core.units.mxu_ctx[d.mxu]
     if len(q) == depth and q[0] > t:
         t = q[0]
     cost = d.cost
@@ -188,17 +188,17 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Issued:
         need, dma = sb.check(t, rr, rw, d.box)
         if dma is not None:
             return core.block(d, "waits for {}, which touches its operands", dma.wait_event(), dma)
-    q = core.vpu_queue
+    units = core.units
+    q = units.vpu_queue
     if len(q) == q.maxlen and q[0] > t:
         t = q[0]
     cost = d.cost
-    clock = core.vpu_free
-    start = clock[0]
+    start = units.vpu_free
     if start < t:
         start = t
     if start < need:
         start = need
-    free = clock[0] = start + cost.occupancy  # type: ignore[union-attr]
+    free = units.vpu_free = start + cost.occupancy  # type: ignore[union-attr]
     end = free + cost.latency  # type: ignore[union-attr]
     q.append(start)
     if end > core.max_end:
@@ -208,7 +208,7 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Issued:
         (
             core.stream_id,
             d.index,
-            core.vpu_unit,
+            units.vpu_unit,
             core.first_try,
             start,
             end,

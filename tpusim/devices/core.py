@@ -22,7 +22,6 @@ same instruction again.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -32,11 +31,11 @@ from tpusim.devices import scalar as _scalar  # noqa: F401  (registers scalar an
 from tpusim.devices import sync as _sync  # noqa: F401  (registers semaphore and barrier handlers)
 from tpusim.devices import vpu as _vpu  # noqa: F401  (registers the VPU and XLU specs)
 from tpusim.devices.compute import issue_compute
+from tpusim.devices.core_units import CoreUnits
 from tpusim.devices.decode import Decoded, DecodedStream, OperandPlan, decoded_stream
-from tpusim.devices.dma import DmaEngines, issue_dma
+from tpusim.devices.dma import issue_dma
 from tpusim.devices.engine import Event
 from tpusim.devices.hazards import Scoreboard
-from tpusim.devices.mxu import MxuState
 from tpusim.devices.units import COMPUTE, Access, ExecutionError, handles
 from tpusim.isa import DmaStart, MemRef, Space, format_instruction
 from tpusim.memory.windows import window_extent
@@ -55,16 +54,17 @@ class DeadlockError(ExecutionError):
 
 
 class Core:
-    """The sequencer and units of TensorCore ``index`` of a chip, running one stream.
+    """A sequencer of TensorCore ``index`` of a chip, running one stream: its program counter, scalar
+    registers, scoreboard and trace lanes, issuing into the core's units (:class:`CoreUnits`).
 
     Args:
         chip: the chip it belongs to (memories, semaphores, the machine).
         index: core number within the chip.
         stream: its instruction stream.
         stream_id: its number in the trace.
-        main: for the core's async sequencer (a stream of ``sequencer=1``), the core of its main sequencer, whose
-            DMA engines and vector unit (next free cycle, FIFO) it shares (its memories and semaphores are the
-            core's anyway).
+        main: for the core's async sequencer (a stream of ``sequencer=1``), the core's main sequencer, whose
+            units (DMA engines, vector unit, ...) it issues into (its memories and semaphores are the core's
+            anyway).
     """
 
     __slots__ = (
@@ -76,25 +76,17 @@ class Core:
         "chip",
         "decoded",
         "decoding",
-        "dma",
-        "dma_unit",
         "env",
-        "fallback_free",
         "final_cycle",
         "finished",
         "first_try",
         "index",
         "machine",
         "max_end",
-        "mxu_ctx",
-        "mxu_queues",
-        "mxu_units",
-        "mxus",
         "network",
         "numeric",
         "pc",
         "place",
-        "queues",
         "records",
         "regs",
         "scalar_unit",
@@ -106,13 +98,8 @@ class Core:
         "stream_id",
         "sync_unit",
         "trips",
-        "unit",
+        "units",
         "vmem",
-        "vpu_free",
-        "vpu_queue",
-        "vpu_unit",
-        "xlu_free",
-        "xlu_units",
     )
 
     def __init__(self, chip: ChipState, index: int, stream: Stream, stream_id: int, main: Core | None = None) -> None:
@@ -135,31 +122,13 @@ class Core:
         self.smem = chip.smem[index]
         self.stores = {Space.HBM: chip.hbm, Space.VMEM: self.vmem, Space.SMEM: self.smem}
         self.scoreboard = Scoreboard()
-        self.mxus = [MxuState(cfg) for _ in range(cfg.mxu.count)]
-        depth = cfg.core.instruction_queue_depth
-        self.queues: dict[str, deque[int]] = {k: deque(maxlen=depth) for k in ("vpu", "xlu", "fallback", "dma")}
-        if main is not None:
-            self.queues["vpu"] = main.queues["vpu"]  # one vector unit, one FIFO
-        self.vpu_queue = self.queues["vpu"]
-        self.mxu_queues: list[deque[int]] = [deque(maxlen=depth) for _ in range(cfg.mxu.count)]
-        # the vector unit's next free cycle, shared with the core's async sequencer (which issues into it)
-        self.vpu_free: list[int] = [0] if main is None else main.vpu_free
-        self.xlu_free = [0] * cfg.xlu.count
-        self.fallback_free = 0
-        self.max_end = 0  # latest end cycle of any compute instruction issued so far
-        name = f"chip{chip.index}.core{index}"
-        self.unit = {u: machine.unit_id(f"{name}.{u}") for u in ("scalar", "sync", "dma", "vpu", "fallback")}
-        if main is not None:  # the async sequencer: its own scalar and sync slots, the core's DMA and vector units
-            self.unit.update({u: machine.unit_id(f"{name}.async.{u}") for u in ("scalar", "sync")})
-        self.vpu_unit = self.unit["vpu"]
-        self.scalar_unit = self.unit["scalar"]
-        self.sync_unit = self.unit["sync"]
-        self.dma_unit = self.unit["dma"]
-        self.xlu_units = [machine.unit_id(f"{name}.xlu{i}") for i in range(cfg.xlu.count)]
-        self.mxu_units = [machine.unit_id(f"{name}.mxu{i}") for i in range(cfg.mxu.count)]
-        # per MXU: its state, its FIFO of start cycles, its trace unit id and the FIFO's depth (issue_mxu_fast)
-        self.mxu_ctx = [(m, q, u, depth) for m, q, u in zip(self.mxus, self.mxu_queues, self.mxu_units)]
-        self.dma: DmaEngines = DmaEngines(self) if main is None else main.dma
+        self.max_end = 0  # latest end cycle of any compute instruction this sequencer issued
+        # this sequencer's own trace lanes; the async sequencer's are named chipN.coreK.async.*
+        lanes = f"chip{chip.index}.core{index}" + (".async" if main is not None else "")
+        self.scalar_unit = machine.unit_id(f"{lanes}.scalar")
+        self.sync_unit = machine.unit_id(f"{lanes}.sync")
+        # the units it issues into: its own (the main sequencer) or the main sequencer's (the async one)
+        self.units: CoreUnits = CoreUnits(machine, f"chip{chip.index}.core{index}") if main is None else main.units
         self.pc = 0
         self.first_try = 0  # cycle the current instruction was first tried (for stalls in the trace)
         self.blocked: tuple[int, str, tuple[Any, ...]] | None = None  # see block

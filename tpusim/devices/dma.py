@@ -39,8 +39,10 @@ from tpusim.memory import Shape, geometry
 from tpusim.memory.windows import window_slots, window_strides
 
 if TYPE_CHECKING:
+    from tpusim.config import ChipConfig
     from tpusim.devices.core import Core
     from tpusim.devices.decode import Decoded, OperandPlan
+    from tpusim.devices.flows import FlowNetwork
 
 __all__ = [
     "DmaEngines",
@@ -407,7 +409,7 @@ class Transfer(Flow):
     def finish(self, now: int) -> None:
         """The flow moved its last byte at ``now``: free the engine; complete after the latency."""
         core = self.core
-        engines = core.dma
+        engines = core.units.dma
         if engines.queue:
             engines.release(now)
         else:
@@ -431,7 +433,7 @@ class Transfer(Flow):
         self.done = True
         core.scoreboard.dma_done(self)
         core.records.extend(
-            (core.stream_id, self.index, core.dma_unit, self.issue, self.start, self.end, self.facts.bytes, 0)
+            (core.stream_id, self.index, core.units.dma_unit, self.issue, self.start, self.end, self.facts.bytes, 0)
         )
         if self.event is not None:
             self.event.succeed()
@@ -495,17 +497,17 @@ class DmaEngines:
     """The DMA engines of one core: ``count`` transfers in their data phase at once, a FIFO of waiting ones.
 
     Args:
-        core: the owning core (for the config, the flow network and completion bookkeeping).
+        cfg: the chip's config (``dma.engines``, ``dma.queue_depth``, ``dma.setup_cycles``).
+        network: the flow network a transfer's data phase joins.
     """
 
-    __slots__ = ("core", "depth", "free", "network", "queue", "setup", "space_event")
+    __slots__ = ("depth", "free", "network", "queue", "setup", "space_event")
 
-    def __init__(self, core: Core) -> None:
-        self.core = core
-        self.network = core.network
-        self.depth = core.cfg.dma.queue_depth
-        self.free = core.cfg.dma.engines
-        self.setup = core.cfg.dma.setup_cycles
+    def __init__(self, cfg: ChipConfig, network: FlowNetwork) -> None:
+        self.network = network
+        self.depth = cfg.dma.queue_depth
+        self.free = cfg.dma.engines
+        self.setup = cfg.dma.setup_cycles
         self.queue: list[tuple[Transfer, int]] = []
         self.space_event: Any = None
 
@@ -648,7 +650,7 @@ def issue_dma(core: Core, d: Decoded, t: int) -> Issued:
     need, busy = sb.check_copy(t, r, w)
     if busy is not None:
         return core.block(d, "waits for {}, which touches the same memory", busy.wait_event(), busy)
-    engines = core.dma
+    engines = core.units.dma
     if len(engines.queue) >= engines.depth:
         if engines.space_event is None:
             engines.space_event = Event(core.env)

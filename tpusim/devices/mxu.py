@@ -240,7 +240,7 @@ def _cost_load(cfg: ChipConfig, ins: MxuLoadWeights, reads: tuple[Access, ...], 
 
 def _exec_load(core: Core, ins: MxuLoadWeights, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
     a = reads[0]
-    st: MxuState = core.mxus[ins.mxu]
+    st: MxuState = core.units.mxus[ins.mxu]
     # a cached value is a read-only snapshot: later writes to the memory do not change latched weights
     e = a.store.cached(a.address, a.shape, a.offsets, a.sizes, a.lo, a.hi)
     w = _matrix(e.value)
@@ -284,7 +284,7 @@ def _cost_matmul(cfg: ChipConfig, ins: MxuMatmul, reads: tuple[Access, ...], wri
 
 
 def _exec_matmul(core: Core, ins: MxuMatmul, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
-    st: MxuState = core.mxus[ins.mxu]
+    st: MxuState = core.units.mxus[ins.mxu]
     a = reads[0]
     w = st.weights
     if w is None:
@@ -354,7 +354,7 @@ def _cost_pop(cfg: ChipConfig, ins: MxuPop, reads: tuple[Access, ...], writes: t
 
 
 def _exec_pop(core: Core, ins: MxuPop, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
-    st: MxuState = core.mxus[ins.mxu]
+    st: MxuState = core.units.mxus[ins.mxu]
     a = writes[0]
     rows, n = a.dims[-2], a.dims[-1]
     block = st.result.rows_of(ins.acc, rows, n)

@@ -74,8 +74,8 @@ _COND = {
 }
 
 
-def _record(core: Core, d: Decoded, start: int, end: int, unit: str = "scalar") -> None:
-    core.records.extend((core.stream_id, d.index, core.unit[unit], core.first_try, start, end, 0, 0))
+def _record(core: Core, d: Decoded, start: int, end: int) -> None:
+    core.records.extend((core.stream_id, d.index, core.scalar_unit, core.first_try, start, end, 0, 0))
 
 
 _CORE_FACTS = {
