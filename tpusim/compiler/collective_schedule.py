@@ -6,8 +6,10 @@ scheduler moves each start as early and each done as late as the data allow, so 
 not depend on a collective runs while its data moves; by default it keeps at most one collective in flight
 (``SchedulerConfig::parallel_collective_overlap_limit = 1`` and one per kind, in XLA's
 ``xla/service/latency_hiding_scheduler.h``). :func:`schedule_collectives` does the same in the entry
-computation, without a cost model (the lowering runs each pair on the core's async sequencer, see
-``lowering/collectives.py``; loop bodies keep their collectives where they are):
+computation and in each loop body, branch and called computation, without a cost model (the lowering runs
+each pair on the core's async sequencer, see ``lowering/collectives.py``; a pair's start and done stay in
+one computation, as XLA's scheduler keeps them; XLA's collective pipeliner, which carries a start into the
+previous iteration, is not modelled):
 
 * every ``all-reduce`` and ``all-gather`` of one array becomes a start that keeps the collective's name (its
   time and its errors are reported under it) and a done named ``<name>.done``, which its users then read;
@@ -49,21 +51,32 @@ class _Pair:
 
 
 def schedule_collectives(module: Module) -> Module:
-    """``module`` with the entry computation's all-reduces and all-gathers as async pairs, scheduled around
-    the compute that does not depend on them (see the module docstring); unchanged when it runs on one
-    device or already has async collectives, or when no pair overlaps anything."""
+    """``module`` with its all-reduces and all-gathers as async pairs, scheduled around the compute that does
+    not depend on them (see the module docstring); unchanged when it runs on one device or already has
+    async collectives, or when no pair overlaps anything."""
     if module.replica_count * module.num_partitions == 1 or _has_async(module):
         return module
-    entry = module.entry_computation
-    pairs = _pairs(entry)
-    order = _synchronous_again(_schedule(entry, pairs), pairs)
+    comps = tuple(_scheduled(c) for c in module.computations)
+    if all(new is old for new, old in zip(comps, module.computations)):
+        return module
+    return replace(module, computations=comps)
+
+
+def _scheduled(comp: Computation) -> Computation:
+    """``comp`` with its collectives as pairs where they overlap something (itself when none does).
+
+    Every computation that holds collectives is scheduled on its own: the entry, and loop bodies,
+    conditional branches and called computations, whose pairs then overlap the rest of each iteration (a
+    scanned backward pass: a layer's weight-gradient all-reduce under its input-gradient product)."""
+    pairs = _pairs(comp)
+    if not pairs:
+        return comp
+    order = _synchronous_again(_schedule(comp, pairs), pairs)
     done = {name: p.done.name for name, p in pairs.items() if any(i is p.done for i in order)}
     if not done:
-        return module
+        return comp
     body = tuple(i if i.opcode.endswith("-done") else _reading(i, done) for i in order)
-    root = done.get(entry.root, entry.root)
-    comps = tuple(replace(c, instructions=body, root=root) if c.name == entry.name else c for c in module.computations)
-    return replace(module, computations=comps)
+    return replace(comp, instructions=body, root=done.get(comp.root, comp.root))
 
 
 def _has_async(module: Module) -> bool:
