@@ -11,8 +11,9 @@ each pair on the core's async sequencer, see ``lowering/collectives.py``; a pair
 one computation, as XLA's scheduler keeps them; XLA's collective pipeliner, which carries a start into the
 previous iteration, is not modelled):
 
-* every ``all-reduce`` and ``all-gather`` of one array becomes a start that keeps the collective's name (its
-  time and its errors are reported under it) and a done named ``<name>.done``, which its users then read;
+* every ``all-reduce`` (of one array or several: XLA's combined ones) and ``all-gather`` of one array
+  becomes a start that keeps the collective's name (its time and its errors are reported under it) and a
+  done named ``<name>.done``, which its users then read;
 * the instructions are then listed again in dependence order (operands and ``control-predecessors``, and
   each pair after the previous pair's done: one in flight), taking at each step: a start whose operands
   are ready; else a done that is due, because a user of it comes next in the original order or the next
@@ -92,13 +93,15 @@ def _pairs(comp: Computation) -> dict[str, _Pair]:
     taken = {i.name for i in comp.instructions}
     out: dict[str, _Pair] = {}
     for instr in comp.instructions:
-        if instr.opcode not in _ASYNC or len(instr.operands) != 1 or not isinstance(instr.shape, Shape):
-            continue
-        operand = comp[instr.operands[0]].shape
-        if not isinstance(operand, Shape):
-            continue
         op = instr.opcode
-        shape = instr.shape if op == "all-reduce" else TupleShape((operand, instr.shape))
+        if op not in _ASYNC or not instr.operands:
+            continue
+        operands = [comp[o].shape for o in instr.operands]
+        if not all(isinstance(s, Shape) for s in operands):
+            continue
+        if op == "all-gather" and (len(operands) != 1 or not isinstance(instr.shape, Shape)):
+            continue  # (a variadic all-gather stays plain)
+        shape = instr.shape if op == "all-reduce" else TupleShape((operands[0], instr.shape))
         start = replace(instr, opcode=f"{op}-start", shape=shape)
         done = Instruction(unique_name(f"{instr.name}.done", taken), f"{op}-done", instr.shape, (instr.name,))
         out[instr.name] = _Pair(instr, start, replace(done, loc=instr.loc))

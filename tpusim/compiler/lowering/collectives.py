@@ -722,13 +722,23 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
         pairs = _pairs(instr, xs, ys)
         if op == "all-reduce":
             fn = _reducer(ctx, instr)
-            split = part == "start" and len(pairs) == 1 and _all_reduce_in_place(*pairs[0], plan) and plan.size > 1
             # the whole of it on the async sequencer (which holds VMEM and HBM for an all-reduce-start's, and
-            # buffer assignment keeps its operand until the done; an async-start wrapping one splits as below)
-            if split and instr.opcode == "all-reduce-start" and _forwards(ctx) and _done_beside(ctx, instr):
-                _on_async_sequencer(ctx, state, bank, instr, xs[0], ys[0], whole=True)
+            # buffer assignment keeps its operands until the done), each array of a variadic one in turn
+            whole = (
+                part == "start"
+                and instr.opcode == "all-reduce-start"
+                and plan.size > 1
+                and bool(pairs)
+                and all(_all_reduce_in_place(x, y, plan) for x, y in pairs)
+                and _forwards(ctx)
+                and _done_beside(ctx, instr)
+            )
+            if whole:
+                _on_async_sequencer(ctx, state, bank, instr, pairs, whole=True)
                 state.open_async[instr.name] = (level, True, True)
                 return True
+            # (an async-start wrapping one splits: its reduce-scatter now, its all-gather forwarded)
+            split = part == "start" and len(pairs) == 1 and _all_reduce_in_place(*pairs[0], plan) and plan.size > 1
             for x, y in pairs:
                 all_reduce(ctx, state, bank, plan, x, y, fn, "start" if split else "all")
         elif op == "reduce-scatter":
@@ -763,7 +773,7 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
             raise _fail(instr, "is not a collective tpusim lowers")
     forwarded = split and op != "collective-permute" and _forwards(ctx)  # (a permute's done only waits)
     if forwarded:
-        _on_async_sequencer(ctx, state, bank, instr, xs[0], ys[0], whole=False)
+        _on_async_sequencer(ctx, state, bank, instr, [(xs[0], ys[0])], whole=False)
     if part == "start":
         state.open_async[instr.name] = (level, split, forwarded)
     return split
@@ -783,21 +793,33 @@ def _done_beside(ctx: Lowering, start: Instruction) -> bool:
 
 
 def _on_async_sequencer(
-    ctx: Lowering, state: CollectiveState, bank: Bank, op: Instruction, x: MemRef, y: MemRef, whole: bool
+    ctx: Lowering,
+    state: CollectiveState,
+    bank: Bank,
+    op: Instruction,
+    arrays: list[tuple[MemRef, MemRef]],
+    whole: bool,
 ) -> None:
     """A site of the async sequencer, which the main sequencer requests here (each time it gets here: in a
-    loop, every iteration): it runs the collective (``whole``: an all-reduce, its reduce-scatter and
-    all-gather) or the ring steps the start left (an all-gather: the start pushed the first step), and signals
+    loop, every iteration): it runs the collective on each (operand, result) pair of ``arrays`` in turn
+    (``whole``: an all-reduce, its reduce-scatter and all-gather) or the ring steps the start left (an
+    all-gather of one array: the start pushed the first step), and signals
     the bank's ``done``, which the ``-done`` waits for; the main sequencer runs the next kernels meanwhile.
     The code uses the async sequencer's own VMEM, HBM scratch and scalar registers and reserved semaphores
     (:meth:`Lowering.on_async_site`)."""
     assert bank.done is not None and state.doorbell is not None, "async collectives reserve these"
     state.arena = None  # (the reduce-scatter's VMEM is the async sequencer's own)
     with ctx.on_async_site(state.doorbell):
-        if whole:
-            plan = plan_groups(ctx.module, op, state.who, state.topology)
-            all_reduce(ctx, state, bank, plan, x, y, _reducer(ctx, op), "start")
-        _forwarding(ctx, state, bank, op, x, y)
+        for x, y in arrays:
+            # each array in the same VMEM, HBM scratch and registers: they run one after the other
+            mark, scratch = ctx.checkpoint(), ctx.scope.scratch_next
+            if whole:
+                plan = plan_groups(ctx.module, op, state.who, state.topology)
+                all_reduce(ctx, state, bank, plan, x, y, _reducer(ctx, op), "start")
+            _forwarding(ctx, state, bank, op, x, y)
+            ctx.release_since(mark)
+            ctx.scope.scratch_next = scratch
+            state.arena = None
         ctx.emit(SemSignal, sem=bank.done)
     state.arena = None
 

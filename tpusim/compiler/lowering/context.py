@@ -771,10 +771,11 @@ def _async_reservation(module: Module, config: ChipConfig, cores: int) -> tuple[
     largest = 0
     for comp in module.computations:
         for instr in comp.instructions:
-            if instr.opcode == "all-reduce-start" and len(instr.operands) == 1:
-                shape = comp[instr.operands[0]].shape
-                if isinstance(shape, Shape):
-                    largest = max(largest, shape.byte_size)
+            if instr.opcode == "all-reduce-start":  # (a variadic one reduces its arrays one after the other)
+                for operand in instr.operands:
+                    shape = comp[operand].shape
+                    if isinstance(shape, Shape):
+                        largest = max(largest, shape.byte_size)
     if not largest:
         return 0, 0
     unit = config.vpu.sublanes * config.vpu.lanes * 4
