@@ -122,6 +122,25 @@ class BufferAssignment:
         return [self.buffer(computation, value, path) for path, _ in leaf_paths(shape)]
 
 
+def async_holds(comp: Computation) -> dict[str, int]:
+    """Value -> position of the done until which an async start reads it.
+
+    An ``all-reduce-start`` or an ``async-start`` (a reduce-scatter's) runs on the core's async sequencer
+    while the main sequencer goes on (``lowering/collectives.py``): it reads its operands until its done
+    (through any ``async-update``), so their buffers, in HBM or VMEM, are not reused before."""
+    out: dict[str, int] = {}
+    for at, instr in enumerate(comp.instructions):
+        if instr.opcode not in ("all-reduce-done", "async-done") or not instr.operands:
+            continue
+        start = comp[instr.operands[0]]
+        while start.opcode == "async-update" and start.operands:
+            start = comp[start.operands[0]]
+        if start.opcode in ("all-reduce-start", "async-start"):
+            for o in start.operands:
+                out[o] = max(out.get(o, at), at)
+    return out
+
+
 def leaf_paths(shape: AnyShape, prefix: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], Shape]]:
     """Array leaves of a shape (tokens excluded) with their index paths, depth first."""
     if isinstance(shape, TupleShape):
@@ -229,22 +248,13 @@ class _Planner:
         self.extents: dict[tuple[str, str], int] = {}  # (computation, space) -> bytes its placement spans
 
     def _hold_async_operands(self) -> None:
-        """An ``all-reduce-start`` runs on the core's async sequencer while the main sequencer goes on
-        (``lowering/collectives.py``): it reads its operand until its done, so the operand's buffer is not
-        reused before."""
+        """Operands of async starts stay live until their dones (:func:`async_holds`)."""
         for name in self.order:
             comp = self.module[name]
-            for instr in comp.instructions:
-                if instr.opcode != "all-reduce-done":
-                    continue
-                start = comp[instr.operands[0]]
-                if start.opcode != "all-reduce-start":
-                    continue
-                at = self.position[(name, instr.name)]
-                for o in start.operands:
-                    self.last_use[(name, o)] = max(self.last_use.get((name, o), 0), at)
-                    for path, _ in leaf_paths(comp[o].shape):
-                        self.leaf_reads[(name, o, path)] = max(self.leaf_reads.get((name, o, path), 0), at)
+            for o, at in async_holds(comp).items():
+                self.last_use[(name, o)] = max(self.last_use.get((name, o), 0), at)
+                for path, _ in leaf_paths(comp[o].shape):
+                    self.leaf_reads[(name, o, path)] = max(self.leaf_reads.get((name, o, path), 0), at)
 
     # ------------------------------------------------------------------ aliases
     def leaves(self, comp: str, instr: Instruction) -> list[Key]:
@@ -669,6 +679,8 @@ def live_spans(
         for i, instr in enumerate(comp.instructions):
             for o in instr.operands:
                 last[o] = max(last.get(o, i), i)
+        for o, done in async_holds(comp).items():
+            last[o] = max(last.get(o, done), done)
         at = {instr.name: i for i, instr in enumerate(comp.instructions)}
         out: dict[int, tuple[int, int]] = {}
         for i, instr in enumerate(comp.instructions):

@@ -11,9 +11,9 @@ each pair on the core's async sequencer, see ``lowering/collectives.py``; a pair
 one computation, as XLA's scheduler keeps them; XLA's collective pipeliner, which carries a start into the
 previous iteration, is not modelled):
 
-* every ``all-reduce`` (of one array or several: XLA's combined ones) and ``all-gather`` of one array
-  becomes a start that keeps the collective's name (its time and its errors are reported under it) and a
-  done named ``<name>.done``, which its users then read;
+* every ``all-reduce`` (of one array or several: XLA's combined ones), ``all-gather`` and ``reduce-scatter``
+  of one array becomes a start that keeps the collective's name (its time and its errors are reported under
+  it) and a done named ``<name>.done``, which its users then read;
 * the instructions are then listed again in dependence order (operands and ``control-predecessors``, and
   each pair after the previous pair's done: one in flight), taking at each step: a start whose operands
   are ready; else a done that is due, because a user of it comes next in the original order or the next
@@ -40,8 +40,9 @@ from tpusim.memory import Shape, TupleShape
 
 __all__ = ["schedule_collectives"]
 
-_ASYNC = frozenset({"all-reduce", "all-gather"})
-"""The collectives that become pairs (their start and done opcodes are ``<op>-start`` and ``<op>-done``)."""
+_ASYNC = frozenset({"all-reduce", "all-gather", "reduce-scatter"})
+"""The collectives that become pairs: ``<op>-start`` and ``<op>-done``, for a reduce-scatter XLA's
+``async-start`` / ``async-done`` wrapping it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +100,19 @@ def _pairs(comp: Computation) -> dict[str, _Pair]:
         operands = [comp[o].shape for o in instr.operands]
         if not all(isinstance(s, Shape) for s in operands):
             continue
-        if op == "all-gather" and (len(operands) != 1 or not isinstance(instr.shape, Shape)):
-            continue  # (a variadic all-gather stays plain)
-        shape = instr.shape if op == "all-reduce" else TupleShape((operands[0], instr.shape))
-        start = replace(instr, opcode=f"{op}-start", shape=shape)
-        done = Instruction(unique_name(f"{instr.name}.done", taken), f"{op}-done", instr.shape, (instr.name,))
+        if op != "all-reduce" and (len(operands) != 1 or not isinstance(instr.shape, Shape)):
+            continue  # (a variadic all-gather or reduce-scatter stays plain)
+        done_name = unique_name(f"{instr.name}.done", taken)
+        if op == "reduce-scatter":  # XLA's async wrapper, in its short form (reduce-scatter-start)
+            shape: Shape | TupleShape = TupleShape((TupleShape((operands[0],)), instr.shape))
+            wrapped = instr.attributes.replace(async_wrapped_opcode=op)
+            start = replace(instr, opcode="async-start", shape=shape, attributes=wrapped)
+            done = Instruction(done_name, "async-done", instr.shape, (instr.name,))
+            done = replace(done, attributes=done.attributes.replace(async_wrapped_opcode=op))
+        else:
+            shape = instr.shape if op == "all-reduce" else TupleShape((operands[0], instr.shape))
+            start = replace(instr, opcode=f"{op}-start", shape=shape)
+            done = Instruction(done_name, f"{op}-done", instr.shape, (instr.name,))
         out[instr.name] = _Pair(instr, start, replace(done, loc=instr.loc))
     return out
 

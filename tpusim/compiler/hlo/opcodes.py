@@ -255,6 +255,7 @@ def talks_to_other_devices(module: object) -> bool:
     for comp in module.computations:  # type: ignore[attr-defined]
         for instr in comp.instructions:
             base = instr.opcode.removesuffix("-start").removesuffix("-done")
-            if instr.opcode in MULTI_DEVICE or base in MULTI_DEVICE:
+            wrapped = instr.attributes.get("async_wrapped_opcode")  # (XLA's short form of an async-start)
+            if instr.opcode in MULTI_DEVICE or base in MULTI_DEVICE or wrapped in MULTI_DEVICE:
                 return True
     return False

@@ -475,7 +475,7 @@ def reduce_scatter(
     _ring_handshake(facts, plan, bank, dirs)
     bases = _bases(facts, plan, bank, sizes[:-1])
     partial = ctx.scratch(x.shape) if len(sizes) > 1 else None
-    work = RingWork(facts)
+    work = RingWork(facts, bank.local if ctx.on_async else None)  # (the async sequencer takes no scoped one)
     for i, size in enumerate(sizes):
         ring = _make_ring(facts, plan, i, bank)
         last = i == len(sizes) - 1
@@ -560,7 +560,7 @@ def _reduce_scatter_axes_at_once(
     )
     orders = orders[: len(blk.rows)]
     partial = ctx.scratch(x.shape)
-    works = _works(facts, [None] * len(orders))
+    works = _works(facts, [bank.locals[j] if ctx.on_async else None for j in range(len(orders))])
     rounds = len(orders[0])
     base: list[Reg | int] = list(blk.offsets)
     for r in range(rounds):
@@ -746,6 +746,12 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
             (dim,) = instr.attr("dimensions", (0,))
             for x, y in pairs:
                 _check_split(instr, x.shape.dimensions, y.shape.dimensions, dim, plan.size, "operand", "result")
+            # an async one (an async-start wrapping it) whole on the async sequencer, as an all-reduce-start
+            if part == "start" and plan.size > 1 and pairs and _forwards(ctx) and _done_beside(ctx, instr):
+                _on_async_sequencer(ctx, state, bank, instr, pairs, whole=True)
+                state.open_async[instr.name] = (level, True, True)
+                return True
+            for x, y in pairs:
                 reduce_scatter(ctx, state, bank, plan, x, y, dim, fn)
         elif op == "all-gather":
             (dim,) = instr.attr("dimensions", (0,))
@@ -802,8 +808,8 @@ def _on_async_sequencer(
 ) -> None:
     """A site of the async sequencer, which the main sequencer requests here (each time it gets here: in a
     loop, every iteration): it runs the collective on each (operand, result) pair of ``arrays`` in turn
-    (``whole``: an all-reduce, its reduce-scatter and all-gather) or the ring steps the start left (an
-    all-gather of one array: the start pushed the first step), and signals
+    (``whole``: a reduce-scatter, or an all-reduce: its reduce-scatter and all-gather) or the ring steps the
+    start left (an all-gather of one array: the start pushed the first step), and signals
     the bank's ``done``, which the ``-done`` waits for; the main sequencer runs the next kernels meanwhile.
     The code uses the async sequencer's own VMEM, HBM scratch and scalar registers and reserved semaphores
     (:meth:`Lowering.on_async_site`)."""
@@ -813,10 +819,15 @@ def _on_async_sequencer(
         for x, y in arrays:
             # each array in the same VMEM, HBM scratch and registers: they run one after the other
             mark, scratch = ctx.checkpoint(), ctx.scope.scratch_next
-            if whole:
+            if whole and op.opcode == "reduce-scatter":
                 plan = plan_groups(ctx.module, op, state.who, state.topology)
-                all_reduce(ctx, state, bank, plan, x, y, _reducer(ctx, op), "start")
-            _forwarding(ctx, state, bank, op, x, y)
+                (dim,) = op.attr("dimensions", (0,))
+                reduce_scatter(ctx, state, bank, plan, x, y, dim, _reducer(ctx, op))
+            else:
+                if whole:
+                    plan = plan_groups(ctx.module, op, state.who, state.topology)
+                    all_reduce(ctx, state, bank, plan, x, y, _reducer(ctx, op), "start")
+                _forwarding(ctx, state, bank, op, x, y)
             ctx.release_since(mark)
             ctx.scope.scratch_next = scratch
             state.arena = None
@@ -903,7 +914,7 @@ def lower_async_start(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     op = _wrapped(ctx, instr)
     assert op is not None
     ys = [ctx.home(comp.name, instr.name, path) for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]
-    part = "start" if op.opcode in ("all-reduce", "all-gather", "collective-permute") else "all"
+    part = "start" if op.opcode in ("all-reduce", "all-gather", "collective-permute", "reduce-scatter") else "all"
     run_collective(ctx, op, _operands(ctx, comp, instr), ys, part)
     state = collective_state(ctx)
     state.open_async[instr.name] = state.open_async.pop(op.name, (-1, False, False))  # -1: done, holds no bank

@@ -748,12 +748,28 @@ holds a bank of semaphores until its done)."""
 
 def _uses_async_sequencer(module: Module, cores: int) -> bool:
     """Whether the lowering may give async collectives to the async sequencer: a program of several devices
-    on one core with an ``all-reduce-start`` or ``all-gather-start``."""
+    on one core with an ``all-reduce-start``, an ``all-gather-start`` or an async reduce-scatter."""
     if cores != 1 or module.replica_count * module.num_partitions == 1:
         return False
     return any(
-        i.opcode in ("all-reduce-start", "all-gather-start") for c in module.computations for i in c.instructions
+        i.opcode in ("all-reduce-start", "all-gather-start") or _reduce_scatter_start(module, i)
+        for c in module.computations
+        for i in c.instructions
     )
+
+
+def _reduce_scatter_start(module: Module, instr: Instruction) -> bool:
+    """Whether ``instr`` is an ``async-start`` of a reduce-scatter (XLA's short form or a wrapping
+    computation)."""
+    if instr.opcode != "async-start":
+        return False
+    if instr.attributes.get("async_wrapped_opcode") == "reduce-scatter":
+        return True
+    called = instr.attr("calls")
+    if not isinstance(called, str) or called not in module:
+        return False
+    callee = module[called]
+    return callee[callee.root].opcode == "reduce-scatter"
 
 
 def _slot(ring: MemRef, at: Reg) -> MemRef:
@@ -762,16 +778,18 @@ def _slot(ring: MemRef, at: Reg) -> MemRef:
 
 
 def _async_reservation(module: Module, config: ChipConfig, cores: int) -> tuple[int, int]:
-    """(VMEM bytes, HBM bytes) the async sequencer holds for the all-reduces it runs: none unless a program on
-    several devices has an ``all-reduce-start`` and one core runs it. A reduce-scatter's receive slots take
-    less than its operand (the ``L - 1`` chunks of one ring, fewer on later rings); the HBM held is twice the
-    largest operand, at the top of HBM."""
+    """(VMEM bytes, HBM bytes) the async sequencer holds for the all-reduces and reduce-scatters it runs: none
+    unless a program on several devices has such an async collective and one core runs it. A reduce-scatter's
+    receive slots take less than its operand (the ``L - 1`` chunks of one ring, fewer on later rings); the HBM
+    held is twice the largest operand, at the top of HBM."""
     if not _uses_async_sequencer(module, cores):
         return 0, 0
     largest = 0
     for comp in module.computations:
         for instr in comp.instructions:
-            if instr.opcode == "all-reduce-start":  # (a variadic one reduces its arrays one after the other)
+            # (a variadic one reduces its arrays one after the other; a reduce-scatter's partial sums between
+            # its rings take one operand's bytes)
+            if instr.opcode == "all-reduce-start" or _reduce_scatter_start(module, instr):
                 for operand in instr.operands:
                     shape = comp[operand].shape
                     if isinstance(shape, Shape):
