@@ -230,6 +230,7 @@ def _run_run(args: argparse.Namespace) -> int:
         compiled = _compile_for_run(module, config, args, topology)
         compiled_in = time.perf_counter() - began
         seed = DEFAULT_SEED if args.seed is None else args.seed
+        drawing = time.perf_counter()
         # (a timing-only run without --inputs leaves them to simulate, which draws the same seeded ones only
         # when some instruction reads a value: api.inputs_matter)
         per_device = (
@@ -242,12 +243,19 @@ def _run_run(args: argparse.Namespace) -> int:
             else [_stack([d[i] for d in per_device]) for i in range(len(per_device[0]))] if many
             else per_device[0]
         )  # fmt: skip
+        drawn = time.perf_counter() - drawing  # (loaded or drawn here: the host line counts it as inputs)
         result = simulate(
             compiled, inputs, timing_only=args.timing_only, seed=seed, chips=n if many else None,
             topology=topology.slice_shape if topology is not None else None, monitor=monitor,
             max_steps=args.max_steps, max_cycles=_max_cycles(args),
         )  # fmt: skip
-        result = dataclasses.replace(result, compile_seconds=compiled_in, xla=xla)
+        result = dataclasses.replace(
+            result,
+            compile_seconds=compiled_in,
+            xla=xla,
+            run_seconds=result.run_seconds + drawn,
+            inputs_seconds=result.inputs_seconds + drawn,
+        )
     wall = time.perf_counter() - began
     checks = None
     if args.check and not args.timing_only:
