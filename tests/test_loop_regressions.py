@@ -283,3 +283,52 @@ def test_timing_only_runs_without_inputs_draw_them_only_when_control_flow_reads_
     assert tpusim.simulate(loop, timing_only=True).instructions == drawn.instructions
     on_two = tpusim.simulate(COUNTDOWN_HLO, chips=2)
     assert tpusim.simulate(COUNTDOWN_HLO, chips=2, timing_only=True).instructions == on_two.instructions
+
+
+# One computation called at two places (JAX reuses a jitted helper's computation for every call): each call
+# must have its own result. Found by running new JAX programs (a helper with a loop called twice gave the
+# second call's result for both; with a cond, buffer assignment refused the program).
+
+
+@jax.jit
+def _doubled_twice(x: Any) -> Any:
+    return lax.fori_loop(0, 2, lambda i, c: c * 2, x)
+
+
+@jax.jit
+def _doubled_if_positive(x: Any) -> Any:
+    return lax.cond(x[0] > -1, lambda v: v * 2, lambda v: v, x)
+
+
+@jax.jit
+def _scanned(x: Any) -> Any:
+    return lax.scan(lambda c, _: (c * 2 + 1, None), x, None, length=3)[0]
+
+
+@pytest.mark.parametrize("helper", [_doubled_twice, _doubled_if_positive, _scanned], ids=["fori", "cond", "scan"])
+def test_a_helper_called_twice_gives_each_call_its_result(helper: Callable[..., Any]) -> None:
+    x = jnp.arange(8, dtype=jnp.float32)
+    _, pairs = run_both(lambda x: (helper(x), helper(x + 1), helper(x) + helper(x + 2)), x)
+    assert_exact(pairs)
+
+
+def test_a_while_loop_inside_a_loop_body() -> None:
+    """Code emitted for a control value inside a loop body passed ``control`` twice (a TypeError)."""
+
+    def f(x: Any) -> Any:
+        inner = lambda v: lax.while_loop(lambda c: c[0] > 0.1, lambda c: c * 0.5, v)  # noqa: E731
+        return lax.fori_loop(0, 2, lambda i, v: inner(v) + 1.0, x)
+
+    _, pairs = run_both(f, jnp.ones(8, jnp.float32))
+    assert_exact(pairs)
+
+
+def test_a_dynamic_index_inside_a_scan() -> None:
+    """The same fault from another rule: a scan writing its step's row at a computed index."""
+
+    def f(x: Any) -> Any:
+        step = lambda outs, t: (lax.dynamic_update_index_in_dim(outs, x, t % 6, 0), None)  # noqa: E731
+        return lax.scan(step, jnp.zeros((6, 8, 128)), jnp.arange(9))[0]
+
+    _, pairs = run_both(f, jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128))
+    assert_exact(pairs)

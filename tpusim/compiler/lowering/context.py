@@ -231,8 +231,8 @@ class Lowering:
 
     def build(self, cls: type, **fields: Any) -> Any:
         """An instruction of ``cls`` as :meth:`emit` makes it, not appended (see :meth:`append`)."""
-        control = self.control or fields.pop("control", False)
-        return cls(**fields, control=control, hlo=self.hlo)
+        asked = fields.pop("control", False)  # (taken out whatever self.control says: passed once below)
+        return cls(**fields, control=self.control or asked, hlo=self.hlo)
 
     def append(self, instructions: Sequence[Any]) -> None:
         """Append instructions made by :meth:`build` (under the current HLO name and control flag) to the
