@@ -265,3 +265,49 @@ def test_the_reduce_scatter_pair_hides_the_product() -> None:
 
     sync, overlapped = seconds(False), seconds(True)
     assert overlapped == pytest.approx(sync - 140_800 / 1.5e9, rel=0.02)
+
+
+# A small collective made a pair over a 2-D or 3-D topology: the async sequencer's HBM reservation (twice
+# the operand) was smaller than its temporaries, each rounded up to a whole buffer alignment ("HBM is full").
+SMALL = """HloModule small, num_partitions=8
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[8] parameter(0)
+  y = f32[128,128] parameter(1)
+  COLLECTIVE
+  e = f32[128,128] exponential(y)
+  ROOT t = (SHAPE, f32[128,128]) tuple(r, e)
+}
+"""
+SMALL_COLLECTIVES = {
+    "all-reduce": ("f32[8]", "r = f32[8] all-reduce(x), channel_id=1, replica_groups={}, to_apply=sum"),
+    "reduce-scatter": (
+        "f32[1]",
+        "r = f32[1] reduce-scatter(x), channel_id=1, replica_groups={}, dimensions={0}, to_apply=sum",
+    ),
+}
+
+
+@pytest.mark.parametrize("collective", sorted(SMALL_COLLECTIVES))
+@pytest.mark.parametrize(
+    ("config", "topology", "overrides"),
+    [("tpu_v5e", (2, 4), ()), ("tpu_v4", (2, 2, 2), ()), ("tpu_v5e", (2, 2), ("dcn.slices=2",))],
+    ids=["v5e-2x4", "v4-2x2x2", "v5e-2-slices"],
+)
+def test_small_pairs_over_several_axes(
+    collective: str, config: str, topology: tuple[int, ...], overrides: tuple[str, ...]
+) -> None:
+    shape, line = SMALL_COLLECTIVES[collective]
+    module = parse_module(SMALL.replace("COLLECTIVE", line).replace("SHAPE", shape))
+    scheduled = schedule_collectives(module).entry_computation
+    assert scheduled["r"].opcode in ("all-reduce-start", "async-start")  # (the pair this test is about)
+    per = random_inputs(module, 0, 8)
+    want = evaluate_spmd(module, per, num_devices=8)
+    inputs = [np.stack([d[i] for d in per]) for i in range(len(per[0]))]
+    got = tpusim.simulate(module, inputs, chips=8, topology=topology, config=config, overrides=overrides).outputs
+    for j, out in enumerate(got):
+        np.testing.assert_allclose(out, np.stack([d[j] for d in want]), rtol=1e-5, atol=1e-6)

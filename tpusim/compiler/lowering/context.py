@@ -798,7 +798,14 @@ def _async_reservation(module: Module, config: ChipConfig, cores: int) -> tuple[
         return 0, 0
     unit = config.vpu.sublanes * config.vpu.lanes * 4
     vmem = min(ASYNC_VMEM_BYTES, config.vmem.bytes // 4) // unit * unit
-    return vmem, -(-2 * largest // ALIGNMENT) * ALIGNMENT
+    return vmem, -(-2 * largest // ALIGNMENT) * ALIGNMENT + ASYNC_TEMPORARIES * ALIGNMENT
+
+
+ASYNC_TEMPORARIES = 2 + 2 * 3 * 4
+"""HBM temporaries one collective on the async sequencer may hold at once, each rounded up to
+:data:`ALIGNMENT` (what a small operand's reservation must cover beyond its bytes): its partial sums and a
+padded copy, and a receive slot per direction of each part's ring (up to three parts, ``collective_sync.PARTS``,
+over up to four axes: a 3-D torus and the slice axis)."""
 
 
 def control_slice(module: Module) -> ControlSlice:
