@@ -63,6 +63,11 @@ CASES = {
         "  c = f32[] constant(-1)\n  ROOT r = f32[9,12] pad(p0, c), padding=1_1_1x-1_0_2", ["f32[4,5]"]
     ),
     "pad_value_operand": module("  ROOT r = bf16[48,130] pad(p0, p1), padding=0_8x1_1", ["bf16[40,128]", "bf16[]"]),
+    # negative padding cuts every row while the columns have interior padding: the result is all fill (found by
+    # fuzzing: the operand's empty bounding box was cut into chunks of 0 rows)
+    "pad_all_cut_with_interior": module(
+        "  c = f32[] constant(-1)\n  ROOT r = f32[2,5] pad(p0, c), padding=2_-4x0_0_1", ["f32[4,3]"]
+    ),
 }
 
 

@@ -487,7 +487,9 @@ def lower_pad(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     boxes = _fill_boxes(dst.shape.dimensions, spec, base)
     if interior:  # gaps between the operand's elements: fill the operand's bounding box too
         hi = [b + max(0, (c - 1) * st + 1) for b, (_, c, st) in zip(base, spec)]
-        boxes.append((base, tuple(h - b for h, b in zip(hi, base))))
+        box = tuple(h - b for h, b in zip(hi, base))
+        if prod(box):  # (empty when negative padding cut every element of a dimension: all is fill)
+            boxes.append((base, box))
     estimate_pairs = copies + [(MemRef(Space.VMEM, 0, dst.shape), _window(dst, o, s)) for o, s in boxes]
 
     def emit() -> None:
