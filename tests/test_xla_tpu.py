@@ -130,3 +130,25 @@ def test_an_spmd_program_compiled_by_xla_for_four_chips_runs_on_four() -> None:
     for chip in range(4):
         got = np.asarray(result.outputs[0][chip], np.float32)
         np.testing.assert_allclose(got, np.asarray(want[chip][0], np.float32), rtol=2e-2, atol=2e-2)
+
+
+# JAX's own lowering of a jitted matmul with NamedSharding inputs on a 2x4 mesh (JAX lowers with Shardy by
+# default: shardings as xla.sdy.* attributes and custom calls, which XLA refused with Shardy off).
+SHARDY = """HloModule jit__lambda, entry_computation_layout={(f32[32,256]{1,0}, f32[256,512]{1,0})->f32[32,512]{1,0}}, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["data"=2, "model"=4]>}}
+
+ENTRY main.1 {
+  x.1 = f32[32,256]{1,0} parameter(0), sharding={devices=[2,1,4]<=[8] last_tile_dim_replicate}, frontend_attributes={xla.sdy.sharding="#sdy.sharding<@mesh, [{\\"data\\"}, {}]>"}
+  w.1 = f32[256,512]{1,0} parameter(1), sharding={devices=[1,4,2]<=[2,4]T(1,0) last_tile_dim_replicate}, frontend_attributes={xla.sdy.sharding="#sdy.sharding<@mesh, [{}, {\\"model\\"}]>"}
+  dot_general.2 = f32[32,512]{1,0} dot(x.1, w.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  dot_general.3 = f32[32,512]{1,0} custom-call(dot_general.2), custom_call_target="xla.sdy.FuncResultSharding", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[<@mesh, [{\\"data\\"}, {\\"model\\"}]>]>"}
+  tuple.1 = (f32[32,512]{1,0}) tuple(dot_general.3)
+  ROOT get-tuple-element.1 = f32[32,512]{1,0} get-tuple-element(tuple.1), index=0, sharding={devices=[2,4]<=[8]}
+}
+"""  # noqa: E501
+
+
+@needs_libtpu
+def test_a_module_jax_lowered_with_shardy_compiles_for_eight_chips() -> None:
+    result = tpusim.simulate(SHARDY, config="tpu_v5e", compiler="xla", chips=8, topology=(2, 4), timing_only=True)
+    assert result.xla is not None and result.xla.topology == "v5e:2x4"
+    assert result.cycles > 0

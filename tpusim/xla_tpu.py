@@ -124,6 +124,9 @@ def compile_with_xla(
             build.num_replicas, build.num_partitions = 1, len(devices)
             if len(devices) > 1:
                 build.use_spmd_partitioning = True
+                # JAX lowers with Shardy by default: its shardings travel as xla.sdy.* attributes and
+                # custom calls, which XLA refuses unless its Shardy partitioner is on
+                build.use_shardy_partitioner = "xla.sdy." in hlo_text
                 ids = np.asarray([[d.id for d in devices]], dtype=np.int32)  # one replica, a partition per chip
                 build.device_assignment = xla_client.DeviceAssignment.create(ids)
             exe = devices[0].client.compile(
