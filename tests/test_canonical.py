@@ -4,13 +4,17 @@ lowerings know."""
 
 from __future__ import annotations
 
+import gzip
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import tpusim
 from tpusim.compiler.canonical import canonicalize, concat_bitcasts, flatten_fusions, fused_bitcasts
-from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo import parse_module, print_module
 from tpusim.compiler.hlo.ir import Module
-from tpusim.compiler.hlo.reference import evaluate
+from tpusim.compiler.hlo.reference import evaluate, evaluate_spmd
 
 RNG = np.random.default_rng(0)
 
@@ -145,3 +149,52 @@ ENTRY main {
     after = canonicalize(before)
     assert [i.opcode for i in after.entry_computation.instructions][-2:] == ["reduce", "broadcast"]
     _same_values(before, after)
+
+
+# ------------------------------------------------------------------------------------- async collective fusions
+ASYNC_DATA = Path(__file__).parent / "data" / "xla_async_collective"  # scripts/make_xla_async_collective.py
+
+
+def _async_collective_module() -> str:
+    return gzip.decompress((ASYNC_DATA / "module.hlo.gz").read_bytes()).decode()
+
+
+def _async_collective_inputs() -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
+    """Per-chip shards of the seeded global inputs (rows split over 8 chips), and JAX's outputs."""
+    rng = np.random.default_rng(0)
+    whole = [(rng.standard_normal(s) / 4).astype(np.float32) for s in ((64, 128), (128, 32), (64, 64))]
+    per = [[a[c * (a.shape[0] // 8) : (c + 1) * (a.shape[0] // 8)] for a in whole] for c in range(8)]
+    with np.load(ASYNC_DATA / "outputs.npz") as f:
+        return per, [f["out0"], f["out1"]]
+
+
+def test_an_async_collective_fusion_becomes_one_collective_at_its_start() -> None:
+    module = parse_module(_async_collective_module())
+
+    def copies(m: Module) -> int:  # the all-gathers of the async one's channel (XLA reuses other channel ids)
+        return sum(i.attr("channel_id") == channel for c in m.computations for i in c.instructions)
+
+    (channel,) = [
+        c[c.root].operands and c[c[c.root].operands[0]].attr("channel_id")
+        for c in module.computations
+        if "AsyncCollectiveStart" in str(c[c.root].attributes)
+    ]
+    assert copies(module) == 3  # at the start, in the continuation and in the done
+    flat = canonicalize(module)
+    text = print_module(flat)
+    assert "AsyncCollectiveStart" not in text and "AsyncCollectiveDone" not in text
+    assert copies(flat) == 1  # it runs once, at the start
+
+
+def test_xlas_fsdp_step_with_an_async_collective_fusion_gives_jaxs_answer() -> None:
+    """The reference interpreter on XLA:TPU's module and tpusim's 8 simulated chips, against JAX (every chip
+    returns the whole updated weights: XLA partitioned the step without the outputs' shardings)."""
+    per, want = _async_collective_inputs()
+    module = parse_module(_async_collective_module())
+    reference = evaluate_spmd(module, per, num_devices=8)
+    stacked = [np.stack([chip[i] for chip in per]) for i in range(3)]
+    result = tpusim.simulate(module, stacked, chips=8, topology=(2, 4), config="tpu_v5e")
+    for j in range(2):
+        for chip in range(8):
+            np.testing.assert_allclose(np.asarray(reference[chip][j]), want[j], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(np.asarray(result.outputs[j][chip]), want[j], rtol=1e-4, atol=1e-4)

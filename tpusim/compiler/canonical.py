@@ -22,6 +22,13 @@ each rewrite keeps the module's values and its decisions (layouts, memory spaces
 4. **Whole-row windows.** A ``reduce-window`` whose every window holds whole dimensions (XLA:TPU's softmax
    keeps a row maximum at full width as a 511-tap window over 256 columns) is a ``reduce`` of those
    dimensions and a ``broadcast`` back: one lane reduction per row instead of one window per element.
+5. **Async collective fusions** (:mod:`tpusim.compiler.hlo.xla_forms`). The start fusion's root
+   ``AsyncCollectiveStart(collective)`` becomes the tuple it stands for (the collective's operands, its
+   result, zeros for the synchronisation state), so the collective runs there; a done fusion's root
+   ``AsyncCollectiveDone`` becomes the result it is passed; a continuation's copy of the collective (same
+   ``channel_id``, kept for its meaning) becomes the parameter that carries the result. The collective then
+   runs once, at the start, without overlapping the continuations' compute (an approximation: on the TPU
+   the continuations advance it).
 """
 
 from __future__ import annotations
@@ -29,19 +36,35 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import pairwise
 
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, SliceDim, custom_call_target
+import numpy as np
+
+from tpusim.compiler.errors import CompileError
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal, Module, SliceDim, custom_call_target
+from tpusim.compiler.hlo.xla_forms import (
+    ASYNC_COLLECTIVE_DONE,
+    ASYNC_COLLECTIVE_START,
+    async_collective_result,
+    concat_bitcast_order,
+    same_array,
+)
 from tpusim.compiler.hlo.xla_forms import CONCAT_BITCAST as _CONCAT
-from tpusim.compiler.hlo.xla_forms import concat_bitcast_order
 from tpusim.compiler.passes import drop_unused, inline_instruction
 from tpusim.compiler.rewrite import unique_name
 from tpusim.memory import Layout, Shape, TupleShape
 
-__all__ = ["canonicalize", "concat_bitcasts", "flatten_fusions", "fused_bitcasts", "whole_row_windows"]
+__all__ = [
+    "async_collective_fusions",
+    "canonicalize",
+    "concat_bitcasts",
+    "flatten_fusions",
+    "fused_bitcasts",
+    "whole_row_windows",
+]
 
 
 def canonicalize(module: Module) -> Module:
     """Apply the rewrites of the module docstring, in order."""
-    return whole_row_windows(fused_bitcasts(concat_bitcasts(flatten_fusions(module))))
+    return async_collective_fusions(whole_row_windows(fused_bitcasts(concat_bitcasts(flatten_fusions(module)))))
 
 
 # --------------------------------------------------------------------------------------------- 1. fusions
@@ -229,3 +252,108 @@ def _as_reduce(comp: Computation, instr: Instruction, taken: set[str]) -> list[I
         instr.name, "broadcast", instr.shape, (name,), Attributes({"dimensions": tuple(keep)}), instr.loc
     )
     return [reduced, broadcast]
+
+
+# --------------------------------------------------------------------------------------------- 5. async collectives
+def async_collective_fusions(module: Module) -> Module:
+    """XLA:TPU's async collective fusions as a plain collective at the start (see the module docstring).
+
+    The continuations and the done are found by data flow, not by name: a fusion reading the element of a
+    start (or of a continuation) that carries the result runs that collective on, and the parameter it reads
+    it through carries the result (XLA's channel ids are not unique across collectives)."""
+    starts: dict[str, tuple[int, object]] = {}  # start's computation -> (element of the result, channel_id)
+    comps = {c.name: c for c in module.computations}
+    for comp in module.computations:
+        root = comp[comp.root]
+        if root.opcode == "custom-call" and custom_call_target(root) == ASYNC_COLLECTIVE_START:
+            at = _result_at(comp, root)
+            collective = comp[root.operands[0]]
+            starts[comp.name] = (at, collective.attr("channel_id"))
+            comps[comp.name] = _started(comp, root, collective, at)
+    if not starts:
+        return module
+    for caller in module.computations:
+        tuples: dict[str, tuple[int, object]] = {}  # value -> (element carrying a result, its channel)
+        arrays: dict[str, object] = {}  # value -> the channel whose result it is
+        for instr in caller.instructions:
+            callee = instr.attr("calls") if instr.opcode == "fusion" else None
+            if callee in starts:
+                tuples[instr.name] = starts[callee]
+            elif instr.opcode == "get-tuple-element" and instr.operands[0] in tuples:
+                at, channel = tuples[instr.operands[0]]
+                if instr.attr("index") == at:
+                    arrays[instr.name] = channel
+            elif isinstance(callee, str) and any(o in arrays for o in instr.operands):
+                carrying = {k: arrays[o] for k, o in enumerate(instr.operands) if o in arrays}
+                comps[callee], at_out = _continued(comps[callee], carrying)
+                if at_out is not None:
+                    tuples[instr.name] = at_out
+    return replace(module, computations=tuple(comps[c.name] for c in module.computations))
+
+
+def _continued(comp: Computation, carrying: dict[int, object]) -> tuple[Computation, tuple[int, object] | None]:
+    """A continuation or done fused computation whose parameters ``carrying`` (number -> channel) carry
+    started collectives' results: the done returns the result; a continuation's copies of the collective read
+    it from that parameter. Also where the rewritten computation's root tuple passes a result on."""
+    params = {i.attr("parameter_number"): i for i in comp.instructions if i.opcode == "parameter"}
+    by_channel = {channel: params[k] for k, channel in carrying.items() if k in params}
+    root = comp[comp.root]
+    if root.opcode == "custom-call" and custom_call_target(root) == ASYNC_COLLECTIVE_DONE:
+        result = root.operands[_result_at(comp, root)]
+        if result not in {p.name for p in by_channel.values()}:
+            raise CompileError(f"computation {comp.name}: {root.name} does not return a started collective's result")
+        return _live(replace(comp, root=result)), None
+    alias: dict[str, str] = {}
+    for instr in comp.instructions:
+        param = by_channel.get(instr.attr("channel_id")) if instr.attr("channel_id") is not None else None
+        if param is not None and instr.opcode != "parameter" and same_array(param.shape, instr.shape):
+            alias[instr.name] = param.name
+    if alias:
+        kept = [i for i in comp.instructions if i.name not in alias]
+        body = [replace(i, operands=tuple(alias.get(o, o) for o in i.operands)) for i in kept]
+        comp = _live(replace(comp, instructions=tuple(body), root=alias.get(comp.root, comp.root)))
+    root = comp[comp.root]
+    names = {p.name: channel for channel, p in by_channel.items()}
+    if root.opcode == "tuple":
+        for k, o in enumerate(root.operands):
+            if o in names:
+                return comp, (k, names[o])
+    return comp, None
+
+
+def _result_at(comp: Computation, custom_call: Instruction) -> int:
+    try:
+        return async_collective_result(comp, custom_call)
+    except ValueError as err:
+        raise CompileError(f"computation {comp.name}: {err}") from None
+
+
+def _started(comp: Computation, root: Instruction, collective: Instruction, at: int) -> Computation:
+    """The start's computation with its root the tuple it stands for."""
+    assert isinstance(root.shape, TupleShape)
+    taken = {i.name for i in comp.instructions}
+    body = [i for i in comp.instructions if i.name != root.name]
+    parts: list[str] = []
+    for k, shape in enumerate(root.shape.elements):
+        if k < len(collective.operands):
+            parts.append(collective.operands[k])
+        elif k == at:
+            parts.append(collective.name)
+        else:
+            assert isinstance(shape, Shape)
+            zero = unique_name(f"{root.name}.state{k}", taken)
+            literal = Literal(shape, np.zeros(shape.dimensions, shape.element_type.dtype))
+            body.append(Instruction(zero, "constant", shape, (), Attributes({"literal": literal})))
+            parts.append(zero)
+    body.append(Instruction(root.name, "tuple", root.shape, tuple(parts), loc=root.loc))
+    return replace(comp, instructions=tuple(body))
+
+
+def _live(comp: Computation) -> Computation:
+    """``comp`` without the instructions its root does not need (parameters stay)."""
+    need = {comp.root}
+    for instr in reversed(comp.instructions):
+        if instr.name in need:
+            need.update(instr.operands)
+    body = tuple(i for i in comp.instructions if i.name in need or i.opcode == "parameter")
+    return replace(comp, instructions=body)

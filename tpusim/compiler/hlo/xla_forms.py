@@ -7,20 +7,72 @@ the compiler read.
   (:func:`slice_source`).
 - XLA's cost model's estimate of an instruction, ``"estimated_cycles"`` in its ``backend_config``
   (:func:`estimated_cycles`).
+- Async collective fusions: XLA:TPU splits a collective it overlaps with compute into a fusion whose root is
+  the custom call ``AsyncCollectiveStart(collective)``, continuation fusions that pass its state along, and a
+  fusion whose root is ``AsyncCollectiveDone(...)``. The start's value is the tuple (the collective's
+  operands, its result, synchronisation state); each continuation and the done take those elements as their
+  first parameters, in that order, and repeat the collective on the operands for its meaning only (same
+  ``channel_id``); the done's value is the result it was passed (:func:`async_collective_result`).
 """
 
 from __future__ import annotations
 
 import re
 
-from tpusim.compiler.hlo.ir import Computation, Instruction
+from tpusim.compiler.hlo.ir import Computation, Instruction, custom_call_target
 from tpusim.memory import Shape, TupleShape
 
-__all__ = ["CONCAT_BITCAST", "concat_bitcast_order", "estimated_cycles", "slice_source"]
+__all__ = [
+    "ASYNC_COLLECTIVE_DONE",
+    "ASYNC_COLLECTIVE_START",
+    "CONCAT_BITCAST",
+    "async_collective_result",
+    "concat_bitcast_order",
+    "estimated_cycles",
+    "same_array",
+    "slice_source",
+]
 
 _ESTIMATE = re.compile(r'"estimated_cycles"\s*:\s*"?(\d+)')
 
 CONCAT_BITCAST = "ConcatBitcast"
+ASYNC_COLLECTIVE_START = "AsyncCollectiveStart"
+ASYNC_COLLECTIVE_DONE = "AsyncCollectiveDone"
+
+
+def async_collective_result(comp: Computation, custom_call: Instruction) -> int:
+    """Where the collective's result is, for an ``AsyncCollectiveStart`` (the element of its tuple) or an
+    ``AsyncCollectiveDone`` (the operand): after the collective's own operands.
+
+    Raises:
+        ValueError: the collective is not found, or the element there does not have its result's shape."""
+    start = custom_call_target(custom_call) == ASYNC_COLLECTIVE_START
+    found = [comp[o] for o in custom_call.operands if o in comp and comp[o].attr("channel_id") is not None]
+    if len(found) != 1:
+        raise ValueError(f"{custom_call.name}: expected one collective among its operands, found {len(found)}")
+    collective = found[0]
+    at = len(collective.operands)
+    if start:
+        shape = custom_call.shape
+        there = shape.elements[at] if isinstance(shape, TupleShape) and at < len(shape.elements) else None
+    else:
+        there = comp[custom_call.operands[at]].shape if at < len(custom_call.operands) else None
+    if there is None or not same_array(there, collective.shape):
+        raise ValueError(
+            f"{custom_call.name}: element {at} is not the result of {collective.name} ({collective.shape}); this "
+            "form of XLA:TPU's async collective fusion is not supported"
+        )
+    return at
+
+
+def same_array(a: object, b: object) -> bool:
+    """Same element type and dimensions (layouts and memory spaces aside)."""
+    return (
+        isinstance(a, Shape)
+        and isinstance(b, Shape)
+        and a.element_type == b.element_type
+        and a.dimensions == b.dimensions
+    )
 
 
 def concat_bitcast_order(comp: Computation, instr: Instruction) -> tuple[int, tuple[int, ...]]:

@@ -17,8 +17,10 @@ Found by lowering JAX 0.10 programs for CPU and TPU (``jax.jit(f).trace(...).low
 * Targets of XLA:TPU's compiled modules (``jax.jit(f).lower(...).compile().as_text()`` with libtpu):
   ``ConcatBitcast`` (operands placed one after another along the result's only grown dimension: a
   concatenate XLA makes free by placing them adjacently), ``AllocateBuffer`` (an uninitialised buffer a later
-  instruction fills: zeros here), and the index annotations ``AssumeGatherIndicesInBound`` and
-  ``GatherScatterIndicesBitpacked`` (values pass through: the gather that reads them sees the same indices).
+  instruction fills: zeros here), the index annotations ``AssumeGatherIndicesInBound`` and
+  ``GatherScatterIndicesBitpacked`` (values pass through: the gather that reads them sees the same indices),
+  and ``AsyncCollectiveStart`` / ``AsyncCollectiveDone`` of XLA:TPU's async collective fusions
+  (:mod:`tpusim.compiler.hlo.xla_forms`).
 
 Eigenvectors and singular vectors are unique only up to a sign (a phase for complex) per vector, so they
 match XLA up to that choice; everything else follows LAPACK's conventions. Unknown targets raise
@@ -44,7 +46,12 @@ from tpusim.compiler.hlo.reference.linalg import (
     triangular_solve,
     wide,
 )
-from tpusim.compiler.hlo.xla_forms import concat_bitcast_order
+from tpusim.compiler.hlo.xla_forms import (
+    ASYNC_COLLECTIVE_DONE,
+    ASYNC_COLLECTIVE_START,
+    async_collective_result,
+    concat_bitcast_order,
+)
 from tpusim.memory import TupleShape
 
 __all__ = ["backend_flags"]
@@ -118,6 +125,31 @@ def _concat_bitcast(ctx: EvalContext, instr: Instruction, args: Sequence[Value])
     except ValueError as err:
         raise EvaluationError(instr, str(err)) from None
     return np.concatenate([arrays[i] for i in order], axis=dimension)
+
+
+@register_custom_call(ASYNC_COLLECTIVE_START)
+def _async_collective_start(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """The collective's result in its element of the tuple; the other elements (the operands, which only the
+    continuations' copies of the collective read, and the synchronisation state) zeros."""
+    assert ctx.computation is not None
+    try:
+        at = async_collective_result(ctx.computation, instr)
+    except ValueError as err:
+        raise EvaluationError(instr, str(err)) from None
+    (result,) = args
+    parts = list(zeros_of(instr.shape))  # type: ignore[arg-type]
+    parts[at] = result
+    return tuple(parts)
+
+
+@register_custom_call(ASYNC_COLLECTIVE_DONE)
+def _async_collective_done(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """The result the start put in the tuple, passed on by the continuations."""
+    assert ctx.computation is not None
+    try:
+        return args[async_collective_result(ctx.computation, instr)]
+    except ValueError as err:
+        raise EvaluationError(instr, str(err)) from None
 
 
 @register_custom_call("AllocateBuffer")
