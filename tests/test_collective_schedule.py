@@ -3,6 +3,8 @@ collective creator and latency-hiding scheduler, tpusim.compiler.collective_sche
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -32,6 +34,31 @@ STEP = f"""HloModule step, replica_count=8
   ROOT t = (f32[4096,1024], f32[4096,1024], bf16[2048,2048]) tuple(r1, r2, n)
 }}
 """
+
+
+def _gives_the_reference_answer(text: str, rtol: float = 2e-2, atol: float = 1e-5, **run: Any) -> None:
+    """Every chip's outputs of ``text`` (8 devices) equal the reference interpreter's."""
+    module = parse_module(text)
+    per = random_inputs(module, 0, 8)
+    want = evaluate_spmd(module, per, num_devices=8)
+    inputs = [np.stack([d[i] for d in per]) for i in range(len(per[0]))]
+    got = tpusim.simulate(module, inputs, chips=8, **run).outputs
+    for j, out in enumerate(got):
+        np.testing.assert_allclose(out, np.stack([d[j] for d in want]), rtol=rtol, atol=atol)
+
+
+def _seconds(text: str, async_collectives: bool) -> float:
+    """Simulated seconds on 8 v5e chips, timing only, with or without the schedule pass."""
+    options = CompileOptions(async_collectives=async_collectives)
+    return tpusim.simulate(text, chips=8, config="tpu_v5e", timing_only=True, options=options).seconds
+
+
+def _small(text: str) -> str:
+    """``text`` at sizes a numeric run takes a moment for."""
+    return text.replace("4096,1024", "64,128").replace("512,1024", "8,128").replace("2048,2048", "128,128")
+
+
+MATMUL = 140_800 / 1.5e9  # a 2048^3 bf16 product's span on v5e's MXUs (93.9 us)
 
 
 def _order(text: str) -> list[str]:
@@ -81,15 +108,7 @@ def test_control_predecessors_hold_a_start_back() -> None:
 
 @pytest.mark.parametrize("async_collectives", [False, True])
 def test_the_scheduled_step_gives_the_reference_answer(async_collectives: bool) -> None:
-    small = STEP.replace("4096,1024", "64,128").replace("2048,2048", "128,128")
-    module = parse_module(small)
-    per = random_inputs(module, 0, 8)
-    want = evaluate_spmd(module, per, num_devices=8)
-    inputs = [np.stack([d[i] for d in per]) for i in range(len(per[0]))]
-    options = CompileOptions(async_collectives=async_collectives)
-    got = tpusim.simulate(module, inputs, chips=8, options=options).outputs
-    for j, out in enumerate(got):
-        np.testing.assert_allclose(out, np.stack([d[j] for d in want]), rtol=2e-2, atol=1e-5)
+    _gives_the_reference_answer(_small(STEP), options=CompileOptions(async_collectives=async_collectives))
 
 
 def test_compute_between_the_pairs_hides_the_collectives() -> None:
@@ -98,14 +117,7 @@ def test_compute_between_the_pairs_hides_the_collectives() -> None:
     nothing (the fusion pass computes both gradients in one kernel, so the second pair's operand is ready at
     once and one pair is in flight at a time): it stays the plain op. The second hides the second matmul:
     1,571 us."""
-
-    def seconds(async_collectives: bool) -> float:
-        options = CompileOptions(async_collectives=async_collectives)
-        return tpusim.simulate(STEP, chips=8, config="tpu_v5e", timing_only=True, options=options).seconds
-
-    sync, overlapped = seconds(False), seconds(True)
-    matmul = 140_800 / 1.5e9  # (the matmul's span on the MXUs)
-    assert overlapped == pytest.approx(sync - matmul, rel=0.01)
+    assert _seconds(STEP, True) == pytest.approx(_seconds(STEP, False) - MATMUL, rel=0.01)
 
 
 # The same two products in a loop body (a scanned backward pass): each iteration's gradient all-reduce can
@@ -156,27 +168,13 @@ def test_a_loop_body_schedules_its_own_collectives() -> None:
 
 
 def test_the_scheduled_loop_gives_the_reference_answer() -> None:
-    small = LOOP.replace("4096,1024", "64,128").replace("2048,2048", "128,128")
-    module = parse_module(small)
-    per = random_inputs(module, 0, 8)
-    want = evaluate_spmd(module, per, num_devices=8)
-    inputs = [np.stack([d[i] for d in per]) for i in range(len(per[0]))]
-    got = tpusim.simulate(module, inputs, chips=8).outputs
-    for j, out in enumerate(got):
-        np.testing.assert_allclose(out, np.stack([d[j] for d in want]), rtol=2e-2, atol=1e-5)
+    _gives_the_reference_answer(_small(LOOP))
 
 
 def test_each_iteration_hides_its_products_under_its_all_reduce() -> None:
     """v5e, 8 chips, two iterations: the 16 MiB all-reduce (706 us) hides both 2048^3 products (94 us each)
     of its iteration."""
-
-    def seconds(async_collectives: bool) -> float:
-        options = CompileOptions(async_collectives=async_collectives)
-        return tpusim.simulate(LOOP, chips=8, config="tpu_v5e", timing_only=True, options=options).seconds
-
-    sync, overlapped = seconds(False), seconds(True)
-    matmul = 140_800 / 1.5e9
-    assert overlapped == pytest.approx(sync - 2 * 2 * matmul, rel=0.02)
+    assert _seconds(LOOP, True) == pytest.approx(_seconds(LOOP, False) - 2 * 2 * MATMUL, rel=0.02)
 
 
 # XLA's combined (variadic) all-reduce: both gradients in one collective, then a product that does not need it.
@@ -202,26 +200,13 @@ def test_a_combined_all_reduce_becomes_one_pair() -> None:
 
 
 def test_the_combined_pair_gives_the_reference_answer() -> None:
-    small = VARIADIC.replace("4096,1024", "64,128").replace("2048,2048", "128,128")
-    module = parse_module(small)
-    per = random_inputs(module, 0, 8)
-    want = evaluate_spmd(module, per, num_devices=8)
-    inputs = [np.stack([d[i] for d in per]) for i in range(len(per[0]))]
-    got = tpusim.simulate(module, inputs, chips=8).outputs
-    for j, out in enumerate(got):
-        np.testing.assert_allclose(out, np.stack([d[j] for d in want]), rtol=2e-2, atol=1e-5)
+    _gives_the_reference_answer(_small(VARIADIC))
 
 
 def test_the_combined_pair_hides_the_product() -> None:
     """v5e, 8 chips: two 16 MiB arrays reduced one after the other on the async sequencer (about 706 us each)
     hide the 2048^3 product (94 us)."""
-
-    def seconds(async_collectives: bool) -> float:
-        options = CompileOptions(async_collectives=async_collectives)
-        return tpusim.simulate(VARIADIC, chips=8, config="tpu_v5e", timing_only=True, options=options).seconds
-
-    sync, overlapped = seconds(False), seconds(True)
-    assert overlapped == pytest.approx(sync - 140_800 / 1.5e9, rel=0.01)
+    assert _seconds(VARIADIC, True) == pytest.approx(_seconds(VARIADIC, False) - MATMUL, rel=0.01)
 
 
 # An FSDP-style backward: the weight gradient is reduce-scattered while the next product computes.
@@ -246,25 +231,12 @@ def test_a_reduce_scatter_becomes_an_async_pair() -> None:
 
 
 def test_the_reduce_scatter_pair_gives_the_reference_answer() -> None:
-    small = SCATTER.replace("4096,1024", "64,128").replace("512,1024", "8,128").replace("2048,2048", "128,128")
-    module = parse_module(small)
-    per = random_inputs(module, 0, 8)
-    want = evaluate_spmd(module, per, num_devices=8)
-    inputs = [np.stack([d[i] for d in per]) for i in range(len(per[0]))]
-    got = tpusim.simulate(module, inputs, chips=8).outputs
-    for j, out in enumerate(got):
-        np.testing.assert_allclose(out, np.stack([d[j] for d in want]), rtol=2e-2, atol=1e-5)
+    _gives_the_reference_answer(_small(SCATTER))
 
 
 def test_the_reduce_scatter_pair_hides_the_product() -> None:
     """v5e, 8 chips: the 16 MiB reduce-scatter on the async sequencer hides the 2048^3 product (94 us)."""
-
-    def seconds(async_collectives: bool) -> float:
-        options = CompileOptions(async_collectives=async_collectives)
-        return tpusim.simulate(SCATTER, chips=8, config="tpu_v5e", timing_only=True, options=options).seconds
-
-    sync, overlapped = seconds(False), seconds(True)
-    assert overlapped == pytest.approx(sync - 140_800 / 1.5e9, rel=0.02)
+    assert _seconds(SCATTER, True) == pytest.approx(_seconds(SCATTER, False) - MATMUL, rel=0.02)
 
 
 # A small collective made a pair over a 2-D or 3-D topology: the async sequencer's HBM reservation (twice
@@ -302,12 +274,7 @@ def test_small_pairs_over_several_axes(
     collective: str, config: str, topology: tuple[int, ...], overrides: tuple[str, ...]
 ) -> None:
     shape, line = SMALL_COLLECTIVES[collective]
-    module = parse_module(SMALL.replace("COLLECTIVE", line).replace("SHAPE", shape))
-    scheduled = schedule_collectives(module).entry_computation
+    text = SMALL.replace("COLLECTIVE", line).replace("SHAPE", shape)
+    scheduled = schedule_collectives(parse_module(text)).entry_computation
     assert scheduled["r"].opcode in ("all-reduce-start", "async-start")  # (the pair this test is about)
-    per = random_inputs(module, 0, 8)
-    want = evaluate_spmd(module, per, num_devices=8)
-    inputs = [np.stack([d[i] for d in per]) for i in range(len(per[0]))]
-    got = tpusim.simulate(module, inputs, chips=8, topology=topology, config=config, overrides=overrides).outputs
-    for j, out in enumerate(got):
-        np.testing.assert_allclose(out, np.stack([d[j] for d in want]), rtol=1e-5, atol=1e-6)
+    _gives_the_reference_answer(text, 1e-5, 1e-6, topology=topology, config=config, overrides=overrides)
