@@ -5,12 +5,14 @@
 Writes ``benchmarks/programs/``: the flax GPT decoder block of the issue at d_model 1024, sequence 1024,
 batch 8, 16 heads, in bf16 and in f32 (default precision), as the unoptimised HLO text JAX hands a TPU, and
 ``decoder.json`` with XLA:TPU's own estimate of each (``optimal_seconds``, ConcatBitcast-corrected) for v5e
-and v6e; and four bf16 blocks in a row for the scale benchmark (``benchmarks/bench_scale.py``). The matmul
-programs of the benchmark are written by the benchmark itself (one line of HLO each).
+and v6e; and four (and, gzipped, 32) bf16 blocks in a row for the scale benchmark
+(``benchmarks/bench_scale.py``). The matmul programs of the benchmark are written by the benchmark itself (one
+line of HLO each).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -64,13 +66,18 @@ def stacked(dtype: Any, layers: int) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
     return fn, [*specs, x]
 
 
-def write_stacked(layers: int = 4) -> Path:
-    """Write ``decoder_d1024_bf16_{layers}layers.hlo`` (no XLA estimate: the benchmark that runs it measures
-    tpusim's own speed and memory)."""
+def write_stacked(layers: int = 4, compressed: bool = False) -> Path:
+    """Write ``decoder_d1024_bf16_{layers}layers.hlo`` (``.hlo.gz`` when ``compressed``; no XLA estimate: the
+    benchmark that runs it measures tpusim's own speed and memory)."""
     fn, specs = stacked(jnp.bfloat16, layers)
     lowered = jax.jit(fn, keep_unused=True).trace(*specs).lower(lowering_platforms=("tpu",))
+    text = lowered.as_text(dialect="hlo")
     path = OUT / f"decoder_d1024_bf16_{layers}layers.hlo"
-    path.write_text(lowered.as_text(dialect="hlo"))
+    if compressed:
+        path = path.with_suffix(".hlo.gz")
+        path.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        path.write_text(text)
     return path
 
 
@@ -93,6 +100,7 @@ def main() -> int:
         print(f"{path}: XLA estimates {facts[name]['xla']}")
     (OUT / "decoder.json").write_text(json.dumps(facts, indent=1) + "\n")
     print(write_stacked())
+    print(write_stacked(32, compressed=True))  # (bench_scale.py --large: 2.8 M instructions)
     return 0
 
 
