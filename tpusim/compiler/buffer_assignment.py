@@ -807,8 +807,20 @@ def _bitcast_convert(p: _Planner, comp: Computation, instr: Instruction) -> None
 
 @_aliases("opt-barrier")
 def _opt_barrier(p: _Planner, comp: Computation, instr: Instruction) -> None:
-    for path, _ in leaf_paths(instr.shape):
-        p.uf.union((comp.name, instr.operands[0], path), (comp.name, instr.name, path))
+    # No code: the result is the operand's bytes, so it must lay them out as the operand does (layout
+    # assignment gives it the operand's layouts; the memory space may differ, the buffer's class decides it).
+    # Sharing bytes under another layout would reinterpret them.
+    for path, shape in leaf_paths(instr.shape):
+        source = (comp.name, instr.operands[0], path)
+        have = p.shapes.get(source, shape)
+        if _bytes_layout(have) != _bytes_layout(shape):
+            raise CompileError(f"internal: {instr.name} element {list(path)} is {shape} but its operand's is {have}")
+        p.uf.union(source, (comp.name, instr.name, path))
+
+
+def _bytes_layout(shape: Shape) -> Layout:
+    """How a shape's layout places its bytes (its memory space aside)."""
+    return replace(shape.effective_layout, memory_space=0)
 
 
 @_aliases("call", "conditional")

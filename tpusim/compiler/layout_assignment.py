@@ -196,7 +196,7 @@ class _Assigner:
             return source.elements[instr.attr("index")]
         if op == "tuple":
             return TupleShape(tuple(shapes[o] for o in instr.operands))
-        if op == "while":
+        if op in ("while", "opt-barrier"):  # (the operand's own buffers, so its layouts)
             return shapes[instr.operands[0]]
         if self.free_orders and isinstance(instr.shape, Shape) and op != "parameter":
             order = self.preferred.get((self.current, instr.name), Layout.default(instr.shape.rank).minor_to_major)
