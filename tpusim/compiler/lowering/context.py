@@ -714,11 +714,11 @@ class Lowering:
 
 @dataclass(frozen=True)
 class ControlSlice:
-    """The HLO values control flow depends on: loop conditions, branch predicates and indices,
-    dynamic-slice offsets, and everything they depend on, through tuple elements, loop state and the
-    parameters of called computations (leaf by leaf, so a loop counter does not drag in the loop's data).
-    In a timing-only run, the instructions that compute them still compute, so that the run takes the same
-    path through the program as a numeric one.
+    """The HLO values control flow and addresses depend on: loop conditions, branch predicates and indices,
+    dynamic-slice offsets, gather and scatter indices, and everything they depend on, through tuple
+    elements, loop state and the parameters of called computations (leaf by leaf, so a loop counter does not
+    drag in the loop's data). In a timing-only run, the instructions that compute them still compute, so
+    that the run takes the same path through the program, and touches the same rows, as a numeric one.
 
     Attributes:
         values: ``(computation, instruction)`` pairs whose code computes a control value.
@@ -838,6 +838,8 @@ def control_slice(module: Module) -> ControlSlice:
             elif op in ("dynamic-slice", "dynamic-update-slice"):
                 first = 1 if op == "dynamic-slice" else 2
                 work += [(comp.name, o, None) for o in instr.operands[first:]]
+            elif op in ("gather", "scatter"):  # the indices are the rows' offsets (operands, indices, updates)
+                work.append((comp.name, instr.operands[1 if op == "gather" else len(instr.operands) // 2], None))
     seen: set[tuple[str, str, tuple[int, ...] | None]] = set()
     wanted: set[tuple[str, str]] = set()
     leaves: set[tuple[str, str, tuple[int, ...]]] = set()
