@@ -460,3 +460,59 @@ def test_layout_out_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
     a_file.write_text("")
     line = _one_error(["layout", "f32[8,128]", "--out", str(a_file / "x.png")], capsys)
     assert line == f"tpusim layout: --out {a_file / 'x.png'}: cannot be written: {a_file} is a file, not a folder"
+
+
+# ---------------------------------------------------------------- found by a helper's sweep of the CLI
+def test_out_never_overwrites_the_program_or_the_inputs(
+    tmp_path: Path, program: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = program.read_text()
+    line = _one_error(["run", str(program), "--out", str(program)], capsys)
+    assert "--out" in line and "the program" in line and program.read_text() == before
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, **_good_arrays())
+    line = _one_error(["run", str(program), "--inputs", str(inputs), "--out", str(inputs)], capsys)
+    assert "--inputs" in line and sorted(np.load(inputs)) == ["arg0", "arg1"]
+
+
+@pytest.mark.parametrize("flag", [["--out", "o.npz"], ["--check"]])
+def test_timing_only_refuses_flags_it_would_ignore(
+    flag: list[str], tmp_path: Path, program: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = _one_error(["run", str(program), "--timing-only", *flag], capsys)
+    assert flag[0] in line and "--timing-only" in line
+
+
+@pytest.mark.parametrize("flag", [["--seed", "-1"], ["--chips", "0"], ["--chips", "-1"], ["--replicas", "0"]])
+def test_counts_and_seeds_out_of_range_are_usage_errors(
+    flag: list[str], program: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(program), *flag])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert flag[0] in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["program", "--config", "--inputs"])
+def test_a_device_file_is_refused_not_read(where: str, program: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """/dev/zero never ends: reading it whole grew to 14 GB."""
+    args = ["run", "/dev/zero"] if where == "program" else ["run", str(program), where, "/dev/zero"]
+    line = _one_error(args, capsys)
+    assert "/dev/zero" in line and "regular file" in line
+
+
+def test_a_default_report_folder_is_never_replaced(
+    tmp_path: Path, program: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(program), "--timing-only", "--report"]) == 0
+    assert main(["run", str(program), "--timing-only", "--report", "--set", "mxu.rows=64"]) == 0
+    folders = sorted(p.name for p in (tmp_path / "reports").iterdir())
+    assert folders == ["add-tpu_v5e", "add-tpu_v5e-2"], folders
+    capsys.readouterr()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    line = _one_error(["run", str(program), "--timing-only", "--report", str(mine)], capsys)
+    assert "not a tpusim report" in line and (mine / "report.md").read_text() == "my notes"

@@ -104,6 +104,13 @@ def test_spec_expands_grid_and_zip(tmp_path: Path) -> None:
          "  c: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n  d: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
          "  e: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n  f: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n",
          r"s\.yaml: the spec expands to 1,000,000 points \(10 x 10 x 10 x 10 x 10 x 10\), more than 100,000; split"),
+        # columns the results do not have ran every point and then failed drawing (cost) or showed nothing
+        ("programs: [{mlp}]\ncost: money\n", r"s\.yaml:2: 'money' is not a column of the results; columns: "),
+        ("programs: [{mlp}]\nobjective: speed\n", r"s\.yaml:2: 'speed' is not a column of the results"),
+        ("programs: [{mlp}]\nmetrics: [seconds, speed]\n", r"s\.yaml:2: 'speed' is not a column of the results"),
+        # the name is the output folder's: a path would write outside reports/sweeps/
+        ("programs: [{mlp}]\nname: ../../escape\n", r"s\.yaml:2: the name '\.\./\.\./escape' names the output folder"),
+        ("programs: [{mlp}]\nname: /tmp/abs\n", r"s\.yaml:2: the name '/tmp/abs' names the output folder"),
     ],
 )  # fmt: skip
 def test_spec_errors_name_the_line(tmp_path: Path, text: str, message: str) -> None:
@@ -398,3 +405,10 @@ def test_local_workers_share_the_cores_between_their_blas_threads():
         pool.join()
     blas = [lib for lib in info if lib["user_api"] == "blas"]
     assert blas and all(lib["num_threads"] == 1 for lib in blas)
+
+
+def test_a_folder_of_other_files_is_not_taken_as_a_sweeps(spec_path: Path, tmp_path: Path) -> None:
+    (tmp_path / "results.csv").write_text("my table")
+    with pytest.raises(SweepError, match="not a sweep's"):
+        run_sweep(load_spec(spec_path), tmp_path, progress=False)
+    assert (tmp_path / "results.csv").read_text() == "my table"

@@ -121,18 +121,36 @@ def _add_chip_options(p: argparse.ArgumentParser) -> None:
                         "printing XLA's estimates beside its own")  # fmt: skip
 
 
+def _natural(text: str) -> int:
+    """An argparse type: an integer of at least 0 (argparse names the flag in its error)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: give 0 or more")
+    return value
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive count: give 1 or more")
+    return value
+
+
 def _configure_run(p: argparse.ArgumentParser) -> None:
     _add_chip_options(p)
     p.add_argument("--inputs", type=Path, help="inputs as .npz keyed arg0..argN-1 (default: seeded random inputs)")
     p.add_argument("--out", type=Path, help="write the outputs as .npz keyed out0..outM-1")
-    p.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default 0)")
+    p.add_argument("--seed", type=_natural, default=None, help="seed of the random inputs (default 0)")
     p.add_argument("--timing-only", action="store_true", help="skip numeric work where timing does not need it")
     p.add_argument("--check", action="store_true", help="compare the outputs with the reference interpreter")
     p.add_argument("--reference", action="store_true", help="run only the reference interpreter (the numpy oracle)")
-    p.add_argument("--replicas", type=int, default=None, help="with --reference: devices to run (replicas/partitions)")
+    p.add_argument(
+        "--replicas", type=_positive, default=None, help="with --reference: devices to run (replicas/partitions)"
+    )
     p.add_argument(
         "--chips",
-        type=int,
+        type=_positive,
         default=None,
         help="run on N chips (an SPMD per-device module or N replicas); inputs and outputs get a leading axis of N",
     )
@@ -187,12 +205,19 @@ def _run_run(args: argparse.Namespace) -> int:
     from tpusim.report.progress import Activity, run_status
     from tpusim.report.summary import format_summary
 
-    # output paths first: a run must not end by finding them unwritable (the report folder is checked below,
-    # once the config that names it is known)
+    # flags that would be silently ignored, and output paths: a run must not end by finding them unwritable
+    # or by overwriting what the user gave (the report folder is checked below, once the config is known)
+    if args.timing_only:
+        ignored = [flag for flag, on in (("--out", args.out is not None), ("--check", args.check)) if on]
+        if ignored:
+            raise TpusimError(f"--timing-only computes no output values: {' and '.join(ignored)} would do nothing")
     if args.out is not None:
-        from tpusim.paths import check_output_path
+        from tpusim.paths import check_output_path, same_file
 
         check_output_path(args.out, "--out", folder=False)
+        for flag, given in (("the program", args.program), ("--inputs", args.inputs), ("--config", args.config)):
+            if given is not None and same_file(args.out, given):
+                raise TpusimError(f"--out {args.out} is {flag}: choose another file, it would be overwritten")
     if args.reference:
         clash = [flag for flag, on in (("--report", args.report is not None), ("--check", args.check),
                                         ("--timing-only", args.timing_only),

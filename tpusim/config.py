@@ -31,6 +31,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from tpusim.errors import ConfigError
+from tpusim.paths import regular_file_problem
 from tpusim.yamlio import SafeLoader, YamlError, compose_yaml, scalar_value, shorten, show_value
 
 __all__ = [
@@ -817,6 +818,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[
         ConfigError: naming the file and line (or the override) and the key.
     """
     p = PRESETS.get(str(path), Path(path))
+    problem = regular_file_problem(p)
+    if problem:
+        raise ConfigError(f"cannot read config {shorten(str(path))!r}: it {problem}")
     try:
         data = p.read_bytes()
     except OSError as e:

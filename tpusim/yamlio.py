@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from tpusim.errors import ConfigError
+from tpusim.paths import regular_file_problem
 
 __all__ = [
     "MAX_DEPTH",
@@ -219,6 +220,9 @@ SafeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _cons
 
 def read_text(path: str | Path, what: str = "file") -> str:
     """The text of ``path`` as UTF-8, or a ConfigError naming the file (and where the first bad byte is)."""
+    problem = regular_file_problem(path)
+    if problem:
+        raise ConfigError(f"{path}: cannot read {what}: it {problem}")
     try:
         data = Path(path).read_bytes()
     except OSError as err:

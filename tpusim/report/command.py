@@ -26,10 +26,25 @@ def add_report_argument(p: argparse.ArgumentParser) -> None:
 
 
 def report_folder(args: argparse.Namespace, config_name: str) -> Path:
-    """The folder ``tpusim run --report [DIR]`` writes to (DIR, or ``reports/<program>-<config>``)."""
+    """The folder ``tpusim run --report [DIR]`` writes to: DIR, which must be new, empty or an earlier report
+    (its ``summary.json``), or else ``reports/<program>-<config>``, numbered ``-2``, ``-3`` ... when taken (a
+    report of another run is never replaced unasked). Worked out once per run (kept on ``args``)."""
+    from tpusim.paths import OutputPathError, check_output_path, fresh_path
     from tpusim.report.writer import default_report_dir
 
-    return Path(args.report) if args.report else default_report_dir(args.program, config_name)
+    chosen = getattr(args, "report_folder", None)
+    if chosen is None:
+        if args.report:
+            chosen = check_output_path(args.report, "--report", folder=True)
+            if chosen.is_dir() and any(chosen.iterdir()) and not (chosen / "summary.json").is_file():
+                raise OutputPathError(
+                    f"--report {chosen}: the folder holds files that are not a tpusim report; give a new or empty "
+                    "folder"
+                )
+        else:
+            chosen = fresh_path(default_report_dir(args.program, config_name))
+        args.report_folder = chosen
+    return Path(chosen)
 
 
 def write_run_report(args: argparse.Namespace, result: SimulationResult, wall_seconds: float) -> Path:

@@ -18,23 +18,12 @@ from tpusim.compiler.config_reads import Path, read_values, recorded_reads
 from tpusim.compiler.options import CompileOptions
 from tpusim.config import ChipConfig
 from tpusim.errors import TpusimError
-from tpusim.sweep.spec import Point
+from tpusim.sweep.spec import METRIC_COLUMNS, Point
 
 if TYPE_CHECKING:
     from tpusim.compiler.pipeline import CompiledProgram
 
-__all__ = ["COST_COLUMNS", "METRIC_COLUMNS", "compiled_for", "costs", "payload", "run_point"]
-
-METRIC_COLUMNS = (
-    "cycles", "seconds", "instructions", "flops", "flops_per_s", "flops_fraction_of_peak", "hbm_bytes",
-    "hbm_bytes_per_s", "hbm_bandwidth_fraction", "mxu_busy_fraction", "vpu_busy_fraction", "dma_busy_fraction",
-    "peak_hbm_bytes", "peak_vmem_bytes", "fallbacks", "relayouts",
-)  # fmt: skip
-"""Headline metrics of a point, in table order (units in the names; fractions between 0 and 1)."""
-
-COST_COLUMNS = ("mxu_macs", "hbm_bandwidth_bytes_per_s", "vmem_bytes", "peak_flops_per_s")
-"""Costs of a point's chip, for Pareto fronts: multiply-add cells of all MXUs of a chip (a proxy for MXU area),
-HBM bandwidth, VMEM capacity per core, peak bf16 FLOP/s."""
+__all__ = ["compiled_for", "costs", "payload", "run_point"]
 
 
 def costs(cfg: ChipConfig) -> dict[str, float]:

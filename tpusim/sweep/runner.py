@@ -13,8 +13,8 @@ from typing import Any
 
 from tpusim.report.progress import Progress
 from tpusim.sweep.executors import EXECUTORS
-from tpusim.sweep.point import COST_COLUMNS, METRIC_COLUMNS, payload
-from tpusim.sweep.spec import SweepError, SweepSpec
+from tpusim.sweep.point import payload
+from tpusim.sweep.spec import COST_COLUMNS, METRIC_COLUMNS, SweepError, SweepSpec
 from tpusim.sweep.store import Journal, write_tables
 
 __all__ = ["SweepInterrupted", "SweepResult", "best_points", "columns", "default_sweep_dir", "run_sweep"]
@@ -134,6 +134,9 @@ def run_sweep(
     if executor not in EXECUTORS:
         raise SweepError(f"unknown executor {executor!r}; executors: {', '.join(EXECUTORS)}")
     folder = Path(out) if out is not None else default_sweep_dir(spec)
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / "journal.jsonl").exists():
+        raise SweepError(f"{folder}: the folder holds files that are not a sweep's (no journal.jsonl); give a new or "
+                         "empty folder, or a sweep's to resume it")  # fmt: skip
     journal = Journal(folder)
     try:
         _write_text(folder / "spec.yaml", spec.text)

@@ -37,10 +37,21 @@ from tpusim.config import PRESETS, ChipConfig, load_config
 from tpusim.errors import TpusimError
 from tpusim.yamlio import YamlMap, load_yaml, read_text, shorten, show_value, where
 
-__all__ = ["DEFAULT_METRICS", "Point", "SweepError", "SweepSpec", "load_spec"]
+__all__ = ["COST_COLUMNS", "DEFAULT_METRICS", "METRIC_COLUMNS", "Point", "SweepError", "SweepSpec", "load_spec"]
 
 OPTION_KEYS = tuple(f.name for f in dataclasses.fields(CompileOptions))
 RUN_KEYS = ("program", "config", "seed", "inputs", "timing_only")
+METRIC_COLUMNS = (
+    "cycles", "seconds", "instructions", "flops", "flops_per_s", "flops_fraction_of_peak", "hbm_bytes",
+    "hbm_bytes_per_s", "hbm_bandwidth_fraction", "mxu_busy_fraction", "vpu_busy_fraction", "dma_busy_fraction",
+    "peak_hbm_bytes", "peak_vmem_bytes", "fallbacks", "relayouts",
+)  # fmt: skip
+"""Headline metrics of a point, in table order (units in the names; fractions between 0 and 1)."""
+
+COST_COLUMNS = ("mxu_macs", "hbm_bandwidth_bytes_per_s", "vmem_bytes", "peak_flops_per_s")
+"""Costs of a point's chip, for Pareto fronts: multiply-add cells of all MXUs of a chip (a proxy for MXU area),
+HBM bandwidth, VMEM capacity per core, peak bf16 FLOP/s."""
+
 DEFAULT_METRICS = ("seconds", "flops_fraction_of_peak", "hbm_bandwidth_fraction", "mxu_busy_fraction")
 _TOP_KEYS = ("name", "description", "programs", "config", "set", "options", "timing_only", "seed", "inputs", "grid",
              "zip", "objective", "cost", "metrics")  # fmt: skip
@@ -256,11 +267,25 @@ def load_spec(path: str | Path) -> SweepSpec:
     metrics = doc.get("metrics", list(DEFAULT_METRICS))
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
         raise SweepError(f"{where(doc, 'metrics')}: metrics must be a list of column names")
+    # every column named must be one the results have: a metric, a cost, or a parameter of the grid
+    columns = {*METRIC_COLUMNS, *COST_COLUMNS, *(n for a in axis_names for n in a)}
+    cost = doc.get("cost", "mxu_macs")
+    for key, names in (("objective", [objective]), ("cost", [cost]), ("metrics", metrics)):
+        unknown = [str(n) for n in names if n not in columns]
+        if unknown:
+            raise SweepError(
+                f"{where(doc, key)}: {', '.join(map(repr, unknown))} is not a column of the results; columns: "
+                f"{', '.join(sorted(columns))}"
+            )
+    name = str(doc.get("name", source.stem))
+    if not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise SweepError(f"{where(doc, 'name')}: the name {name!r} names the output folder under reports/sweeps/: "
+                         "give a plain name, no path")  # fmt: skip
     return SweepSpec(
-        name=str(doc.get("name", source.stem)), source=source, text=text, description=str(doc.get("description", "")),
+        name=name, source=source, text=text, description=str(doc.get("description", "")),
         programs=programs, parameters=tuple(n for a in axis_names for n in a), axes=tuple(axis_names),
         points=tuple(points), objective=(str(objective), maximise),
-        cost=str(doc.get("cost", "mxu_macs")), metrics=tuple(metrics),
+        cost=str(cost), metrics=tuple(metrics),
     )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from tpusim.compiler.hlo.shape_rules import compatible
 from tpusim.errors import LayoutError
 from tpusim.gcpause import paused_gc
 from tpusim.memory import AnyShape, ShapeReader
+from tpusim.paths import InputPathError, regular_file_problem
 
 __all__ = ["decode_text", "load_module", "parse_module", "read_hlo_text"]
 
@@ -112,6 +113,9 @@ def read_hlo_text(path: Path) -> str:
     Raises:
         HloParseError: not gzip (for ``.gz``) or not UTF-8, saying where.
     """
+    problem = regular_file_problem(path)
+    if problem:
+        raise InputPathError(f"{path} {problem}")
     data = path.read_bytes()
     if path.suffix == ".gz":
         import gzip

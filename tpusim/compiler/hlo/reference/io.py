@@ -40,6 +40,7 @@ from tpusim.compiler.hlo.reference.core import TOKEN, Host, Value, evaluate, eva
 from tpusim.errors import TpusimError
 from tpusim.limits import DEFAULT_MAX_STEPS
 from tpusim.memory import AnyShape, ElementType, Shape, TupleShape, element_type_of_dtype
+from tpusim.paths import regular_file_problem
 
 __all__ = [
     "DEFAULT_SEED",
@@ -263,6 +264,9 @@ def load_inputs(path: str | Path, module: Module, num_devices: int = 1) -> list[
             not take are never opened.
     """
     path = Path(path)
+    problem = regular_file_problem(path)
+    if problem:
+        raise InputFileError(f"{path} {problem}")
     keys = _parameter_keys(module)
     with _open_npz(path) as archive:
         # 1. names from the zip directory, 2. dtypes, shapes and sizes from every .npy header, 3. the data
@@ -431,9 +435,10 @@ def run_reference_command(args: argparse.Namespace) -> int:
     :mod:`tpusim.limits`); prints one line per output to stderr. Returns the exit status (0).
     """
     from tpusim.compiler.hlo import load_module
-    from tpusim.paths import check_output_path
+    from tpusim.paths import check_output_path, fresh_path
 
-    out = check_output_path(getattr(args, "out", None) or Path("reports/out.npz"), "--out", folder=False)
+    given = getattr(args, "out", None)
+    out = check_output_path(given or fresh_path("reports/out.npz"), "--out", folder=False)
     module = load_module(args.program)
     declared = module.replica_count * module.num_partitions
     replicas = getattr(args, "replicas", None)
