@@ -228,6 +228,27 @@ def _fails(body: str, message: str, computations: str = ADD) -> HloVerifyError:
             "transpose_a=NO_TRANSPOSE\n y = f32[4,3] parameter(1)\n z = f32[4,4] triangular-solve(y, x)",
             r"triangular-solve needs square matrices a f32\[4,3\]",
         ),
+        # dimension maps out of range, which passed verification and failed inside a fallback kernel (a
+        # helper's sweep of the CLI)
+        (
+            " x = f32[8,128] parameter(0)\n i = s32[4,1] parameter(1)\n ROOT g = f32[4,128] gather(x, i), "
+            "offset_dims={1}, collapsed_slice_dims={0}, start_index_map={5}, index_vector_dim=1, slice_sizes={1,128}",
+            r"start_index_map \[5\] has 5, which is not a dimension of the rank-2 operand f32\[8,128\]",
+        ),
+        (
+            " x = f32[8,128] parameter(0)\n i = s32[4,1] parameter(1)\n u = f32[4,128] parameter(2)\n ROOT s = "
+            "f32[8,128] scatter(x, i, u), update_window_dims={1}, inserted_window_dims={0}, "
+            "scatter_dims_to_operand_dims={7}, index_vector_dim=1, to_apply=add",
+            r"scatter_dims_to_operand_dims \[7\] has 7, which is not a dimension of the rank-2 operand",
+        ),
+        (
+            " x = c64[8,128] parameter(0)\n ROOT f = c64[8,128] fft(x), fft_type=FFT, fft_length={64}",
+            r"FFT of c64\[8,128\] needs its last dimensions to be fft_length=\[64\]",
+        ),
+        (
+            " x = f32[8,128] parameter(0)\n ROOT g = f32[8,128] all-gather(x), dimensions={5}",
+            r"dimensions \[5\] has 5, which is not a dimension of the rank-2 operand f32\[8,128\]",
+        ),
     ],
 )
 def test_broken_rules(body, message):

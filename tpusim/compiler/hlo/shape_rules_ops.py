@@ -198,6 +198,9 @@ def _gather(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     _dim_list((*collapsed, *batching), x.rank, "collapsed_slice_dims and operand_batching_dims", of=x)
     if not 0 <= ivd <= idx.rank:
         raise RuleError(f"index_vector_dim={ivd} is out of range for the indices {idx}")
+    start_map = ins.attr("start_index_map", ())
+    _dim_list(start_map, x.rank, "start_index_map", of=x)
+    _index_vector(idx, ivd, start_map, "start_index_map")
     batch = [d for i, d in enumerate(idx.dimensions) if i != ivd]
     offsets = [s for i, s in enumerate(sizes) if i not in collapsed and i not in batching]
     if len(offset_dims) != len(offsets):
@@ -213,6 +216,16 @@ def _gather(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     _result_dims(ins, out, lambda: f"gather from {x} at {idx}")
 
 
+def _index_vector(idx: Shape, ivd: int, mapped: Sequence[int], what: str) -> None:
+    """The index vector (dimension ``ivd`` of the indices, or a trailing 1) holds one start per entry of
+    ``what``."""
+    length = idx.dimensions[ivd] if ivd < idx.rank else 1
+    if length != len(mapped):
+        raise RuleError(
+            f"the indices {idx} hold {length} starts per index vector but {what}={list(mapped)} maps {len(mapped)}"
+        )
+
+
 @rule("scatter")
 def _scatter(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     if len(ops) % 2 == 0:
@@ -223,6 +236,14 @@ def _scatter(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     updates = [_array(s, f"update {i}") for i, s in enumerate(ops[n + 1 :])]
     window = ins.attr("update_window_dims", ())
     ivd = ins.attr("index_vector_dim", idx.rank)
+    if not 0 <= ivd <= idx.rank:
+        raise RuleError(f"index_vector_dim={ivd} is out of range for the indices {idx}")
+    to_operand = ins.attr("scatter_dims_to_operand_dims", ())
+    inserted = (*ins.attr("inserted_window_dims", ()), *ins.attr("input_batching_dims", ()))
+    for x in operands:
+        _dim_list(to_operand, x.rank, "scatter_dims_to_operand_dims", of=x)
+        _dim_list(inserted, x.rank, "inserted_window_dims and input_batching_dims", of=x)
+    _index_vector(idx, ivd, to_operand, "scatter_dims_to_operand_dims")
     scatter_dims = idx.rank - (1 if ivd < idx.rank else 0)
     for u in updates:
         if u.rank != len(window) + scatter_dims:
@@ -230,6 +251,8 @@ def _scatter(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
                 f"update {u} should have rank {len(window) + scatter_dims} (update_window_dims "
                 f"{list(window)} plus the scatter dimensions of {idx})"
             )
+    for u in updates:
+        _dim_list(window, u.rank, "update_window_dims", of=u)
     _variadic_result(ins, operands, "scatter keeps its operands' shapes")
     scalars = [_scalar_of(u) for u in operands]
     _signature(module, ins.attr("to_apply"), [*scalars, *scalars], "scalars", "the to_apply")
@@ -259,6 +282,8 @@ def _fft(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
         dims[-1] = length[-1]
     elif kind not in ("FFT", "IFFT"):
         raise RuleError(f"fft_type={kind} is not FFT, IFFT, RFFT or IRFFT")
+    elif tuple(dims[len(dims) - n :]) != length:
+        raise RuleError(f"{kind} of {x} needs its last dimensions to be fft_length={list(length)}")
     _result_dims(ins, dims, lambda: f"{kind} of {x}")
 
 
@@ -392,6 +417,7 @@ def _gather_scatter(ins: Instruction, ops: Sequence[AnyShape], module: Module) -
         raise RuleError(f"{ins.opcode} of {len(ops)} operands should give {len(ops)} results, found {ins.shape}")
     for x, out in zip(ops, results):
         x, out = _array(x, "an operand"), _array(out, "a result")
+        _dim_list(ins.attr("dimensions", (0,))[:1], x.rank, "dimensions", of=x)
         if n is None:
             if out.rank != x.rank:
                 raise RuleError(f"{ins.opcode} of {x} cannot give {out}")
