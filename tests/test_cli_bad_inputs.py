@@ -516,3 +516,17 @@ def test_a_default_report_folder_is_never_replaced(
     (mine / "report.md").write_text("my notes")
     line = _one_error(["run", str(program), "--timing-only", "--report", str(mine)], capsys)
     assert "not a tpusim report" in line and (mine / "report.md").read_text() == "my notes"
+
+
+def test_a_failing_fallback_kernel_names_the_instruction_not_a_line_of_its_kernel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The kernel is a module of its own: its line numbers are not the program's (the error said line 5 for
+    an instruction on line 4)."""
+    path = tmp_path / "infeed.hlo"
+    path.write_text(
+        "HloModule m\nENTRY e {\n  t = token[] after-all()\n  i = (f32[8], token[]) infeed(t)\n"
+        "  ROOT g = f32[8] get-tuple-element(i), index=0\n}\n"
+    )
+    line = _one_error(["run", str(path)], capsys)
+    assert "(from HLO i)" in line and "infeed queue" in line and "line" not in line

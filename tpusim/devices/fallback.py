@@ -51,7 +51,10 @@ def _execute(core: Core, ins: Fallback, reads: tuple[Access, ...], writes: tuple
     try:
         outputs = evaluate(kernel.hlo, values)
     except Exception as e:  # the evaluator is user-replaceable: report any failure at the instruction
-        raise core.error(ins, f"fallback kernel {ins.kernel!r} failed: {type(e).__name__}: {e}") from e
+        # (an error's own ``message``, when it has one, leaves out where it was in the kernel's text, whose
+        # lines are not the program's: core.error names the instruction and its HLO origin)
+        said = getattr(e, "message", None)
+        raise core.error(ins, f"fallback kernel {ins.kernel!r} failed: {type(e).__name__}: {said or e}") from e
     if len(outputs) != len(writes):
         raise core.error(
             ins, f"fallback kernel {ins.kernel!r} returned {len(outputs)} values for {len(writes)} outputs"
