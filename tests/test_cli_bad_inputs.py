@@ -530,3 +530,21 @@ def test_a_failing_fallback_kernel_names_the_instruction_not_a_line_of_its_kerne
     )
     line = _one_error(["run", str(path)], capsys)
     assert "(from HLO i)" in line and "infeed queue" in line and "line" not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [(["report", ".", "--dpi", "1"], "--dpi"), (["sweep", "s.yaml", "-j", "0"], "--workers/-j")],
+)
+def test_resolutions_and_worker_counts_out_of_range_are_usage_errors(
+    args: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dpi 1 ended in a FreeType traceback and --dpi 100000 in a MemoryError; -j 0 was accepted."""
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_a_layout_without_elements_is_not_drawn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_error(["layout", "f32[0,5]", "--out", str(tmp_path / "x.png")], capsys)
+    assert "no elements" in line and not (tmp_path / "x.png").exists()

@@ -18,7 +18,7 @@ import tpusim
 
 ROOT = Path(tpusim.__file__).parent
 
-BASE = {"errors", "limits", "paths", "flags", "yamlio", "lazy", "gcpause"}
+BASE = {"errors", "limits", "paths", "flags", "yamlio", "lazy", "gcpause", "argtypes"}
 """Leaf modules anything may use (errors, limits, file paths, flags, YAML reading, lazy imports, pausing the
 garbage collector)."""
 

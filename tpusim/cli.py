@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tpusim.argtypes import at_least
 from tpusim.errors import TpusimError
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ def _run_layout(args: argparse.Namespace) -> int:
                   "(draw its first tiles with --out FILE.png)", file=sys.stderr)  # fmt: skip
     if out is None:
         return 0
+    if not shape.element_count:  # type: ignore[union-attr]
+        raise TpusimError(f"{shape} has no elements: there is nothing to draw (--json describes it)")
     figure = layout_diagram(shape, max_rows=args.max_rows, max_cols=args.max_cols)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=110)
@@ -121,36 +124,20 @@ def _add_chip_options(p: argparse.ArgumentParser) -> None:
                         "printing XLA's estimates beside its own")  # fmt: skip
 
 
-def _natural(text: str) -> int:
-    """An argparse type: an integer of at least 0 (argparse names the flag in its error)."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative: give 0 or more")
-    return value
-
-
-def _positive(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive count: give 1 or more")
-    return value
-
-
 def _configure_run(p: argparse.ArgumentParser) -> None:
     _add_chip_options(p)
     p.add_argument("--inputs", type=Path, help="inputs as .npz keyed arg0..argN-1 (default: seeded random inputs)")
     p.add_argument("--out", type=Path, help="write the outputs as .npz keyed out0..outM-1")
-    p.add_argument("--seed", type=_natural, default=None, help="seed of the random inputs (default 0)")
+    p.add_argument("--seed", type=at_least(0), default=None, help="seed of the random inputs (default 0)")
     p.add_argument("--timing-only", action="store_true", help="skip numeric work where timing does not need it")
     p.add_argument("--check", action="store_true", help="compare the outputs with the reference interpreter")
     p.add_argument("--reference", action="store_true", help="run only the reference interpreter (the numpy oracle)")
     p.add_argument(
-        "--replicas", type=_positive, default=None, help="with --reference: devices to run (replicas/partitions)"
+        "--replicas", type=at_least(1), default=None, help="with --reference: devices to run (replicas/partitions)"
     )
     p.add_argument(
         "--chips",
-        type=_positive,
+        type=at_least(1),
         default=None,
         help="run on N chips (an SPMD per-device module or N replicas); inputs and outputs get a leading axis of N",
     )

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tpusim.argtypes import between
+
 if TYPE_CHECKING:
     from tpusim.api import SimulationResult
 
@@ -60,7 +62,7 @@ def write_run_report(args: argparse.Namespace, result: SimulationResult, wall_se
 def configure_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("directory", type=Path, nargs="?", help="a report folder written by 'tpusim run --report'")
     p.add_argument("--schema", action="store_true", help="print the JSON Schema of summary.json and exit")
-    p.add_argument("--dpi", type=int, default=110, help="resolution of the plots (default 110)")
+    p.add_argument("--dpi", type=between(20, 1200), default=110, help="resolution of the plots (default 110)")
     p.add_argument("--trace-view", nargs="?", const=":", metavar="START:END",
                    help="also draw trace.json as a trace viewer lays it out (tracks, slices, flow arrows, counters) "
                         "into trace_view.png, between cycles START and END (default: the whole run)")  # fmt: skip

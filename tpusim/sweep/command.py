@@ -8,13 +8,15 @@ import sys
 import warnings
 from pathlib import Path
 
+from tpusim.argtypes import at_least
+
 __all__ = ["configure_sweep", "run_sweep_command"]
 
 
 def configure_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", type=Path, help="a sweep spec (see configs/sweeps/ and docs/sweeps.md)")
     p.add_argument("--out", type=Path, help="output folder (default reports/sweeps/<name>/); an existing one resumes")
-    p.add_argument("--workers", "-j", type=int, default=max(1, min(os.cpu_count() or 1, 8)),
+    p.add_argument("--workers", "-j", type=at_least(1), default=max(1, min(os.cpu_count() or 1, 8)),
                    help="local worker processes (default: the CPU count, at most 8)")  # fmt: skip
     p.add_argument("--executor", choices=("local", "dask"), default="local",
                    help="where points run: local processes, or a Dask cluster (needs --scheduler)")  # fmt: skip
