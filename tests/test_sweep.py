@@ -223,6 +223,17 @@ def test_journal_keeps_every_valid_row_after_a_corrupt_line(tmp_path: Path) -> N
     assert path.read_bytes() == data + json.dumps(_row("f"), separators=(",", ":")).encode() + b"\n"
 
 
+def test_a_row_whose_metric_is_not_a_number_is_skipped_not_rendered(tmp_path: Path) -> None:
+    """A row whose measured column held text passed and then failed rendering sweep.md (a traceback)."""
+    path = tmp_path / "journal.jsonl"
+    bad = {**_row("b"), "cycles": "oops"}
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in (_row("a"), bad, _row("c"))))
+    with pytest.warns(SweepWarning, match="'cycles' is not a number"):
+        j = Journal(tmp_path)
+    assert list(j.rows) == ["a", "c"]
+    j.close()
+
+
 def test_journal_keeps_a_whole_last_row_without_its_newline(tmp_path: Path) -> None:
     (tmp_path / "journal.jsonl").write_bytes(json.dumps(_row("a")).encode())
     j = Journal(tmp_path)

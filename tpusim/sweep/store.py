@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tpusim.sweep.spec import SweepError
+from tpusim.sweep.spec import COST_COLUMNS, METRIC_COLUMNS, SweepError
 
 __all__ = ["Journal", "SweepWarning", "write_tables"]
 
@@ -58,6 +58,10 @@ def _parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
             return None, f"no {key!r}" if key not in row else f"{key!r} is not {tp.__name__}"
     if row["status"] not in ("ok", "error"):
         return None, f"status {str(row['status'])[:20]!r} is neither 'ok' nor 'error'"
+    for key in (*METRIC_COLUMNS, *COST_COLUMNS):  # a measured column holds a number, or nothing
+        value = row.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            return None, f"{key!r} is not a number"
     return row, ""
 
 
