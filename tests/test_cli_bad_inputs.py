@@ -548,3 +548,17 @@ def test_resolutions_and_worker_counts_out_of_range_are_usage_errors(
 def test_a_layout_without_elements_is_not_drawn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_error(["layout", "f32[0,5]", "--out", str(tmp_path / "x.png")], capsys)
     assert "no elements" in line and not (tmp_path / "x.png").exists()
+
+
+def test_a_report_folder_whose_file_is_a_folder_is_refused_before_the_run(
+    tmp_path: Path, program: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was found only when writing, after the whole run, leaving a half-written folder."""
+    folder = tmp_path / "rep"
+    assert main(["run", str(program), "--timing-only", "--report", str(folder)]) == 0
+    (folder / "trace.json").unlink()
+    (folder / "trace.json").mkdir()
+    capsys.readouterr()
+    line = _one_error(["run", str(program), "--timing-only", "--report", str(folder)], capsys)
+    assert "trace.json is not a file" in line
+    assert not list(folder.glob("*.tmp"))

@@ -32,7 +32,7 @@ def report_folder(args: argparse.Namespace, config_name: str) -> Path:
     (its ``summary.json``), or else ``reports/<program>-<config>``, numbered ``-2``, ``-3`` ... when taken (a
     report of another run is never replaced unasked). Worked out once per run (kept on ``args``)."""
     from tpusim.paths import OutputPathError, check_output_path, fresh_path
-    from tpusim.report.writer import default_report_dir
+    from tpusim.report.writer import REPORT_FILES, default_report_dir
 
     chosen = getattr(args, "report_folder", None)
     if chosen is None:
@@ -45,6 +45,9 @@ def report_folder(args: argparse.Namespace, config_name: str) -> Path:
                 )
         else:
             chosen = fresh_path(default_report_dir(args.program, config_name))
+        for name in REPORT_FILES:  # (checked now: found only when writing, the run would be lost)
+            if (chosen / name).exists() and not (chosen / name).is_file():
+                raise OutputPathError(f"--report {chosen}: {chosen / name} is not a file; the report writes one there")
         args.report_folder = chosen
     return Path(chosen)
 

@@ -18,10 +18,13 @@ from tpusim.report.schema import SCHEMA_ID, SCHEMA_VERSION
 if TYPE_CHECKING:
     from tpusim.api import SimulationResult
 
-__all__ = ["PLOTS", "ReportError", "default_report_dir", "render_report", "write_report"]
+__all__ = ["PLOTS", "REPORT_FILES", "ReportError", "default_report_dir", "render_report", "write_report"]
 
 PLOTS = ("timeline", "utilisation", "roofline", "memory")
 """The figures of a report, each written as ``<name>.png``."""
+
+REPORT_FILES = ("summary.json", "trace.json", "report.md", *(f"{p}.png" for p in PLOTS))
+"""Every file a report folder gets."""
 
 
 class ReportError(TpusimError):
