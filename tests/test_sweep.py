@@ -108,6 +108,8 @@ def test_spec_expands_grid_and_zip(tmp_path: Path) -> None:
         ("programs: [{mlp}]\ncost: money\n", r"s\.yaml:2: 'money' is not a column of the results; columns: "),
         ("programs: [{mlp}]\nobjective: speed\n", r"s\.yaml:2: 'speed' is not a column of the results"),
         ("programs: [{mlp}]\nmetrics: [seconds, speed]\n", r"s\.yaml:2: 'speed' is not a column of the results"),
+        ("programs: [{mlp}]\noptions: {{fuse: maybe}}\n", r"s\.yaml:2: fuse must be true or false, not 'maybe'"),
+        ("programs: [{mlp}]\ngrid:\n  tiling: [tpu_default, nope]\n", r"s\.yaml:3: tiling 'nope': "),
         # the name is the output folder's: a path would write outside reports/sweeps/
         ("programs: [{mlp}]\nname: ../../escape\n", r"s\.yaml:2: the name '\.\./\.\./escape' names the output folder"),
         ("programs: [{mlp}]\nname: /tmp/abs\n", r"s\.yaml:2: the name '/tmp/abs' names the output folder"),

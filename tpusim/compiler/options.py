@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tpusim.compiler.errors import CompileError
@@ -42,6 +43,10 @@ class CompileOptions:
     async_collectives: bool = True
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # (a YAML "maybe" or a 1 is not a switch)
+            value = getattr(self, f.name)
+            if f.type in ("bool", bool) and not isinstance(value, bool):
+                raise CompileError(f"{f.name} must be true or false, not {value!r}")
         if self.matmul_precision not in ("default", "high", "highest"):
             raise CompileError(f"matmul precision must be default, high or highest, not {self.matmul_precision!r}")
         if not 0.0 < self.vmem_fraction <= 1.0:

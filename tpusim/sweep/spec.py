@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tpusim.compiler.options import CompileOptions
+from tpusim.compiler.tiling_rules import load_tiling_rules
 from tpusim.config import PRESETS, ChipConfig, load_config
 from tpusim.errors import TpusimError
 from tpusim.yamlio import YamlMap, load_yaml, read_text, shorten, show_value, where
@@ -241,6 +242,10 @@ def load_spec(path: str | Path) -> SweepSpec:
         if k not in OPTION_KEYS:
             raise SweepError(f"{where(doc.get('options'), k)}: unknown compile option {k!r}; options: "
                              f"{', '.join(OPTION_KEYS)}")  # fmt: skip
+    try:  # (their values once, where they are written; a grid's are checked per point)
+        CompileOptions(**base_opts)
+    except TpusimError as e:
+        raise SweepError(f"{where(doc, 'options')}: {e}") from None
     fixed = {
         "config": doc.get("config", "tpu_v5e"), "set": base_set, "options": base_opts,
         "timing_only": doc.get("timing_only", True), "seed": doc.get("seed", 0), "inputs": doc.get("inputs"),
@@ -256,6 +261,11 @@ def load_spec(path: str | Path) -> SweepSpec:
     for index, combo in enumerate(itertools.product(*axes)):
         params = tuple(kv for setting in combo for kv in setting)
         points.append(_point(index, params, programs, fixed, base, lines))
+    for tiling in sorted({p.options.tiling for p in points}):  # each rule set read once, now, not per point
+        try:
+            load_tiling_rules(tiling)
+        except TpusimError as e:
+            raise SweepError(f"{lines.get('tiling', str(source))}: tiling {tiling!r}: {e}") from None
     objective = doc.get("objective", "seconds")
     maximise = False
     if isinstance(objective, dict):
