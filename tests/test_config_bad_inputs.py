@@ -316,3 +316,10 @@ def test_smem_bytes_is_blamed_for_smem(tmp_path: Path) -> None:
     line = text[: text.index("  bytes: 6 #")].count("\n") + 1
     with pytest.raises(ConfigError, match=rf"chip\.yaml:{line}: smem\.bytes: memories hold whole 32-bit words"):
         load_config(path)
+
+
+def test_a_rule_between_keys_broken_by_an_override_names_the_override() -> None:
+    """The line is where the other key is written in the preset; the override that broke the rule was not
+    named (a helper's CLI sweep)."""
+    with pytest.raises(ConfigError, match=r"mxu\.result_buffer_rows: .* \(with the overrides vpu\.sublanes=3\)"):
+        load_config("tpu_v5e", overrides=["vpu.sublanes=3"])

@@ -838,7 +838,14 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[
     items = _override_texts(overrides) if isinstance(overrides, dict) else list(overrides)
     for o in items:
         _apply_override(root, o, ctx)
-    cfg = _build(ChipConfig, root, "", ctx)
+    try:
+        cfg = _build(ChipConfig, root, "", ctx)
+    except ConfigError as e:
+        # a rule between keys that an override broke: the file's line is where the other key is written,
+        # so say which overrides were applied
+        if items and not str(e).startswith("override "):
+            raise ConfigError(f"{e} (with the overrides {', '.join(map(str, items))})") from None
+        raise
     cfg = dataclasses.replace(cfg, source=str(p), overrides=tuple(items))
     if not items:
         misses = cfg.check_published()
