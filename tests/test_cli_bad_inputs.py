@@ -562,3 +562,9 @@ def test_a_report_folder_whose_file_is_a_folder_is_refused_before_the_run(
     line = _one_error(["run", str(program), "--timing-only", "--report", str(folder)], capsys)
     assert "trace.json is not a file" in line
     assert not list(folder.glob("*.tmp"))
+
+
+def test_tiling_rules_are_refused_with_xlas_compiler(program: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """They were silently ignored (XLA's module carries its own layouts)."""
+    line = _one_error(["run", str(program), "--compiler", "xla", "--tiling", "bf16_16x128"], capsys)
+    assert "--tiling bf16_16x128" in line and "XLA" in line

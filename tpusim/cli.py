@@ -228,6 +228,10 @@ def _run_run(args: argparse.Namespace) -> int:
     if args.compiler == "xla":  # XLA:TPU compiles it; the rest of the run (and --check) uses its module
         from tpusim.api import through_xla
 
+        if args.tiling != "tpu_default":
+            raise TpusimError(f"--tiling {args.tiling}: XLA's compiled module carries its own layouts; the tiling "
+                              "rules are tpusim's compiler's (--compiler tpusim)")  # fmt: skip
+
         module, xla = through_xla(args.program, config, n, topology.shape if topology is not None else None)
     if args.report is not None:
         from tpusim.paths import check_output_path
