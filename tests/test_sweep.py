@@ -420,6 +420,16 @@ def test_local_workers_share_the_cores_between_their_blas_threads():
     assert blas and all(lib["num_threads"] == 1 for lib in blas)
 
 
+def test_a_program_that_does_not_parse_is_the_specs_error(tmp_path: Path) -> None:
+    """It passed --dry-run and failed at every point without naming the file."""
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("HloModule m\nENTRY e {\n  ROOT x = f32[8] bogus(1)\n}\n")
+    path = tmp_path / "s.yaml"
+    path.write_text("programs: [bad.hlo]\n")
+    with pytest.raises(SweepError, match=r"s\.yaml:1: program 'bad': .*bad\.hlo.*bogus"):
+        load_spec(path)
+
+
 def test_a_folder_of_other_files_is_not_taken_as_a_sweeps(spec_path: Path, tmp_path: Path) -> None:
     (tmp_path / "results.csv").write_text("my table")
     with pytest.raises(SweepError, match="not a sweep's"):

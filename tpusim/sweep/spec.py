@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpusim.compiler.hlo import load_module
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.tiling_rules import load_tiling_rules
 from tpusim.config import PRESETS, ChipConfig, load_config
@@ -194,8 +195,13 @@ def _programs(doc: YamlMap, base: Path) -> dict[str, Path]:
     for name, path in raw.items():
         p = Path(str(path))
         p = p if p.is_absolute() else base / p
+        here = where(raw, name) if isinstance(raw, YamlMap) else at
         if not p.is_file():
-            raise SweepError(f"{where(raw, name) if isinstance(raw, YamlMap) else at}: program {name!r}: no file {p}")
+            raise SweepError(f"{here}: program {name!r}: no file {p}")
+        try:  # (read now: an HLO error is the spec's, with the file's line and column, not every point's)
+            load_module(p)
+        except TpusimError as e:
+            raise SweepError(f"{here}: program {name!r}: {e}") from None
         out[str(name)] = p
     return out
 
