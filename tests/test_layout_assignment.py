@@ -75,6 +75,20 @@ def test_bad_rule_files_name_file_line_and_key(tmp_path: Path) -> None:
         load_tiling_rules(bad)
     with pytest.raises(ConfigError, match=r"unknown tiling rule set 'nope' \(known: .*tpu_default"):
         load_tiling_rules("nope")
+    # found by a helper's CLI sweep: these named no file or line, or recursed 64 files deep
+    bad.write_text("name: bad\nrules:\n  - {tiles: '(8,128)', element_size_bits: 3}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3: 'element_size_bits' must be 0 .* not 3"):
+        load_tiling_rules(bad)
+    bad.write_text("name: bad\nrules:\n  - {tiles: '()'}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3: bad tiles '\(\)': a tile needs at least one dimension"):
+        load_tiling_rules(bad)
+    bad.write_text("name: bad\nextends: nope\nrules:\n  - {tiles: '(8,128)'}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:2: extends 'nope': unknown tiling rule set 'nope'"):
+        load_tiling_rules(bad)
+    (tmp_path / "a.yaml").write_text("name: a\nextends: b.yaml\nrules:\n  - {tiles: '(8,128)'}\n")
+    (tmp_path / "b.yaml").write_text("name: b\nextends: a.yaml\nrules:\n  - {tiles: '(8,128)'}\n")
+    with pytest.raises(ConfigError, match=r"a.yaml:2: extends 'b.yaml': .*b.yaml:2: rule set 'b' extends itself"):
+        load_tiling_rules(tmp_path / "a.yaml")  # (b.yaml is found beside a.yaml, wherever the run is)
 
 
 MODULE = """

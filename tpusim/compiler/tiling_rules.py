@@ -138,6 +138,8 @@ def _parse_tiles(text: object, at: str, sublanes: int, lanes: int) -> tuple[Tile
         layout = reader.read_layout(rank)
     except LayoutError as err:
         raise ConfigError(f"{at}: bad tiles {text!r}: {err.message}") from None
+    if not layout.tiles or any(not t.dimensions for t in layout.tiles):
+        raise ConfigError(f"{at}: bad tiles {text!r}: a tile needs at least one dimension")
     return layout.tiles
 
 
@@ -169,8 +171,11 @@ def _parse_rule(entry: object, at: str, sublanes: int, lanes: int) -> TilingRule
         for k in _CONDITIONS[1:]
     }
     size = entry.get("element_size_bits", 0)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ConfigError(f"{where(entry, 'element_size_bits')}: 'element_size_bits' must be a non-negative integer")
+    if isinstance(size, bool) or not isinstance(size, int) or size not in _ELEMENT_SIZES:
+        raise ConfigError(
+            f"{where(entry, 'element_size_bits')}: 'element_size_bits' must be 0 (the type's own) or one of "
+            f"{', '.join(map(str, _ELEMENT_SIZES[1:]))}, not {size!r}"
+        )
     return TilingRule(
         element_types=types,
         tiles=_parse_tiles(entry["tiles"], where(entry, "tiles"), sublanes, lanes),
@@ -180,11 +185,16 @@ def _parse_rule(entry: object, at: str, sublanes: int, lanes: int) -> TilingRule
     )
 
 
+_ELEMENT_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+"""Element sizes a layout's ``E(n)`` may give (0: the element type's own)."""
+
+
 def load_tiling_rules(
-    name_or_path: str | Path, *, sublanes: int = 8, lanes: int = 128, _seen: tuple[str, ...] = ()
+    name_or_path: str | Path, *, sublanes: int = 8, lanes: int = 128, _seen: tuple[Path, ...] = ()
 ) -> TilingRules:
     """Load a rule set by name (a file in ``configs/tiling/``) or by path, for a chip whose vector registers
-    have ``sublanes`` x ``lanes`` 32-bit words (the values of the symbols S and L in tile sizes)."""
+    have ``sublanes`` x ``lanes`` 32-bit words (the values of the symbols S and L in tile sizes). ``extends``
+    names another rule set, or a path relative to the file that names it."""
     path = Path(name_or_path)
     if not path.suffix:
         path = TILING_DIR / f"{name_or_path}.yaml"
@@ -205,7 +215,21 @@ def load_tiling_rules(
     name = str(doc.get("name", path.stem))
     parent = doc.get("extends")
     if parent is not None:
-        if parent in _seen or parent == name:
+        named = Path(str(parent))
+        if not named.suffix:  # a shipped rule set's name
+            target = TILING_DIR / f"{parent}.yaml"
+        elif named.is_absolute() or not (path.parent / named).exists():
+            target = named  # (absolute, or relative to the working folder)
+        else:
+            target = path.parent / named  # relative to the file that names it
+        chain = (*_seen, path.resolve())
+        if target.resolve() in chain:
             raise ConfigError(f"{where(doc, 'extends')}: rule set '{name}' extends itself through '{parent}'")
-        rules += list(load_tiling_rules(str(parent), sublanes=sublanes, lanes=lanes, _seen=(*_seen, name)).rules)
+        try:
+            inherited = load_tiling_rules(
+                str(target) if named.suffix else str(parent), sublanes=sublanes, lanes=lanes, _seen=chain
+            )
+        except ConfigError as err:
+            raise ConfigError(f"{where(doc, 'extends')}: extends '{parent}': {err}") from None
+        rules += list(inherited.rules)
     return TilingRules(name, tuple(rules))
