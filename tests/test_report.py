@@ -350,3 +350,17 @@ def test_report_of_many_chips_has_links_and_collectives(tmp_path: Path) -> None:
     assert {k["name"] for k in links} <= counters
     md = (tmp_path / "report.md").read_text()
     assert "## ICI links" in md and "8 of 8 directed links carried data" in md and "## Collectives" in md
+
+
+def test_a_broken_trace_is_blamed_on_trace_json(tmp_path: Path) -> None:
+    """The timeline reads trace.json: a damaged one was reported as summary.json's fault (a helper's sweep)."""
+    from tpusim.report.writer import ReportError, render_report, write_report
+
+    result = tpusim.simulate(MLP, timing_only=True)
+    write_report(result, tmp_path)
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    for event in trace["traceEvents"]:
+        event.pop("args", None)
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
+    with pytest.raises(ReportError, match=r"trace\.json: cannot draw the timeline plot"):
+        render_report(tmp_path)

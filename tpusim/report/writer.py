@@ -57,7 +57,12 @@ def _render(directory: Path, summary: dict[str, Any], trace: dict[str, Any] | No
         if name not in figures:
             continue
         path = directory / f"{name}.png"
-        figures[name]().savefig(path, dpi=dpi)
+        try:
+            figure = figures[name]()
+        except (KeyError, TypeError, ValueError) as e:  # (the timeline reads trace.json too: say which file)
+            source = "trace.json" if name == "timeline" else "summary.json"
+            raise ReportError(f"{directory / source}: cannot draw the {name} plot ({type(e).__name__}: {e})") from None
+        figure.savefig(path, dpi=dpi)
         written.append(path)
     md = directory / "report.md"
     _write_text(md, render_markdown(summary, {p.stem: p.name for p in written}))
