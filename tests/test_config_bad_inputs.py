@@ -323,3 +323,10 @@ def test_a_rule_between_keys_broken_by_an_override_names_the_override() -> None:
     named (a helper's CLI sweep)."""
     with pytest.raises(ConfigError, match=r"mxu\.result_buffer_rows: .* \(with the overrides vpu\.sublanes=3\)"):
         load_config("tpu_v5e", overrides=["vpu.sublanes=3"])
+
+
+def test_core_count_is_bounded() -> None:
+    """65,536 TensorCores (within the generic count bound) ran for minutes: megacore compares every pair of
+    cores at each instruction."""
+    with pytest.raises(ConfigError, match=r"core\.count: must be at most 64 TensorCores per chip, not 65536"):
+        load_config("tpu_v5e", overrides=["core.count=65536"])

@@ -103,6 +103,8 @@ def _need(cond: bool, key: str, message: str) -> None:
 MAX_COUNT = 2**16
 """Largest count of a thing (units, registers, rows, lanes, queue slots, chips per axis): 65,536, 64 x the
 largest real one (1,024 result buffer rows); the simulator holds some of them in lists and arrays."""
+MAX_CORES = 64
+"""TensorCores per chip (``core.count``): room for what-if studies well beyond the two of v4 and v5p."""
 
 MAX_BYTES = 2**48
 """Largest memory (``bytes`` keys): 256 TiB, 2,700 x the largest real one (v5p's 95 GiB HBM); byte addresses,
@@ -216,6 +218,9 @@ class CoreConfig:
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        # (TPUs have one or two; megacore compares every pair of cores' accesses at each instruction, so a
+        # few thousand cores took minutes on a 5 us program)
+        _need(self.count <= MAX_CORES, "count", f"must be at most {MAX_CORES} TensorCores per chip, not {self.count}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
