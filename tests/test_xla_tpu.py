@@ -152,3 +152,20 @@ def test_a_module_jax_lowered_with_shardy_compiles_for_eight_chips() -> None:
     result = tpusim.simulate(SHARDY, config="tpu_v5e", compiler="xla", chips=8, topology=(2, 4), timing_only=True)
     assert result.xla is not None and result.xla.topology == "v5e:2x4"
     assert result.cycles > 0
+
+
+@needs_libtpu
+def test_xlas_module_is_printed_with_its_large_constants() -> None:
+    """XLA prints a large constant as ``{...}`` by default, which no parser can read back: the module of a
+    convolution with input dilation (whose mask XLA makes a constant) could not be run."""
+    from tpusim.xla_tpu import compile_with_xla
+
+    values = ", ".join("{" + ", ".join(str((i * 7 + j) % 5) for j in range(64)) + "}" for i in range(64))
+    text = (
+        "HloModule big_constant\nENTRY main {\n  x = f32[64,64] parameter(0)\n"
+        f"  c = f32[64,64] constant({{{values}}})\n  ROOT r = f32[64,64] add(x, c)\n}}\n"
+    )
+    compiled = compile_with_xla(text, "tpu_v5e")
+    assert "{...}" not in compiled.text
+    result = tpusim.simulate(text, config="tpu_v5e", compiler="xla", timing_only=True)
+    assert result.cycles > 0

@@ -132,7 +132,9 @@ def compile_with_xla(
             exe = devices[0].client.compile(
                 module, executable_devices=xla_client.DeviceList(tuple(devices)), compile_options=options
             )
-        text = exe.hlo_modules()[0].to_string()
+        options = _print_options()
+        module = exe.hlo_modules()[0]
+        text = module.to_string(options) if options is not None else module.to_string()
         cost = exe.cost_analysis()
     except Exception as err:  # XLA's errors are RuntimeErrors of many kinds: say whose they are
         raise XlaCompileError(f"XLA:TPU did not compile the module for {topology}: {err}") from None
@@ -146,6 +148,18 @@ def compile_with_xla(
         optimal_seconds=float(cost.get("optimal_seconds", 0.0)) + concats,
         concat_bitcasts=concats,
     )
+
+
+def _print_options() -> Any:
+    """XLA's print options with every constant's value (by default large ones print as ``{...}``, which no
+    parser can read back)."""
+    try:
+        from jaxlib import _hlo  # type: ignore[attr-defined]  # (where jaxlib 0.10 keeps its HLO bindings)
+    except ImportError:  # pragma: no cover  (another jaxlib: the default options)
+        return None
+    options = _hlo.HloPrintOptions()
+    options.print_large_constants = True
+    return options
 
 
 _TOPOLOGIES: dict[str, Any] = {}
