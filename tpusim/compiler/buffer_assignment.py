@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tpusim.compiler.errors import CompileError
-from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.hlo.ir import Computation, Instruction, Module, sequential_callees
 from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ELEMENTWISE
 from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape, Layout, Shape, TupleShape
@@ -160,26 +160,11 @@ def sequential_computations(module: Module) -> list[str]:
             return
         order.append(name)
         for instr in module[name].instructions:
-            for callee in _sequential_callees(instr):
+            for callee in sequential_callees(instr):
                 visit(callee)
 
     visit(module.entry)
     return order
-
-
-def _sequential_callees(instr: Instruction) -> tuple[str, ...]:
-    if instr.opcode == "while":
-        return (instr.attr("condition"), instr.attr("body"))
-    if instr.opcode == "call":
-        return (instr.attr("to_apply"),)
-    if instr.opcode == "conditional":
-        branches = instr.attr("branch_computations")
-        return (
-            tuple(branches)
-            if branches is not None
-            else (instr.attr("true_computation"), instr.attr("false_computation"))
-        )
-    return ()
 
 
 class _UnionFind:
@@ -578,7 +563,7 @@ class _Planner:
                 end = len(comp.instructions)
             out.append((start, end, cls, (), self._align(cls.shape.byte_size, space)))
         for i, instr in enumerate(comp.instructions):
-            callees = _sequential_callees(instr)
+            callees = sequential_callees(instr)
             if callees:
                 need = max(self._scope_extent(c, space) for c in callees)
                 if need:
@@ -669,7 +654,7 @@ def live_spans(
     callers: dict[str, list[tuple[str, int]]] = {}
     for name in sequential_computations(module):
         for i, instr in enumerate(module[name].instructions):
-            for callee in _sequential_callees(instr):
+            for callee in sequential_callees(instr):
                 callers.setdefault(callee, []).append((name, i))
     spans: dict[str, dict[int, tuple[int, int]]] = {}  # computation -> buffer id -> (first, last) position
 
@@ -825,7 +810,7 @@ def _bytes_layout(shape: Shape) -> Layout:
 
 @_aliases("call", "conditional")
 def _call(p: _Planner, comp: Computation, instr: Instruction) -> None:
-    for n, callee in enumerate(_sequential_callees(instr)):
+    for n, callee in enumerate(sequential_callees(instr)):
         passed = instr.operands[n + 1 : n + 2] if instr.opcode == "conditional" else instr.operands
         for param, o in zip(p.module[callee].parameters, passed):
             for path, _ in leaf_paths(param.shape):

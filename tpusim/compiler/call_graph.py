@@ -14,17 +14,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tpusim.compiler.hlo.ir import Computation, Module
+from tpusim.compiler.hlo.ir import SEQUENTIAL_CALLS, Computation, Module
 from tpusim.compiler.rewrite import unique_name
 
 __all__ = ["flatten_call_graph"]
-
-_CALLEE_KEYS = {
-    "while": ("condition", "body"),
-    "conditional": ("branch_computations", "true_computation", "false_computation"),
-    "call": ("to_apply",),
-}
-"""Per opcode, the attributes naming the computations it runs as code of their own (sequentially)."""
 
 
 def flatten_call_graph(module: Module) -> Module:
@@ -41,7 +34,7 @@ def flatten_call_graph(module: Module) -> Module:
         comp = comps[name]
         body = list(comp.instructions)
         for i, instr in enumerate(body):
-            keys = _CALLEE_KEYS.get(instr.opcode, ())
+            keys = SEQUENTIAL_CALLS.get(instr.opcode, ())
             changes = {}
             for key in keys:
                 value = instr.attr(key)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, ProgramShape
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, ProgramShape, sequential_callees
 from tpusim.compiler.hlo.opcodes import talks_to_other_devices
 from tpusim.compiler.layout_choice import choose_orders
 from tpusim.compiler.tiling_rules import TilingRules
@@ -33,9 +33,6 @@ from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape, Layout, Shape, TupleShape
 
 __all__ = ["LayoutAssignment", "Relayout", "assign_layouts"]
-
-# Called computations whose values live in HBM buffers of their own (lowered as sequential code).
-_SEQUENTIAL_CALLS = {"while": ("condition", "body"), "call": ("to_apply",), "conditional": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +71,9 @@ def _with_rule_layout(shape: AnyShape, rules: TilingRules) -> AnyShape:
 
 
 def _called(instr: Instruction) -> tuple[str, ...]:
-    if instr.opcode == "conditional":
-        branches = instr.attr("branch_computations")
-        if branches is not None:
-            return tuple(branches)
-        return (instr.attr("true_computation"), instr.attr("false_computation"))
-    keys = _SEQUENTIAL_CALLS.get(instr.opcode)
     if instr.opcode == "fusion":
-        keys = ("calls",)
-    return tuple(instr.attr(k) for k in keys or () if instr.attr(k) is not None)
+        return (instr.attr("calls"),) if instr.attr("calls") is not None else ()
+    return sequential_callees(instr)
 
 
 def _param_requirements(instr: Instruction) -> list[tuple[str, tuple[int, ...]]]:

@@ -20,6 +20,7 @@ import numpy as np
 from tpusim.memory import AnyShape, Shape
 
 __all__ = [
+    "SEQUENTIAL_CALLS",
     "Attributes",
     "Computation",
     "ConvDims",
@@ -35,6 +36,7 @@ __all__ = [
     "Window",
     "WindowDim",
     "custom_call_target",
+    "sequential_callees",
 ]
 
 
@@ -305,6 +307,26 @@ class Instruction:
             if key in _CALL_ATTRIBUTES:
                 out.extend(value if isinstance(value, tuple) else (value,))
         return tuple(out)
+
+
+SEQUENTIAL_CALLS: dict[str, tuple[str, ...]] = {
+    "while": ("condition", "body"),
+    "call": ("to_apply",),
+    "conditional": ("branch_computations", "true_computation", "false_computation"),
+}
+"""Per opcode, the attributes naming the computations it runs as code of their own (a loop's condition and
+body, a conditional's branches, a called computation), not inside one instruction as a fusion or a reducer."""
+
+
+def sequential_callees(instr: Instruction) -> tuple[str, ...]:
+    """The computations ``instr`` runs as code of their own (:data:`SEQUENTIAL_CALLS`), in the order its
+    attributes give them (a conditional's branches in branch order)."""
+    out: list[str] = []
+    for key in SEQUENTIAL_CALLS.get(instr.opcode, ()):
+        value = instr.attr(key)
+        if value is not None:
+            out.extend(value if isinstance(value, tuple) else (value,))
+    return tuple(out)
 
 
 def custom_call_target(instr: Instruction) -> str:
