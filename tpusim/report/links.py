@@ -243,7 +243,7 @@ def _collective_names(result: SimulationResult) -> set[str]:
 
 
 def _wraps_collective(result: SimulationResult, ins: Any) -> bool:
-    from tpusim.compiler.lowering.collective_sync import wrapped_collective
+    from tpusim.compiler.hlo.xla_forms import wrapped_collective
 
     module = result.compiled.module
     seen = ins

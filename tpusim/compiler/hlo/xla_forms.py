@@ -18,8 +18,10 @@ the compiler read.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from tpusim.compiler.hlo.ir import Computation, Instruction, custom_call_target
+from tpusim.compiler.hlo.ir import Computation, Instruction, Module, custom_call_target
+from tpusim.compiler.hlo.opcodes import COLLECTIVES
 from tpusim.memory import Shape, TupleShape
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "estimated_cycles",
     "same_array",
     "slice_source",
+    "wrapped_collective",
 ]
 
 _ESTIMATE = re.compile(r'"estimated_cycles"\s*:\s*"?(\d+)')
@@ -38,6 +41,22 @@ _ESTIMATE = re.compile(r'"estimated_cycles"\s*:\s*"?(\d+)')
 CONCAT_BITCAST = "ConcatBitcast"
 ASYNC_COLLECTIVE_START = "AsyncCollectiveStart"
 ASYNC_COLLECTIVE_DONE = "AsyncCollectiveDone"
+
+
+def wrapped_collective(module: Module, instr: Instruction) -> Instruction | None:
+    """The collective an ``async-start`` runs: XLA's short form (``reduce-scatter-start(...)``), or a called
+    computation holding only its parameters and that collective (renamed after the start, on its operands)."""
+    if instr.opcode != "async-start":
+        return None
+    op = instr.async_wrapped_instruction()
+    called = instr.attr("calls")
+    if op is None and isinstance(called, str):
+        callee = module[called]
+        root = callee[callee.root]
+        params = {i.name: i.attr("parameter_number") for i in callee.instructions if i.opcode == "parameter"}
+        if len(callee.instructions) == len(params) + 1 and all(o in params for o in root.operands):
+            op = replace(root, name=instr.name, operands=tuple(instr.operands[params[o]] for o in root.operands))
+    return op if op is not None and op.opcode in COLLECTIVES else None
 
 
 def async_collective_result(comp: Computation, custom_call: Instruction) -> int:

@@ -19,12 +19,13 @@ chip runs the same stream.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from math import prod
 
 from tpusim.compiler.errors import CompileError
-from tpusim.compiler.hlo.ir import Instruction, Module
+from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ASYNC_COLLECTIVE_STARTS, COLLECTIVES
+from tpusim.compiler.hlo.xla_forms import wrapped_collective
 from tpusim.compiler.lowering.collective_plan import GroupAxis, GroupPlan, Participants
 from tpusim.compiler.lowering.context import ASYNC_REQUESTS, Lowering, StateKey
 from tpusim.config import ChipConfig
@@ -40,27 +41,10 @@ __all__ = [
     "collective_state",
     "flat_view",
     "reserved_semaphores",
-    "wrapped_collective",
 ]
 
 _COLLECTIVES = COLLECTIVES | ASYNC_COLLECTIVE_STARTS
 """Collectives tpusim lowers (each also wrapped in an ``async-start``), and their own async starts."""
-
-
-def wrapped_collective(module: Module, instr: Instruction) -> Instruction | None:
-    """The collective an ``async-start`` runs: XLA's short form (``reduce-scatter-start(...)``), or a called
-    computation holding only its parameters and that collective (renamed after the start, on its operands)."""
-    if instr.opcode != "async-start":
-        return None
-    op = instr.async_wrapped_instruction()
-    called = instr.attr("calls")
-    if op is None and isinstance(called, str):
-        callee = module[called]
-        root = callee[callee.root]
-        params = {i.name: i.attr("parameter_number") for i in callee.instructions if i.opcode == "parameter"}
-        if len(callee.instructions) == len(params) + 1 and all(o in params for o in root.operands):
-            op = replace(root, name=instr.name, operands=tuple(instr.operands[params[o]] for o in root.operands))
-    return op if op is not None and op.opcode in COLLECTIVES else None
 
 
 PARTS = 3

@@ -34,6 +34,7 @@ from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.hlo.opcodes import COLLECTIVES
+from tpusim.compiler.hlo.xla_forms import wrapped_collective
 from tpusim.compiler.lowering.collective_direct import all_to_all, collective_broadcast, collective_permute
 from tpusim.compiler.lowering.collective_plan import GroupPlan, plan_groups
 from tpusim.compiler.lowering.collective_ring import (
@@ -56,7 +57,6 @@ from tpusim.compiler.lowering.collective_sync import (
     collective_state,
     flat_view,
     participants,
-    wrapped_collective,
 )
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.control import copy_arrays

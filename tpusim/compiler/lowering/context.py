@@ -18,6 +18,7 @@ import numpy as np
 from tpusim.compiler.buffer_assignment import ALIGNMENT, BufferAssignment, leaf_paths
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
+from tpusim.compiler.hlo.xla_forms import wrapped_collective
 from tpusim.compiler.lowering.epilogue import find_epilogues
 from tpusim.compiler.lowering.prologue import find_prologues
 from tpusim.compiler.options import CompileOptions
@@ -759,17 +760,9 @@ def _uses_async_sequencer(module: Module, cores: int) -> bool:
 
 
 def _reduce_scatter_start(module: Module, instr: Instruction) -> bool:
-    """Whether ``instr`` is an ``async-start`` of a reduce-scatter (XLA's short form or a wrapping
-    computation)."""
-    if instr.opcode != "async-start":
-        return False
-    if instr.attributes.get("async_wrapped_opcode") == "reduce-scatter":
-        return True
-    called = instr.attr("calls")
-    if not isinstance(called, str) or called not in module:
-        return False
-    callee = module[called]
-    return callee[callee.root].opcode == "reduce-scatter"
+    """Whether ``instr`` is an ``async-start`` of a reduce-scatter."""
+    wrapped = wrapped_collective(module, instr)
+    return wrapped is not None and wrapped.opcode == "reduce-scatter"
 
 
 def _slot(ring: MemRef, at: Reg) -> MemRef:
