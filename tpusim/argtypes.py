@@ -11,25 +11,19 @@ __all__ = ["at_least", "between"]
 
 def at_least(low: int) -> Callable[[str], int]:
     """An integer of at least ``low`` (0: a seed; 1: a count)."""
+    return between(low, None)
+
+
+def between(low: int, high: int | None) -> Callable[[str], int]:
+    """An integer from ``low`` to ``high`` (None: no upper bound)."""
 
     def parse(text: str) -> int:
         value = int(text)
         if value < low:
             raise argparse.ArgumentTypeError(f"{text} is less than {low}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{text} is more than {high}")
         return value
 
     parse.__name__ = "int"  # (argparse's message for a non-integer says "invalid int value")
-    return parse
-
-
-def between(low: int, high: int) -> Callable[[str], int]:
-    """An integer from ``low`` to ``high``."""
-
-    def parse(text: str) -> int:
-        value = int(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text} is not from {low} to {high}")
-        return value
-
-    parse.__name__ = "int"
     return parse

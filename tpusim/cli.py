@@ -234,10 +234,9 @@ def _run_run(args: argparse.Namespace) -> int:
 
         module, xla = through_xla(args.program, config, n, topology.shape if topology is not None else None)
     if args.report is not None:
-        from tpusim.paths import check_output_path
         from tpusim.report.command import report_folder
 
-        check_output_path(report_folder(args, config.name), "--report", folder=True)
+        report_folder(args, config.name)  # (chosen and checked now, kept for the report at the end)
     began = time.perf_counter()
     monitor = RunMonitor()
     # shown on a terminal only: compiling, then simulated cycles, instructions/s and an ETA when known

@@ -53,9 +53,9 @@ class _Pair:
 
 
 def schedule_collectives(module: Module) -> Module:
-    """``module`` with its all-reduces and all-gathers as async pairs, scheduled around the compute that does
-    not depend on them (see the module docstring); unchanged when it runs on one device or already has
-    async collectives, or when no pair overlaps anything."""
+    """``module`` with its all-reduces, all-gathers and reduce-scatters as async pairs, scheduled around the
+    compute that does not depend on them (see the module docstring); unchanged when it runs on one device or
+    already has async collectives, or when no pair overlaps anything."""
     if module.replica_count * module.num_partitions == 1 or _has_async(module):
         return module
     comps = tuple(_scheduled(c) for c in module.computations)

@@ -30,21 +30,21 @@ def add_report_argument(p: argparse.ArgumentParser) -> None:
 def report_folder(args: argparse.Namespace, config_name: str) -> Path:
     """The folder ``tpusim run --report [DIR]`` writes to: DIR, which must be new, empty or an earlier report
     (its ``summary.json``), or else ``reports/<program>-<config>``, numbered ``-2``, ``-3`` ... when taken (a
-    report of another run is never replaced unasked). Worked out once per run (kept on ``args``)."""
+    report of another run is never replaced unasked). Worked out and checked once per run (kept on ``args``).
+
+    Raises:
+        OutputPathError: the folder cannot be written, holds other files, or a folder where a report file goes."""
     from tpusim.paths import OutputPathError, check_output_path, fresh_path
     from tpusim.report.writer import REPORT_FILES, default_report_dir
 
     chosen = getattr(args, "report_folder", None)
     if chosen is None:
-        if args.report:
-            chosen = check_output_path(args.report, "--report", folder=True)
-            if chosen.is_dir() and any(chosen.iterdir()) and not (chosen / "summary.json").is_file():
-                raise OutputPathError(
-                    f"--report {chosen}: the folder holds files that are not a tpusim report; give a new or empty "
-                    "folder"
-                )
-        else:
-            chosen = fresh_path(default_report_dir(args.program, config_name))
+        given = Path(args.report) if args.report else fresh_path(default_report_dir(args.program, config_name))
+        chosen = check_output_path(given, "--report", folder=True)
+        if args.report and chosen.is_dir() and any(chosen.iterdir()) and not (chosen / "summary.json").is_file():
+            raise OutputPathError(
+                f"--report {chosen}: the folder holds files that are not a tpusim report; give a new or empty folder"
+            )
         for name in REPORT_FILES:  # (checked now: found only when writing, the run would be lost)
             if (chosen / name).exists() and not (chosen / name).is_file():
                 raise OutputPathError(f"--report {chosen}: {chosen / name} is not a file; the report writes one there")
