@@ -33,6 +33,7 @@ from tpusim.devices.stores import ByteStore, MemoryAccessError
 from tpusim.devices.trace import Trace, TraceStream
 from tpusim.devices.units import ExecutionError
 from tpusim.errors import TpusimError
+from tpusim.gcpause import paused_gc
 from tpusim.isa import Program, Space, Symbol
 from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS, check_limits, note_interrupt
 from tpusim.memory import pack, unpack
@@ -171,7 +172,8 @@ class System:
         if monitor is not None:
             monitor.attach(m)
         try:
-            m.env.run()
+            with paused_gc():  # (a run keeps every trace record and transfer fact: tpusim.gcpause)
+                m.env.run()
         except TpusimError as e:
             # SimPy re-raises a failed process's exception as a copy; give the caller the original.
             original = e.__cause__
