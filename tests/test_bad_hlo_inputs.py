@@ -567,6 +567,19 @@ MIXED_FORMS = {
         "  z = f32[] constant(0.1)\n  ROOT r = f16[10,128] pad(x, z), padding=1_1x0_0",
         lambda x, y: np.pad(x, ((1, 1), (0, 0)), constant_values=np.float32(0.1)).astype(np.float16),
     ),
+    "pad_value_wider_than_the_operand": (
+        "  b = bf16[8,128] convert(x)\n  z = f32[] constant(0.1)\n  ROOT r = f32[10,128] pad(b, z), padding=1_1x0_0",
+        lambda x, y: np.pad(x.astype(BF16).astype(np.float32), ((1, 1), (0, 0)), constant_values=np.float32(0.1)),
+    ),
+    "broadcast": (
+        "  b = bf16[8,128] convert(x)\n  ROOT r = f32[2,8,128] broadcast(b), dimensions={1,2}",
+        lambda x, y: np.broadcast_to(x.astype(BF16).astype(np.float32), (2, 8, 128)),
+    ),
+    "reshape": ("  ROOT r = bf16[1024] reshape(x)", lambda x, y: x.reshape(1024).astype(BF16)),
+    "concatenate": (
+        "  b = bf16[8,128] convert(y)\n  ROOT r = f32[16,128] concatenate(x, b), dimensions={0}",
+        lambda x, y: np.concatenate([x, y.astype(BF16).astype(np.float32)]),
+    ),
     "reverse": ("  ROOT r = f16[8,128] reverse(x), dimensions={0}", lambda x, y: x[::-1].astype(np.float16)),
     "dynamic_slice": (
         "  i = s32[] constant(3)\n  j = s32[] constant(0)\n"

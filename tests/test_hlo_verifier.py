@@ -210,7 +210,7 @@ def _fails(body: str, message: str, computations: str = ADD) -> HloVerifyError:
         (" ROOT i = s32[4] iota(), iota_dimension=1", r"iota_dimension=1 is not a dimension of s32\[4\]"),
         (
             " x = f32[4] parameter(0)\n ROOT r = f32[2,3] reshape(x)",
-            r"reshape from f32\[4\] to f32\[2,3\] must keep the element type and count",
+            r"reshape from f32\[4\] to f32\[2,3\] must keep the element count and type",
         ),
         (" x = f32[4] parameter(0)\n ROOT n = s32[4] negate(x)", r"result s32\[4\] should be f32\[4\] \(negate of"),
         (" x = c64[4] parameter(0)\n ROOT n = c64[4] abs(x)", r"result c64\[4\] should be f32\[4\] \(abs of c64"),

@@ -2,17 +2,20 @@
 
 HLO lets the floating-point types of an instruction's operands and result differ (XLA verifies with
 ``allow_mixed_precision``; BFloat16Propagation produces such modules: ``f32 add(bf16, bf16)``,
-``bf16 exponential(f32)``). The vector unit computes in one type, so each such instruction becomes:
-its operands converted to the compute type, the operation in that type, and a ``convert`` to the declared
-result type. The compute type is f64 when an f64 takes part, f32 otherwise: narrow floats are computed in
-f32 anyway (by XLA, by the reference interpreter and by the VPU), so this changes no rounding. Data
-movement (copy, transpose, slice, pad, reverse, dynamic-slice, gather, add-dependency, and the update of a
-dynamic-update-slice) moves its operands converted to the result type, which is the same as converting what
-it moved. reduce-precision and the collectives compute in their operand's type and convert the result. A
-reduction reads its input in its initial value's type (the type its computation takes) and converts its
-result to the declared type. (XLA's verifier allows no change of precision for tuple, get-tuple-element,
-call, while, conditional and the result of dynamic-update-slice; the shape rules refuse those.) The
-reference interpreter computes the same values by its own rule (``mixed_precision_result``).
+``bf16 exponential(f32)``; XLA:TPU's fusions: ``f32 broadcast(bf16)``, ``f32 pad(bf16, f32 value)``, an
+argmin's ``(bf16, s32) reduce(f32, s32, ...)`` whose reducer computes in f32). The vector unit computes in
+one type, so each such instruction becomes: its operands converted to the compute type, the operation in
+that type, and a ``convert`` to the declared result type. The compute type is f64 when an f64 takes part,
+f32 otherwise: narrow floats are computed in f32 anyway (by XLA, by the reference interpreter and by the
+VPU), so this changes no rounding. Data movement (copy, transpose, slice, pad, reverse, dynamic-slice,
+gather, add-dependency, broadcast, reshape, concatenate, and the update of a dynamic-update-slice) moves its
+operands converted to the result type, which is the same as converting what it moved (and keeps a pad value
+in the wider type: ``f32 pad(bf16 x, f32 0.1)`` pads with 0.1, not its bf16 rounding). reduce-precision and
+the collectives compute in their operand's type and convert the result. A reduction, variadic or not, reads
+each input in its initial value's type (the type its computation takes) and converts each result to its
+declared type. (XLA's verifier allows no change of precision for tuple, get-tuple-element, call, while,
+conditional and the result of dynamic-update-slice; the shape rules refuse those.) The reference
+interpreter computes the same values by its own rule (``mixed_precision_result``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import replace
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import ELEMENTWISE
 from tpusim.compiler.rewrite import rewrite_instructions, unique_name
-from tpusim.memory import Shape, element_type
+from tpusim.memory import AnyShape, Layout, Shape, TupleShape, element_type
 
 __all__ = ["normalize_precision"]
 
@@ -36,8 +39,8 @@ _COMPUTE = ELEMENTWISE - {
     "abs",  # (real/imag/abs of complex give the component type; abs of floats is handled below)
     "complex",
 }
-# Operations that only move values: operands converted to the result type.
-_MOVE = {
+# Operations that only move values: the operands (at these positions; None: all) converted to the result type.
+_MOVE: dict[str, tuple[int, ...] | None] = {
     "copy": (0,),
     "transpose": (0,),
     "slice": (0,),
@@ -47,6 +50,9 @@ _MOVE = {
     "dynamic-slice": (0,),
     "gather": (0,),
     "add-dependency": (0,),
+    "broadcast": (0,),
+    "reshape": (0,),
+    "concatenate": None,
 }
 # Operations computed in their (one) floating-point operand type, the result then converted.
 _THEN_CONVERT = {
@@ -67,6 +73,13 @@ def _float(shape: object) -> str | None:
     return None
 
 
+def _retyped(shape: Shape, etype: str) -> Shape:
+    """``shape`` with element type ``etype``, keeping its dimension order; its tiles, which depend on the
+    element width, are left to layout assignment."""
+    layout = Layout(shape.layout.minor_to_major) if shape.layout is not None else None
+    return Shape(element_type(etype), shape.dimensions, shape.dynamic, layout)
+
+
 def normalize_precision(module: Module) -> Module:
     """Give every mixed-precision instruction explicit converts (see the module docstring)."""
     return rewrite_instructions(module, _normalized)
@@ -76,6 +89,8 @@ def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[
     """The instructions replacing a mixed-precision ``instr`` (the last one keeps its name), or None."""
     op = instr.opcode
     result = instr.shape
+    if op in ("reduce", "reduce-window"):
+        return _reduction(comp, instr, taken)
     if not isinstance(result, Shape):
         return None
     operands = [comp[o].shape for o in instr.operands]
@@ -86,11 +101,10 @@ def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[
         if len(types) < 2:
             return None
         compute = "f64" if "f64" in types else "f32"
-    elif op in ("reduce", "reduce-window") and len(operands) == 2:
-        return _reduction(comp, instr, taken)
     elif op in _MOVE:
         compute = _float(result)  # type: ignore[assignment]
-        positions = [k for k in _MOVE[op] if k < len(operands)]
+        moved = _MOVE[op]
+        positions = [k for k in (range(len(operands)) if moved is None else moved) if k < len(operands)]
         if compute is None or all(_float(operands[k]) in (compute, None) for k in positions):
             return None
     elif op in _THEN_CONVERT:
@@ -108,7 +122,7 @@ def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[
         if shape.element_type.name == compute:
             continue
         name = unique_name(f"{names[k]}.{compute}", taken)
-        wide = Shape(element_type(compute), shape.dimensions, shape.dynamic)
+        wide = _retyped(shape, compute)
         out.append(Instruction(name, "convert", wide, (names[k],), Attributes(), instr.loc))
         names[k] = name
     declared = result.element_type.name
@@ -116,33 +130,54 @@ def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[
         out.append(replace(instr, operands=tuple(names)))
         return out
     inner = unique_name(f"{instr.name}.{compute}", taken)
-    wide = Shape(element_type(compute), result.dimensions, result.dynamic)
+    wide = _retyped(result, compute)
     out.append(replace(instr, name=inner, shape=wide, operands=tuple(names)))
     out.append(Instruction(instr.name, "convert", result, (inner,), Attributes(), instr.loc))
     return out
 
 
 def _reduction(comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction] | None:
-    """A single-input reduce or reduce-window whose input, initial value and result float types differ."""
-    x, init = (comp[o].shape for o in instr.operands)
-    result = instr.shape
-    assert isinstance(result, Shape)
-    kind = _float(init)
-    if kind is None or (_float(x) in (kind, None) and _float(result) in (kind, None)):
+    """A reduce or reduce-window (N inputs, N initial values) whose inputs or results have other float types
+    than their initial values: each input converted to its initial value's type, the reduction in those
+    types, each result converted to its declared type (an element of a tuple through get-tuple-element)."""
+    n = len(instr.operands) // 2
+    inputs, inits = instr.operands[:n], instr.operands[n:]
+    declared = instr.shape.elements if isinstance(instr.shape, TupleShape) else (instr.shape,)
+    kinds = [_float(comp[o].shape) for o in inits]
+    if len(declared) != n:
         return None
     out: list[Instruction] = []
-    source = instr.operands[0]
-    if _float(x) not in (kind, None):
-        assert isinstance(x, Shape)
-        source = unique_name(f"{source}.{kind}", taken)
-        converted = Shape(element_type(kind), x.dimensions, x.dynamic)
-        out.append(Instruction(source, "convert", converted, (instr.operands[0],), Attributes(), instr.loc))
-    operands = (source, instr.operands[1])
-    if _float(result) in (kind, None):
-        out.append(replace(instr, operands=operands))
-        return out
-    inner = unique_name(f"{instr.name}.{kind}", taken)
-    wide = Shape(element_type(kind), result.dimensions, result.dynamic)
-    out.append(replace(instr, name=inner, shape=wide, operands=operands))
-    out.append(Instruction(instr.name, "convert", result, (inner,), Attributes(), instr.loc))
-    return out
+    sources = list(inputs)
+    for k, (source, kind) in enumerate(zip(inputs, kinds)):
+        x = _in_type(comp[source].shape, kind)
+        if x is not comp[source].shape:
+            sources[k] = unique_name(f"{source}.{kind}", taken)
+            out.append(Instruction(sources[k], "convert", x, (source,), Attributes(), instr.loc))
+    operands = (*sources, *inits)
+    computed = [_in_type(shape, kind) for shape, kind in zip(declared, kinds)]
+    if all(c is d for c, d in zip(computed, declared)):
+        return [*out, replace(instr, operands=operands)] if out else None
+    inner = unique_name(f"{instr.name}.computed", taken)
+    tupled = isinstance(instr.shape, TupleShape)
+    out.append(
+        replace(instr, name=inner, shape=TupleShape(tuple(computed)) if tupled else computed[0], operands=operands)
+    )
+    if not tupled:
+        return [*out, Instruction(instr.name, "convert", instr.shape, (inner,), Attributes(), instr.loc)]
+    parts = []
+    for k, (shape, wide) in enumerate(zip(declared, computed)):
+        part = unique_name(f"{instr.name}.{k}", taken)
+        out.append(Instruction(part, "get-tuple-element", wide, (inner,), Attributes({"index": k}), instr.loc))
+        if wide is not shape:
+            converted = unique_name(f"{part}.convert", taken)
+            out.append(Instruction(converted, "convert", shape, (part,), Attributes(), instr.loc))
+            part = converted
+        parts.append(part)
+    return [*out, Instruction(instr.name, "tuple", instr.shape, tuple(parts), Attributes(), instr.loc)]
+
+
+def _in_type(shape: AnyShape, kind: str | None) -> AnyShape:
+    """``shape`` in the float type ``kind`` if it is an array of another float type; else ``shape`` itself."""
+    if kind is None or not isinstance(shape, Shape) or _float(shape) in (kind, None):
+        return shape
+    return _retyped(shape, kind)

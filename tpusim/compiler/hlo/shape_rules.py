@@ -67,6 +67,11 @@ def _loose(a: AnyShape, b: AnyShape) -> bool:
     return compatible(a, b, ignore_fp_precision=True)
 
 
+def _same_element_type(a: Shape, b: Shape) -> bool:
+    """XLA's SameElementType under allow_mixed_precision: equal, or both floating-point (complex excluded)."""
+    return a.element_type == b.element_type or (a.element_type.is_float and b.element_type.is_float)
+
+
 def _array(shape: AnyShape, what: str) -> Shape:
     if not isinstance(shape, Shape):
         raise RuleError(f"{what} must be an array, not the tuple {shape}")
@@ -452,15 +457,17 @@ def _broadcast(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> Non
     for i, d in enumerate(dims):
         if out.dimensions[d] != x.dimensions[i]:
             raise RuleError(f"operand dimension {i} of {x} maps to result dimension {d} of {out}: sizes differ")
-    if out.element_type != x.element_type:
-        raise RuleError(f"broadcast changes the element type from {x} to {out}")
+    if not _same_element_type(out, x):
+        raise RuleError(f"broadcast changes the element type from {x} to {out} (only a float's precision may)")
 
 
 @rule("reshape")
 def _reshape(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     x, out = _array(ops[0], "the operand"), _array(ins.shape, "the result")
-    if out.element_type != x.element_type or prod(x.dimensions) != prod(out.dimensions):
-        raise RuleError(f"reshape from {x} to {out} must keep the element type and count")
+    if not _same_element_type(out, x) or prod(x.dimensions) != prod(out.dimensions):
+        raise RuleError(
+            f"reshape from {x} to {out} must keep the element count and type (only a float's precision may change)"
+        )
 
 
 @rule("dynamic-reshape")
@@ -545,7 +552,7 @@ def _concatenate(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> N
     for a in arrays[1:]:
         if (
             a.rank != first.rank
-            or a.element_type != first.element_type
+            or not _same_element_type(a, first)
             or any(x != y for i, (x, y) in enumerate(zip(a.dimensions, first.dimensions)) if i != d)
         ):
             raise RuleError(f"cannot concatenate {first} and {a} along dimension {d}")
@@ -558,8 +565,8 @@ def _concatenate(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> N
 def _pad(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
     x = _array(ops[0], "the operand")
     value = _scalar(ops[1], "the padding value")
-    if value.element_type != x.element_type:
-        raise RuleError(f"padding value {value} and operand {x} have different element types")
+    if not _same_element_type(value, x):
+        raise RuleError(f"padding value {value} and operand {x} have different element types (other than two floats)")
     config = ins.attr("padding", ())
     if len(config) != x.rank:
         raise RuleError(f"padding has {len(config)} dimensions for the rank-{x.rank} operand {x}")

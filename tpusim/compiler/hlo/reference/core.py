@@ -215,7 +215,7 @@ def _is_real_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or is_narrow_float(dtype)
 
 
-def mixed_precision_result(instr: Instruction, args: Sequence[Any], out: Any) -> np.ndarray | None:
+def mixed_precision_result(instr: Instruction, args: Sequence[Any], out: Any) -> Value | None:
     """``out`` rounded to ``instr``'s declared floating-point type when ``instr`` is mixed precision, else None.
 
     XLA verifies HLO with ``allow_mixed_precision`` on the backends whose passes produce it (BFloat16
@@ -224,10 +224,26 @@ def mixed_precision_result(instr: Instruction, args: Sequence[Any], out: Any) ->
     XLA's FloatNormalization gives it the meaning used here: the operation on the operands' values, then
     one ``convert`` to the declared type. Only when some floating-point operand has another type than the
     declared result (an op that returns a wrong dtype from same-typed operands is still reported) and never
-    for :data:`SAME_PRECISION_OPCODES`.
+    for :data:`SAME_PRECISION_OPCODES`. Each element of a tuple result is rounded so (XLA:TPU narrows an
+    argmin's unused value result to bf16 while its reducer computes in f32).
     """
     shape = instr.shape
-    if not isinstance(shape, Shape) or instr.opcode in SAME_PRECISION_OPCODES or shape.element_type.kind != "float":
+    if instr.opcode in SAME_PRECISION_OPCODES:
+        return None
+    if not isinstance(shape, TupleShape):
+        return _rounded(shape, args, out)
+    if not isinstance(out, tuple) or len(out) != len(shape.elements):
+        return None
+    rounded = [_rounded(s, args, o) if isinstance(s, Shape) else None for s, o in zip(shape.elements, out)]
+    if all(r is None for r in rounded):
+        return None
+    return tuple(o if r is None else r for o, r in zip(out, rounded))
+
+
+def _rounded(shape: Shape, args: Sequence[Any], out: Any) -> np.ndarray | None:
+    """``out`` converted to ``shape``'s floating-point type when it has another floating-point type and some
+    floating-point operand has a type other than ``shape``'s; else None."""
+    if shape.element_type.kind != "float":
         return None
     want = shape.element_type.dtype
     if not isinstance(out, np.ndarray) or out.dtype == want or not _is_real_float(out.dtype):

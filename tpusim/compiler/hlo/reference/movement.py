@@ -148,6 +148,11 @@ def _pad(ctx: EvalContext, instr: Instruction, args: Sequence[Any]) -> Value:
     pads = instr.attr("padding", ())
     if len(pads) != x.ndim:
         raise EvaluationError(instr, f"padding has {len(pads)} dimensions, the operand {x.ndim}")
+    result = instr.shape
+    if isinstance(result, Shape) and result.element_type.is_float and x.dtype != result.element_type.dtype:
+        # mixed precision: the operand and the value move converted to the result type (f32 pad(bf16 x, f32 0.1)
+        # pads with 0.1, not with its bf16 rounding)
+        x, value = convert(x, result.element_type), convert(value, result.element_type)
     out_dims = _out_dims(instr)
     out = np.full(out_dims, value, dtype=x.dtype)
     src, dst = [], []
