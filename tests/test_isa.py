@@ -64,6 +64,7 @@ VM_B = MemRef(Space.VMEM, 0x10000, S("bf16[128,128]{1,0:T(8,128)(2,1)}"))
 VM_P = MemRef(Space.VMEM, 0x20000, S("pred[128,128]{1,0:T(8,128)(4,1)}"))
 VM_R = MemRef(Space.VMEM, 0x30000, S("f32[128]{0:T(128)}"))
 SM_I = MemRef(Space.SMEM, 0x40, S("s32[16]{0}"), Window((Reg(2),), (1,)))
+STRIDED = Window((1, 2), (127, 126))  # 43 rows at stride 3, 26 lanes at stride 5
 
 
 def every_instruction() -> list:
@@ -102,6 +103,11 @@ def every_instruction() -> list:
         VpuBroadcast(VM_A, Const(-0.0, "f32"), ()),
         VpuIota(VM_A, 1),
         VpuCopy(dataclasses.replace(VM_A, shape=S("f32[128,128]{0,1:T(8,128)}")), VM_A),
+        VpuCopy(
+            MemRef(Space.VMEM, 0, S("f32[43,26]{1,0:T(8,128)}")),
+            dataclasses.replace(VM_A, window=STRIDED),
+            strides=(3, 5),
+        ),
         VpuReshape(MemRef(Space.VMEM, 0, S("f32[16384]{0}")), VM_A),
         XluTranspose(VM_A, VM_A, (1, 0)),
         ScalarAlu("add", Reg(1), Reg(1), -4),
@@ -234,6 +240,13 @@ def test_program_errors_have_line_numbers():
         (lambda: VpuMap("compare", VM_P, (VM_A, VM_A)), "needs a direction"),
         (lambda: VpuReduce("add", VM_A, VM_A, (1,)), r"reducing \(128, 128\) over \(1,\) gives \(128,\)"),
         (lambda: XluTranspose(VM_A, VM_A, (0, 0)), "not a permutation"),
+        (lambda: VpuCopy(VM_R, VM_A), r"vpu.copy source \(128, 128\) and destination \(128,\) differ"),
+        (lambda: VpuCopy(VM_A, VM_A, strides=(2,)), "1 strides for a rank-2 destination"),
+        (lambda: VpuCopy(VM_A, VM_A, strides=(0, 1)), "strides .* must be at least 1"),
+        (
+            lambda: VpuCopy(MemRef(Space.VMEM, 0, S("f32[43,26]")), VM_A, strides=(3, 5)),
+            r"source \(128, 128\) must span \(127, 126\): destination \(43, 26\) at strides \(3, 5\)",
+        ),
         (lambda: ScalarAlu("add", Reg(1), Reg(2)), "s.add takes 2 operands, not 1"),
         (lambda: VpuFused(VM_A, (VM_A,), (FusedOp("add", "f32", (0, 1)),)), r"step 0 \(add:f32\(0,1\)\) uses value 1"),
         (

@@ -190,6 +190,32 @@ def test_broadcast_transpose_and_relayout_costs():
     assert spans == [("vpu", 4 + 2), ("xlu0", 8 + 4), ("xlu0", 16 + 4), ("vpu", 4 + 2), ("xlu0", 16 + 4)]
 
 
+def test_a_strided_copy_loads_one_register_per_result_register_unless_it_gathers_across_lanes():
+    """Strides off the lane dimension are load addressing (Mosaic's strided load takes any stride but the
+    lanes'): V(dst) loads and stores. A lane stride gathers across lanes: the XLU, per source register."""
+    src = vm(0x0, shape("f32", (64, 64)))  # (8, 8) teaching tiles: 64 registers
+    rows_only = VpuCopy(vm(0x8000, shape("f32", (16, 64))), MemRef(Space.VMEM, 0, src.shape, Window((0, 0), (61, 64))),
+                        strides=(4, 1))  # fmt: skip
+    lanes = VpuCopy(vm(0x8000, shape("f32", (64, 16))), MemRef(Space.VMEM, 0, src.shape, Window((0, 0), (64, 61))),
+                    strides=(1, 4))  # fmt: skip
+    res = Chip(TEACH).run(Program.single([rows_only, lanes]), timing_only=True)
+    spans = [(u, e - s) for s, u, e in rows(res)]
+    # 16 result registers: 16 strided loads (2 a cycle) and 16 stores (1 a cycle), + the ALU latency 2
+    assert spans[0] == ("vpu", 16 + 2)
+    # the lane gather reads the 64 registers its 64 x 61 window touches, at 4 cycles each, + latency 4
+    assert spans[1] == ("xlu0", 64 * 4 + 4)
+
+
+def test_a_strided_copy_takes_every_kth_element():
+    x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    src = vm(0x0, shape("f32", (64, 64)))
+    dst = vm(0x8000, shape("f32", (21, 13)))
+    window = MemRef(Space.VMEM, 0, src.shape, Window((2, 1), (61, 61)))
+    prog = Program.single([VpuCopy(dst, window, strides=(3, 5))], symbols=[Symbol("x", src), Symbol("y", dst)])
+    res = Chip(TEACH).run(prog, {"x": x})
+    np.testing.assert_array_equal(res.read("y"), x[2:63:3, 1:62:5])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Numerics
 # ---------------------------------------------------------------------------------------------------------

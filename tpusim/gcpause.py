@@ -4,8 +4,9 @@ Parsing, compiling and decoding a large program each allocate hundreds of thousa
 live for the whole run and form no reference cycles. The collector would rescan the growing heap again and
 again (its full collections grow with the number of live objects): for the 4-layer d1024 decoder it cost
 about a quarter of the compile and decode time. The simulation likewise keeps every trace record and
-transfer fact to the end of the run (full collections were 40% of a 256-chip all-reduce). Objects those phases drop are still freed at once by
-reference counting; only cycles wait for the collector, which runs again when the phase ends.
+transfer fact to the end of the run (full collections were 40% of a 256-chip all-reduce). Objects those
+phases drop are still freed at once by reference counting; only cycles wait for the collector, which runs
+again when the phase ends.
 """
 
 from __future__ import annotations

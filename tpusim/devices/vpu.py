@@ -309,7 +309,16 @@ def _move_cost(cfg: ChipConfig, crosses: bool, reads: tuple[Access, ...], writes
 
 
 def _cost_copy(cfg: ChipConfig, ins: VpuCopy, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
-    return _move_cost(cfg, lane_dim(ins.src.shape) != lane_dim(ins.dst.shape), reads, writes)
+    crosses = lane_dim(ins.src.shape) != lane_dim(ins.dst.shape)
+    if ins.strides is None:
+        return _move_cost(cfg, crosses, reads, writes)
+    lane = lane_dim(ins.src.shape)
+    if crosses or (lane is not None and ins.strides[lane] != 1):  # a gather across lanes
+        return _move_cost(cfg, True, reads, writes)
+    # Strides off the lane dimension are load addressing: one strided load per destination register (as
+    # Mosaic lowers a strided load, which takes any stride but the lane dimension's).
+    v_out = _v(cfg, writes[0])
+    return _vpu_cost(cfg, 0, "alu", v_out, v_out, 0)
 
 
 def _cost_reshape(cfg: ChipConfig, ins: VpuReshape, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
@@ -328,7 +337,10 @@ def _cost_transpose(cfg: ChipConfig, ins: XluTranspose, reads: tuple[Access, ...
 
 
 def _exec_copy(core: Core, ins: VpuCopy, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:
-    _write(writes[0], _read(reads[0]))
+    value = _read(reads[0])
+    if ins.strides is not None:
+        value = value[tuple(slice(None, None, s) for s in ins.strides)]
+    _write(writes[0], value)
 
 
 def _exec_reshape(core: Core, ins: VpuReshape, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> None:

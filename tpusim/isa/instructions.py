@@ -498,15 +498,22 @@ class VpuIota:
 
 @dataclass(frozen=True, slots=True)
 class VpuCopy:
-    """Copy a block into another layout (same dimensions and element type): the relayout instruction.
+    """Copy a block into another layout (same dimensions and element type): the relayout instruction; with
+    ``strides``, every ``strides[d]``-th element of ``src`` along each dimension ``d`` (a strided slice:
+    ``dst[i] = src[i * strides]``, so ``src`` spans ``(n - 1) * stride + 1`` along a dimension where ``dst``
+    has ``n``).
 
     Timing: ``max(V(src) / vmem.load_vregs_per_cycle, V(dst) / vmem.store_vregs_per_cycle)``; when the
     two layouts disagree on which dimension is the lane dimension, the data crosses lanes and the copy
-    runs on a cross-lane unit at ``xlu.transpose_cycles_per_vreg`` per source vreg instead.
+    runs on a cross-lane unit at ``xlu.transpose_cycles_per_vreg`` per source vreg instead. Strides on
+    dimensions other than the lane dimension are load addressing (a strided load reads one register per
+    destination register: ``V(dst)`` loads); a stride along the lane dimension gathers across lanes, on a
+    cross-lane unit at ``xlu.transpose_cycles_per_vreg`` per source vreg.
     """
 
     dst: MemRef
     src: MemRef
+    strides: tuple[int, ...] | None = None
     control: bool = False
     hlo: str | None = field(default=None, compare=False)
     op: ClassVar[Op] = Op.VPU_COPY
@@ -514,8 +521,22 @@ class VpuCopy:
     def __post_init__(self) -> None:
         _need_space(self.dst, (Space.VMEM,), "vpu.copy destination")
         _need_space(self.src, (Space.VMEM,), "vpu.copy source")
-        _need(self.src.dims == self.dst.dims, f"vpu.copy source {self.src.dims} and destination {self.dst.dims} differ")
         _need(self.src.element_type == self.dst.element_type, "vpu.copy keeps the element type (use vpu.convert)")
+        if self.strides is None:
+            _need(
+                self.src.dims == self.dst.dims,
+                f"vpu.copy source {self.src.dims} and destination {self.dst.dims} differ",
+            )
+            return
+        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+        _need(len(self.strides) == len(self.dst.dims), f"vpu.copy has {len(self.strides)} strides for a rank-"
+              f"{len(self.dst.dims)} destination")  # fmt: skip
+        _need(all(s >= 1 for s in self.strides), f"vpu.copy strides {self.strides} must be at least 1")
+        spans = tuple((n - 1) * s + 1 if n else 0 for n, s in zip(self.dst.dims, self.strides))
+        _need(
+            self.src.dims == spans,
+            f"vpu.copy source {self.src.dims} must span {spans}: destination {self.dst.dims} at strides {self.strides}",
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,10 +399,96 @@ def _box_pairs(src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]], dst_b
 
 @lowering("slice")
 def lower_slice(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    """A window: DMAs (one per index of a strided dimension). A strided slice whose DMAs would cost more
+    than reading the window it spans gathers in VMEM instead (:func:`_strided_in_vmem`)."""
     src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     spec = [(s.start, n, s.stride) for s, n in zip(instr.attr("slice"), dst.shape.dimensions)]
-    pairs = _box_pairs(src, dst, spec, (0,) * dst.shape.rank)
-    _dma_or_vector(ctx, comp, instr, pairs, lambda: _issue(ctx, pairs))
+    if all(stride == 1 for _, _, stride in spec):
+        pairs = _box_pairs(src, dst, spec, (0,) * dst.shape.rank)
+        _dma_or_vector(ctx, comp, instr, pairs, lambda: _issue(ctx, pairs))
+        return
+    try:
+        pairs = _box_pairs(src, dst, spec, (0,) * dst.shape.rank)
+    except NotLowerable:
+        pairs = []  # (too many pieces for DMAs)
+    if pairs and dma_pieces(ctx, pairs) <= _gather_estimate(ctx, src, dst, spec):
+        _issue(ctx, pairs)
+    elif not _try(ctx, lambda: _strided_in_vmem(ctx, src, dst, spec)):
+        if not pairs:
+            raise NotLowerable(f"a strided slice of {src.shape} that fits neither VMEM nor {MAX_DMAS} DMAs")
+        _issue(ctx, pairs)
+
+
+_GATHER_WINDOW_BYTES = 1 << 20
+"""Largest input window :func:`_strided_in_vmem` reads per block: small enough that reading the next
+block overlaps gathering this one, large enough to amortise DMA set-up."""
+
+
+def _span(size: int, stride: int) -> int:
+    """Elements a strided window of ``size`` elements covers."""
+    return (size - 1) * stride + 1 if size else 0
+
+
+def _gather_estimate(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]]) -> float:
+    """What :func:`_strided_in_vmem` costs at best: the window the slice spans and the result cross HBM
+    once, in blocks of about half a megabyte whose transfers overlap."""
+    spanned = Shape(src.element_type, tuple(_span(n, k) for _, n, k in spec), layout=src.shape.layout)
+    cfg = ctx.config
+    blocks = max(1, -(-spanned.byte_size // (1 << 19)))
+    moved = spanned.byte_size + dst.shape.byte_size
+    return moved / cfg.hbm_bytes_per_cycle + (blocks + 1) * cfg.dma.setup_cycles + 2 * cfg.cycles(cfg.hbm.latency_ns)
+
+
+def _strided_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]]) -> None:
+    """The result in blocks (see :func:`_chunks`): the window of ``src`` a block spans is DMA'd into VMEM in
+    whole runs, one strided ``vpu.copy`` gathers the block's elements (strided loads across rows, the XLU
+    across lanes; as XLA:TPU's slice kernels read the window into VMEM), and the block is DMA'd out. Loads
+    of block k+1 overlap the gather of block k."""
+    dims, strides = dst.shape.dimensions, tuple(k for _, _, k in spec)
+    free = ctx.vmem_free_bytes()
+    budget = min(free // 4, _GATHER_WINDOW_BYTES)
+    while True:  # two blocks in flight, each an input window and an output block
+        chunk = _chunks(dims, [src.shape], budget)  # (cut along the source's major dimensions)
+        window = Shape(src.element_type, tuple(_span(c, k) for c, k in zip(chunk, strides)), layout=src.shape.layout)
+        block = Shape(dst.element_type, chunk, layout=dst.shape.layout)
+        if window.byte_size <= _GATHER_WINDOW_BYTES and 2 * (window.byte_size + block.byte_size) <= free:
+            break
+        budget //= 2  # (_chunks refuses once not even one element fits)
+    corners = list(itertools.product(*(range(0, n, c) for n, c in zip(dims, chunk))))
+    if len(corners) > MAX_DMAS:
+        raise NotLowerable(f"a strided slice of {src.shape} in {len(corners)} blocks (at most {MAX_DMAS})")
+    ins = [ctx.vmem(window) for _ in range(2)]
+    outs = [ctx.vmem(block) for _ in range(2)]
+    sem_in, sem_out = [ctx.semaphore(), ctx.semaphore()], [ctx.semaphore(), ctx.semaphore()]
+    zero = (0,) * len(dims)
+
+    def extent(k: int) -> tuple[int, ...]:
+        return tuple(min(c, n - o) for c, n, o in zip(chunk, dims, corners[k]))
+
+    def spans(k: int) -> tuple[int, ...]:
+        return tuple(_span(e, s) for e, s in zip(extent(k), strides))
+
+    def load(k: int) -> None:
+        at = tuple(start + o * stride for (start, _, stride), o in zip(spec, corners[k]))
+        into = _window(ins[k % 2], zero, spans(k))
+        ctx.emit(DmaStart, src=_window(src, at, spans(k)), dst=into, sem=sem_in[k % 2])
+
+    load(0)
+    pending = [False, False]
+    for k in range(len(corners)):
+        if k + 1 < len(corners):
+            load(k + 1)
+        ctx.emit(SemWait, sem=sem_in[k % 2], count=1)
+        if pending[k % 2]:
+            ctx.emit(SemWait, sem=sem_out[k % 2], count=1)
+        ext = extent(k)
+        out = _window(outs[k % 2], zero, ext)
+        ctx.emit(VpuCopy, dst=out, src=_window(ins[k % 2], zero, spans(k)), strides=strides)
+        ctx.emit(DmaStart, src=out, dst=_window(dst, corners[k], ext), sem=sem_out[k % 2])
+        pending[k % 2] = True
+    for i in (0, 1):
+        if pending[i]:
+            ctx.emit(SemWait, sem=sem_out[i], count=1)
 
 
 @lowering("concatenate")

@@ -530,11 +530,14 @@ def _sub(ref: MemRef, offsets: tuple[int | Reg, ...], sizes: tuple[int, ...], cl
 
 def _emit_slice(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
     src = em.operand_ref(srcs[0], instr.operands[0])
-    tiled = em.plan.needs[instr.name][0]
+    tiled = em.plan.needs[instr.name][0]  # (its block starts where the slice does: blocks._slice, stride 1)
     offsets = tuple(0 if d == tiled else s.start for d, s in enumerate(instr.attr("slice")))
-    if any(s.stride != 1 for d, s in enumerate(instr.attr("slice")) if d != tiled):
-        raise NotLowerable("a strided slice")
-    em.ctx.emit(VpuCopy, dst=dst, src=_sub(src, offsets, dst.dims))
+    strides = tuple(1 if d == tiled else s.stride for d, s in enumerate(instr.attr("slice")))
+    if all(k == 1 for k in strides):
+        em.ctx.emit(VpuCopy, dst=dst, src=_sub(src, offsets, dst.dims))
+        return
+    spans = tuple((n - 1) * k + 1 if n else 0 for n, k in zip(dst.dims, strides))
+    em.ctx.emit(VpuCopy, dst=dst, src=_sub(src, offsets, spans), strides=strides)
 
 
 def _emit_concatenate(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
