@@ -126,6 +126,26 @@ def test_a_strided_slice_gathers_in_vmem_at_the_cost_of_its_covering_window() ->
     assert strided.cycles <= 2 * window.cycles, (strided.cycles, window.cycles)
 
 
+def test_a_stride_along_tiled_rows_is_gathered_and_one_along_untiled_slabs_is_a_dma_per_slab() -> None:
+    """Every other row of f32[2048,1024]: one DMA per row would write rows that share (8,128) tiles, one after
+    the other (1024 DMAs, each waiting for the one before); gathered in VMEM blocks it streams at about the
+    speed of an elementwise op over the whole array. Every other slab of f32[64,8,128]: each index is whole
+    tiles, one DMA each."""
+
+    def run(body: str, param: str) -> tpusim.SimulationResult:
+        return tpusim.simulate(module(body, [param]), config="tpu_v5e", timing_only=True)
+
+    rows = run(
+        "  s = f32[1024,1024] slice(p0), slice={[0:2048:2], [0:1024]}\n  ROOT r = f32[1024,1024] negate(s)",
+        "f32[2048,1024]",
+    )  # (the slice's result in VMEM, as tpusim and XLA place it before the negate)
+    whole = run("  ROOT r = f32[2048,1024] negate(p0)", "f32[2048,1024]")  # reads as much, writes twice that
+    assert opcounts(rows)["VpuCopy"] >= 1 and opcounts(rows)["DmaStart"] < 100, opcounts(rows)
+    assert rows.cycles <= 1.25 * whole.cycles, (rows.cycles, whole.cycles)
+    slabs = run("  ROOT r = f32[32,8,128] slice(p0), slice={[0:64:2], [0:8], [0:128]}", "f32[64,8,128]")
+    assert opcounts(slabs) == Counter(DmaStart=32, SemWait=1, Halt=1)
+
+
 DYNAMIC = module(
     "  ds = f32[4,64] dynamic-slice(p0, p2, p3), dynamic_slice_sizes={4,64}\n"
     "  dus = f32[16,256] dynamic-update-slice(p0, p1, p3, p2)\n"

@@ -399,24 +399,25 @@ def _box_pairs(src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]], dst_b
 
 @lowering("slice")
 def lower_slice(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    """A window: DMAs (one per index of a strided dimension). A strided slice whose DMAs would cost more
-    than reading the window it spans gathers in VMEM instead (:func:`_strided_in_vmem`)."""
+    """A window: DMAs. A stride along dimensions no tile cuts: one DMA per index (each moves whole tiles). A
+    stride along a tiled dimension (rows inside (8,128) tiles, lanes): pieces would share tiles, so the
+    slice gathers in VMEM (:func:`_strided_in_vmem`)."""
     src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     spec = [(s.start, n, s.stride) for s, n in zip(instr.attr("slice"), dst.shape.dimensions)]
     if all(stride == 1 for _, _, stride in spec):
         pairs = _box_pairs(src, dst, spec, (0,) * dst.shape.rank)
         _dma_or_vector(ctx, comp, instr, pairs, lambda: _issue(ctx, pairs))
         return
-    try:
-        pairs = _box_pairs(src, dst, spec, (0,) * dst.shape.rank)
-    except NotLowerable:
-        pairs = []  # (too many pieces for DMAs)
-    if pairs and dma_pieces(ctx, pairs) <= _gather_estimate(ctx, src, dst, spec):
-        _issue(ctx, pairs)
-    elif not _try(ctx, lambda: _strided_in_vmem(ctx, src, dst, spec)):
-        if not pairs:
-            raise NotLowerable(f"a strided slice of {src.shape} that fits neither VMEM nor {MAX_DMAS} DMAs")
-        _issue(ctx, pairs)
+    strided = {d for d, (_, n, stride) in enumerate(spec) if stride != 1 and n > 1}
+    if not strided & (_tiled_dims(src.shape) | _tiled_dims(dst.shape)):
+        try:
+            pairs = _box_pairs(src, dst, spec, (0,) * dst.shape.rank)
+        except NotLowerable:
+            pairs = []  # (too many pieces: gather them)
+        if pairs:
+            _issue(ctx, pairs)
+            return
+    _strided_in_vmem(ctx, src, dst, spec)
 
 
 _GATHER_WINDOW_BYTES = 1 << 20
@@ -427,16 +428,6 @@ block overlaps gathering this one, large enough to amortise DMA set-up."""
 def _span(size: int, stride: int) -> int:
     """Elements a strided window of ``size`` elements covers."""
     return (size - 1) * stride + 1 if size else 0
-
-
-def _gather_estimate(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]]) -> float:
-    """What :func:`_strided_in_vmem` costs at best: the window the slice spans and the result cross HBM
-    once, in blocks of about half a megabyte whose transfers overlap."""
-    spanned = Shape(src.element_type, tuple(_span(n, k) for _, n, k in spec), layout=src.shape.layout)
-    cfg = ctx.config
-    blocks = max(1, -(-spanned.byte_size // (1 << 19)))
-    moved = spanned.byte_size + dst.shape.byte_size
-    return moved / cfg.hbm_bytes_per_cycle + (blocks + 1) * cfg.dma.setup_cycles + 2 * cfg.cycles(cfg.hbm.latency_ns)
 
 
 def _strided_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]]) -> None:
