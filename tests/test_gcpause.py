@@ -57,3 +57,15 @@ def test_a_run_pauses_the_collector_while_it_simulates_and_restores_it_after() -
     with pytest.raises(Exception, match="a failing kernel"):
         Chip("teaching").run(prog, fallback_evaluator=failing)
     assert gc.isenabled()
+
+
+def test_tpusim_run_leaves_the_collector_enabled(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``tpusim run`` pauses the collector for the whole command and freezes what it leaves alive; a caller
+    of ``tpusim.cli.main`` in the same process gets it back enabled."""
+    from tpusim.cli import main
+
+    program = tmp_path / "p.hlo"
+    program.write_text("HloModule m\nENTRY e {\n  a = f32[8,128] parameter(0)\n  ROOT n = f32[8,128] negate(a)\n}\n")
+    assert main(["run", str(program), "--timing-only"]) == 0
+    assert gc.isenabled()
+    gc.unfreeze()  # (give this test session's objects back to the collector)
