@@ -11,9 +11,9 @@ each pair on the core's async sequencer, see ``lowering/collectives.py``; a pair
 one computation, as XLA's scheduler keeps them; XLA's collective pipeliner, which carries a start into the
 previous iteration, is not modelled):
 
-* every ``all-reduce`` (of one array or several: XLA's combined ones), ``all-gather`` and ``reduce-scatter``
-  of one array becomes a start that keeps the collective's name (its time and its errors are reported under
-  it) and a done named ``<name>.done``, which its users then read;
+* every ``all-reduce`` (of one array or several: XLA's combined ones), ``all-gather``, ``reduce-scatter``
+  and ``all-to-all`` of one array becomes a start that keeps the collective's name (its time and its errors
+  are reported under it) and a done named ``<name>.done``, which its users then read;
 * the instructions are then listed again in dependence order (operands and ``control-predecessors``, and
   each pair after the previous pair's done: one in flight), taking at each step: a start whose operands
   are ready; else a done that is due, because a user of it comes next in the original order or the next
@@ -40,9 +40,12 @@ from tpusim.memory import Shape, TupleShape
 
 __all__ = ["schedule_collectives"]
 
-_ASYNC = frozenset({"all-reduce", "all-gather", "reduce-scatter"})
-"""The collectives that become pairs: ``<op>-start`` and ``<op>-done``, for a reduce-scatter XLA's
-``async-start`` / ``async-done`` wrapping it."""
+_ASYNC = frozenset({"all-reduce", "all-gather", "reduce-scatter", "all-to-all"})
+"""The collectives that become pairs: ``<op>-start`` and ``<op>-done``, for a reduce-scatter and an
+all-to-all XLA's ``async-start`` / ``async-done`` wrapping it."""
+
+_WRAPPED = frozenset({"reduce-scatter", "all-to-all"})
+"""The collectives whose pair is XLA's async wrapper, in its short form (``reduce-scatter-start``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +56,8 @@ class _Pair:
 
 
 def schedule_collectives(module: Module) -> Module:
-    """``module`` with its all-reduces, all-gathers and reduce-scatters as async pairs, scheduled around the
-    compute that does not depend on them (see the module docstring); unchanged when it runs on one device or
+    """``module`` with its all-reduces, all-gathers, reduce-scatters and all-to-alls as async pairs, scheduled
+    around the compute that does not depend on them (see the module docstring); unchanged when it runs on one device or
     already has async collectives, or when no pair overlaps anything."""
     if module.replica_count * module.num_partitions == 1 or _has_async(module):
         return module
@@ -101,9 +104,11 @@ def _pairs(comp: Computation) -> dict[str, _Pair]:
         if not all(isinstance(s, Shape) for s in operands):
             continue
         if op != "all-reduce" and (len(operands) != 1 or not isinstance(instr.shape, Shape)):
-            continue  # (a variadic all-gather or reduce-scatter stays plain)
+            continue  # (a variadic all-gather, reduce-scatter or all-to-all stays plain)
+        if op == "all-to-all" and not instr.attr("dimensions"):
+            continue  # (the tuple form stays plain)
         done_name = unique_name(f"{instr.name}.done", taken)
-        if op == "reduce-scatter":  # XLA's async wrapper, in its short form (reduce-scatter-start)
+        if op in _WRAPPED:  # XLA's async wrapper, in its short form (reduce-scatter-start)
             shape: Shape | TupleShape = TupleShape((TupleShape((operands[0],)), instr.shape))
             wrapped = instr.attributes.replace(async_wrapped_opcode=op)
             start = replace(instr, opcode="async-start", shape=shape, attributes=wrapped)

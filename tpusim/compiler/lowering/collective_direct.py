@@ -54,7 +54,11 @@ def all_to_all(
         ctx.emit(SemSignal, sem=bank.ready, count=1, chip=chip)
         facts.release(chip)
     ctx.emit(SemWait, sem=bank.ready, count=S - 1)
-    sem, local = ctx.semaphore(), ctx.semaphore()
+    if ctx.on_async:  # (the async sequencer takes no scoped semaphore: its bank's and a reserved load's)
+        assert bank.local is not None and state.async_loads, "an async all-to-all's bank and loads are reserved"
+        sem, local = bank.local, state.async_loads[0]
+    else:
+        sem, local = ctx.semaphore(), ctx.semaphore()
     pushes = S - 1
     if dim is not None:
         x, y = xs[0], ys[0]

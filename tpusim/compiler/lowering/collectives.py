@@ -768,6 +768,12 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
                             instr, f"dimension {dims[0]} of {x.shape} does not split into {plan.size} chunks (or "
                             f"the result {y.shape} has other dimensions)",
                         )  # fmt: skip
+                # an async one (an async-start wrapping it) whole on the async sequencer, as a reduce-scatter
+                if part == "start" and plan.size > 1 and pairs and _forwards(ctx) and _done_beside(ctx, instr):
+                    _on_async_sequencer(ctx, state, bank, instr, pairs, whole=True)
+                    state.open_async[instr.name] = (level, True, True)
+                    return True
+                for x, y in pairs:
                     all_to_all(ctx, state, bank, plan, [x], [y], dims[0])
             else:
                 if len(xs) != plan.size:
@@ -808,8 +814,8 @@ def _on_async_sequencer(
 ) -> None:
     """A site of the async sequencer, which the main sequencer requests here (each time it gets here: in a
     loop, every iteration): it runs the collective on each (operand, result) pair of ``arrays`` in turn
-    (``whole``: a reduce-scatter, or an all-reduce: its reduce-scatter and all-gather) or the ring steps the
-    start left (an all-gather of one array: the start pushed the first step), and signals
+    (``whole``: a reduce-scatter, an all-to-all, or an all-reduce: its reduce-scatter and all-gather) or the
+    ring steps the start left (an all-gather of one array: the start pushed the first step), and signals
     the bank's ``done``, which the ``-done`` waits for; the main sequencer runs the next kernels meanwhile.
     The code uses the async sequencer's own VMEM, HBM scratch and scalar registers and reserved semaphores
     (:meth:`Lowering.on_async_site`)."""
@@ -823,6 +829,9 @@ def _on_async_sequencer(
                 plan = plan_groups(ctx.module, op, state.who, state.topology)
                 (dim,) = op.attr("dimensions", (0,))
                 reduce_scatter(ctx, state, bank, plan, x, y, dim, _reducer(ctx, op))
+            elif whole and op.opcode == "all-to-all":
+                plan = plan_groups(ctx.module, op, state.who, state.topology)
+                all_to_all(ctx, state, bank, plan, [x], [y], op.attr("dimensions")[0])
             else:
                 if whole:
                     plan = plan_groups(ctx.module, op, state.who, state.topology)
@@ -883,6 +892,10 @@ def lower_done(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     finish_collective(ctx, comp, instr, start, start)
 
 
+_STARTS = frozenset({"all-reduce", "all-gather", "collective-permute", "reduce-scatter", "all-to-all"})
+"""Collectives an ``async-start`` begins (and its done ends); the others run whole at the start."""
+
+
 def _wrapped(ctx: Lowering, instr: Instruction) -> Instruction | None:
     return wrapped_collective(ctx.module, instr)
 
@@ -914,7 +927,7 @@ def lower_async_start(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     op = _wrapped(ctx, instr)
     assert op is not None
     ys = [ctx.home(comp.name, instr.name, path) for path, _ in leaf_paths(instr.shape) if path[:1] == (1,)]
-    part = "start" if op.opcode in ("all-reduce", "all-gather", "collective-permute", "reduce-scatter") else "all"
+    part = "start" if op.opcode in _STARTS else "all"
     run_collective(ctx, op, _operands(ctx, comp, instr), ys, part)
     state = collective_state(ctx)
     state.open_async[instr.name] = state.open_async.pop(op.name, (-1, False, False))  # -1: done, holds no bank

@@ -749,20 +749,22 @@ holds a bank of semaphores until its done)."""
 
 def _uses_async_sequencer(module: Module, cores: int) -> bool:
     """Whether the lowering may give async collectives to the async sequencer: a program of several devices
-    on one core with an ``all-reduce-start``, an ``all-gather-start`` or an async reduce-scatter."""
+    on one core with an ``all-reduce-start``, an ``all-gather-start`` or an async reduce-scatter or
+    all-to-all."""
     if cores != 1 or module.replica_count * module.num_partitions == 1:
         return False
     return any(
-        i.opcode in ("all-reduce-start", "all-gather-start") or _reduce_scatter_start(module, i)
+        i.opcode in ("all-reduce-start", "all-gather-start") or _wrapped_start(module, i)
         for c in module.computations
         for i in c.instructions
     )
 
 
-def _reduce_scatter_start(module: Module, instr: Instruction) -> bool:
-    """Whether ``instr`` is an ``async-start`` of a reduce-scatter."""
+def _wrapped_start(module: Module, instr: Instruction) -> bool:
+    """Whether ``instr`` is an ``async-start`` of a reduce-scatter or an all-to-all (which the async sequencer
+    runs whole)."""
     wrapped = wrapped_collective(module, instr)
-    return wrapped is not None and wrapped.opcode == "reduce-scatter"
+    return wrapped is not None and wrapped.opcode in ("reduce-scatter", "all-to-all")
 
 
 def _slot(ring: MemRef, at: Reg) -> MemRef:
@@ -782,7 +784,7 @@ def _async_reservation(module: Module, config: ChipConfig, cores: int) -> tuple[
         for instr in comp.instructions:
             # (a variadic one reduces its arrays one after the other; a reduce-scatter's partial sums between
             # its rings take one operand's bytes)
-            if instr.opcode == "all-reduce-start" or _reduce_scatter_start(module, instr):
+            if instr.opcode == "all-reduce-start" or _wrapped_start(module, instr):
                 for operand in instr.operands:
                     shape = comp[operand].shape
                     if isinstance(shape, Shape):
