@@ -206,6 +206,18 @@ def test_a_strided_copy_loads_one_register_per_result_register_unless_it_gathers
     assert spans[1] == ("xlu0", 64 * 4 + 4)
 
 
+def test_a_negative_stride_counts_from_the_end_of_the_window():
+    x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    src = vm(0x0, shape("f32", (64, 64)))
+    dst = vm(0x8000, shape("f32", (21, 64)))
+    window = MemRef(Space.VMEM, 0, src.shape, Window((2, 0), (61, 64)))
+    prog = Program.single([VpuCopy(dst, window, strides=(-3, -1))], symbols=[Symbol("x", src), Symbol("y", dst)])
+    res = Chip(TEACH).run(prog, {"x": x})
+    np.testing.assert_array_equal(res.read("y"), x[2:63][::-3, ::-1])
+    # the lanes reversed cross lanes: the XLU, 4 cycles for each of the 64 registers the window touches
+    assert [(u, e - s) for s, u, e in rows(res)] == [("xlu0", 64 * 4 + 4)]
+
+
 def test_a_strided_copy_takes_every_kth_element():
     x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
     src = vm(0x0, shape("f32", (64, 64)))

@@ -312,13 +312,15 @@ def _cost_copy(cfg: ChipConfig, ins: VpuCopy, reads: tuple[Access, ...], writes:
     crosses = lane_dim(ins.src.shape) != lane_dim(ins.dst.shape)
     if ins.strides is None:
         return _move_cost(cfg, crosses, reads, writes)
-    lane = lane_dim(ins.src.shape)
+    lane, sublane = lane_dim(ins.src.shape), sublane_dim(ins.src.shape)
     if crosses or (lane is not None and ins.strides[lane] != 1):  # a gather across lanes
         return _move_cost(cfg, True, reads, writes)
     # Strides off the lane dimension are load addressing: one strided load per destination register (as
-    # Mosaic lowers a strided load, which takes any stride but the lane dimension's).
+    # Mosaic lowers a strided load, which takes any stride but the lane dimension's); rows taken in reverse
+    # order are then permuted within each register, one op per register (an estimate).
     v_out = _v(cfg, writes[0])
-    return _vpu_cost(cfg, 0, "alu", v_out, v_out, 0)
+    ops = v_out if sublane is not None and ins.strides[sublane] < 0 else 0
+    return _vpu_cost(cfg, ops, "alu", v_out, v_out, 0)
 
 
 def _cost_reshape(cfg: ChipConfig, ins: VpuReshape, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:

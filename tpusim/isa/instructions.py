@@ -500,15 +500,17 @@ class VpuIota:
 class VpuCopy:
     """Copy a block into another layout (same dimensions and element type): the relayout instruction; with
     ``strides``, every ``strides[d]``-th element of ``src`` along each dimension ``d`` (a strided slice:
-    ``dst[i] = src[i * strides]``, so ``src`` spans ``(n - 1) * stride + 1`` along a dimension where ``dst``
-    has ``n``).
+    ``dst[i] = src[i * strides]``, so ``src`` spans ``(n - 1) * |stride| + 1`` along a dimension where
+    ``dst`` has ``n``); a negative stride counts from the end of ``src``'s window (``-1`` reverses it), as
+    numpy's ``src[::stride]``.
 
     Timing: ``max(V(src) / vmem.load_vregs_per_cycle, V(dst) / vmem.store_vregs_per_cycle)``; when the
     two layouts disagree on which dimension is the lane dimension, the data crosses lanes and the copy
     runs on a cross-lane unit at ``xlu.transpose_cycles_per_vreg`` per source vreg instead. Strides on
     dimensions other than the lane dimension are load addressing (a strided load reads one register per
-    destination register: ``V(dst)`` loads); a stride along the lane dimension gathers across lanes, on a
-    cross-lane unit at ``xlu.transpose_cycles_per_vreg`` per source vreg.
+    destination register: ``V(dst)`` loads), a negative one along the sublane dimension also one VPU op per
+    destination register (the rows of each register reversed); a stride along the lane dimension other than
+    1 gathers across lanes, on a cross-lane unit at ``xlu.transpose_cycles_per_vreg`` per source vreg.
     """
 
     dst: MemRef
@@ -531,8 +533,8 @@ class VpuCopy:
         object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
         _need(len(self.strides) == len(self.dst.dims), f"vpu.copy has {len(self.strides)} strides for a rank-"
               f"{len(self.dst.dims)} destination")  # fmt: skip
-        _need(all(s >= 1 for s in self.strides), f"vpu.copy strides {self.strides} must be at least 1")
-        spans = tuple((n - 1) * s + 1 if n else 0 for n, s in zip(self.dst.dims, self.strides))
+        _need(all(s != 0 for s in self.strides), f"vpu.copy strides {self.strides} must not be 0")
+        spans = tuple((n - 1) * abs(s) + 1 if n else 0 for n, s in zip(self.dst.dims, self.strides))
         _need(
             self.src.dims == spans,
             f"vpu.copy source {self.src.dims} must span {spans}: destination {self.dst.dims} at strides {self.strides}",

@@ -329,15 +329,14 @@ def _slab_pairs(
 
 def _reverse_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, rev: list[int]) -> None:
     """The array in blocks (the most major physical dimensions cut first, see :func:`_chunks`): each block
-    is DMA'd into VMEM, ``vpu.copy`` puts every slab at its mirrored index in an output block, which is
-    DMA'd to the mirrored block position. Loads of block k+1 overlap the copies of block k."""
+    is DMA'd into VMEM, one ``vpu.copy`` with stride -1 along the reversed dimensions mirrors it into an
+    output block, which is DMA'd to the mirrored block position. Loads of block k+1 overlap the copy of
+    block k."""
     dims = src.shape.dimensions
-    chunk = _chunks(dims, [src.shape, dst.shape], ctx.vmem_free_bytes() // 4)  # two in and two out blocks
+    chunk = _chunks(dims, [src.shape, dst.shape], min(ctx.vmem_free_bytes() // 4, _GATHER_WINDOW_BYTES))
     corners = list(itertools.product(*(range(0, n, c) for n, c in zip(dims, chunk))))
-    if sum(prod(min(c, n - k) for d, (c, n, k) in enumerate(zip(chunk, dims, at)) if d in rev) for at in corners) > (
-        16 * MAX_DMAS
-    ):
-        raise NotLowerable(f"reversing {src.shape} would take more than {16 * MAX_DMAS} vector copies")
+    if len(corners) > MAX_DMAS:
+        raise NotLowerable(f"reversing {src.shape} in {len(corners)} blocks (at most {MAX_DMAS})")
     ins = [ctx.vmem(Shape(src.element_type, chunk, layout=src.shape.layout)) for _ in range(2)]
     outs = [ctx.vmem(Shape(dst.element_type, chunk, layout=dst.shape.layout)) for _ in range(2)]
     sem_in, sem_out = [ctx.semaphore(), ctx.semaphore()], [ctx.semaphore(), ctx.semaphore()]
@@ -360,8 +359,8 @@ def _reverse_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, rev: list[int]) ->
         if pending[k % 2]:
             ctx.emit(SemWait, sem=sem_out[k % 2], count=1)
         ext = extent(k)
-        for a, b in _slab_pairs(ins[k % 2], outs[k % 2], rev, zero, zero, ext):
-            ctx.emit(VpuCopy, dst=b, src=a)
+        flip = tuple(-1 if d in rev else 1 for d in range(len(dims)))
+        ctx.emit(VpuCopy, dst=_window(outs[k % 2], zero, ext), src=_window(ins[k % 2], zero, ext), strides=flip)
         at = tuple(n - o - e if d in rev else o for d, (n, o, e) in enumerate(zip(dims, corners[k], ext)))
         ctx.emit(DmaStart, src=_window(outs[k % 2], zero, ext), dst=_window(dst, at, ext), sem=sem_out[k % 2])
         pending[k % 2] = True

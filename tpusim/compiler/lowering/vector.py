@@ -181,7 +181,7 @@ class _Emitter:
                 continue
             if self._constant_scalar(name) is not None and name not in roots:
                 continue
-            shape, _ = block_shape(instr.array_shape, self.plan.needs[name], 0, self.block)
+            shape, _ = block_shape(instr.array_shape, self.plan.needs[name], 0, self.block + self._room(name))
             varies = self.plan.needs[name][0] is not None
             if (self._loaded(name) or name in roots) and varies and self.plan.extent > self.block:
                 for buffers in sets:
@@ -297,17 +297,60 @@ class _Emitter:
             block, offsets = block_shape(hbm.shape, need, start, size)
             if block.dimensions == hbm.shape.dimensions:
                 return hbm
-            return MemRef(hbm.space, hbm.address, hbm.shape, Window(offsets, block.dimensions))
+            return MemRef(hbm.space, hbm.address, hbm.shape, Window(offsets, block.dimensions), hbm.base)
         seen = Shape(hbm.element_type, hbm.window.sizes, layout=hbm.shape.layout)
         block, offsets = block_shape(seen, need, start, size)
         base = hbm.window.offsets
         moved = tuple(b + o for b, o in zip(base, offsets))  # type: ignore[operator]
-        return MemRef(hbm.space, hbm.address, hbm.shape, Window(moved, block.dimensions))
+        return MemRef(hbm.space, hbm.address, hbm.shape, Window(moved, block.dimensions), hbm.base)
 
     def _block_ref(self, ref: MemRef, name: str, start: int, size: int) -> MemRef:
         """The VMEM buffer of ``name`` with the shape of this block (a partial last block is smaller)."""
         shape, _ = block_shape(self.comp[name].array_shape, self.plan.needs[name], start, size)
         return ref if shape == ref.shape else MemRef(ref.space, ref.address, shape)
+
+    def _alignment(self, name: str) -> tuple[int, int] | None:
+        """(tile size, offset in the array of the first block's start) along the need's dimension of an input
+        loaded block by block, when a tile cuts that dimension; None otherwise (inputs read in place or
+        shared by every block)."""
+        dim, off = self.plan.needs[name]
+        if dim is None or not self._loaded(name) or self._in_place(name) or self.comp[name].opcode != "parameter":
+            return None
+        source = self.inputs[name]
+        base = source.window.offsets[dim] if source.window is not None else 0
+        granule = tile_granule(source.shape, dim)
+        if not isinstance(base, int) or granule <= 1:
+            return None
+        return granule, base + off
+
+    def _slack(self, name: str, start: int) -> int:
+        """Rows (along its need's dimension) the load of an input's block at ``start`` reads before it: the
+        block's start in the array modulo the tile there, so that the DMA moves whole tiles (a window that
+        starts inside a packed bf16 or int8 tile, ``x[1:]``, moved its elements one by one) and the block
+        is a window of the loaded rows, which the vector unit reads at any sublane."""
+        aligned = self._alignment(name)
+        return 0 if aligned is None else (aligned[1] + start) % aligned[0]
+
+    def _room(self, name: str) -> int:
+        """The most :meth:`_slack` of any block of ``name`` (its block buffers are that much longer)."""
+        aligned = self._alignment(name)
+        if aligned is None:
+            return 0
+        granule, first = aligned
+        return first % granule if self.block % granule == 0 else granule - 1
+
+    def _loaded_block(self, buffer: MemRef, name: str, start: int, size: int) -> tuple[MemRef, MemRef]:
+        """(what the load of ``name``'s block at ``start`` writes, the block the computation reads): the same
+        buffer, or with :meth:`_slack` rows, the loaded rows and the block's window of them."""
+        slack = self._slack(name, start)
+        loaded = self._block_ref(buffer, name, start - slack, size + slack)
+        if not slack:
+            return loaded, loaded
+        dim = self.plan.needs[name][0]
+        assert dim is not None
+        offsets = tuple(slack if d == dim else 0 for d in range(loaded.shape.rank))
+        sizes = tuple(size if d == dim else n for d, n in enumerate(loaded.shape.dimensions))
+        return loaded, MemRef(loaded.space, loaded.address, loaded.shape, Window(offsets, sizes))
 
     def _hoist(self, single: dict[str, MemRef]) -> None:
         """Load the inputs every block shares once, and the scalars dynamic offsets need."""
@@ -335,8 +378,9 @@ class _Emitter:
             dst = buffers.get(name, single.get(name))
             if dst is None:
                 continue
-            src = self._window(self._source(name), self.plan.needs[name], start, size)
-            self.ctx.emit(DmaStart, src=src, dst=self._block_ref(dst, name, start, size), sem=sem)
+            slack = self._slack(name, start)
+            src = self._window(self._source(name), self.plan.needs[name], start - slack, size + slack)
+            self.ctx.emit(DmaStart, src=src, dst=self._loaded_block(dst, name, start, size)[0], sem=sem)
             count += 1
         return count
 
@@ -365,10 +409,10 @@ class _Emitter:
             if self._in_place(name):
                 values[name] = self._window(self.inputs[name], self.plan.needs[name], start, size)
                 continue
-            dst = self._block_ref(buffers[name], name, start, size)
             if self._loaded(name):
-                values[name] = dst
+                values[name] = self._loaded_block(buffers[name], name, start, size)[1]
                 continue
+            dst = self._block_ref(buffers[name], name, start, size)
             if any(o in self.inlined for o in instr.operands):
                 self._emit_chain(name, dst, values)
             else:
@@ -523,9 +567,32 @@ def _emit_copy(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand
 
 
 def _sub(ref: MemRef, offsets: tuple[int | Reg, ...], sizes: tuple[int, ...], clamp: bool = False) -> MemRef:
-    if tuple(sizes) == ref.dims and all(o == 0 for o in offsets):
+    """The window ``offsets`` / ``sizes`` of ``ref``'s block, which may itself be a window of a bigger array
+    (an operand read in place in VMEM, :meth:`_Emitter._in_place`: the block's rows of the whole value):
+    offsets count from the block, so they add to its window's.
+
+    Raises:
+        NotLowerable: a register offset into a window that does not start at 0, or a clamped one (the
+            clamp's bounds are the array's, not the block's)."""
+    if tuple(sizes) == ref.dims and all(isinstance(o, int) and o == 0 for o in offsets):
         return ref
-    return MemRef(ref.space, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes), clamp))
+    if ref.window is not None:
+        base = ref.window.offsets
+        if clamp and any(not isinstance(b, int) or b for b in base):
+            raise NotLowerable("a clamped window of a block that is itself a window")
+        offsets = tuple(_add(b, o) for b, o in zip(base, offsets))
+    return MemRef(ref.space, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes), clamp), ref.base)
+
+
+def _add(a: int | Reg, b: int | Reg) -> int | Reg:
+    """``a + b`` where at most one is a register (or the register is added to 0)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if isinstance(a, int) and a == 0:
+        return b
+    if isinstance(b, int) and b == 0:
+        return a
+    raise NotLowerable("a register offset into a window at another offset")
 
 
 def _emit_slice(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
@@ -727,7 +794,7 @@ def _indexed(ref: MemRef, need: Need | None, i: int) -> MemRef:
     offsets = list(window.offsets)
     offsets[dim] += offset + i  # type: ignore[operator, index]
     sizes = tuple(1 if d == dim else n for d, n in enumerate(window.sizes))
-    return MemRef(ref.space, ref.address, ref.shape, Window(tuple(offsets), sizes))
+    return MemRef(ref.space, ref.address, ref.shape, Window(tuple(offsets), sizes), ref.base)
 
 
 def _with_unit_dimension(comp: Computation, plan: Plan) -> Computation | None:
