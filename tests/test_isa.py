@@ -108,6 +108,11 @@ def every_instruction() -> list:
             dataclasses.replace(VM_A, window=STRIDED),
             strides=(3, -5),
         ),
+        VpuCopy(
+            dataclasses.replace(VM_A, window=STRIDED),
+            MemRef(Space.VMEM, 0, S("f32[43,26]{1,0:T(8,128)}")),
+            dst_strides=(3, 5),
+        ),
         VpuReshape(MemRef(Space.VMEM, 0, S("f32[16384]{0}")), VM_A),
         XluTranspose(VM_A, VM_A, (1, 0)),
         ScalarAlu("add", Reg(1), Reg(1), -4),
@@ -241,11 +246,19 @@ def test_program_errors_have_line_numbers():
         (lambda: VpuReduce("add", VM_A, VM_A, (1,)), r"reducing \(128, 128\) over \(1,\) gives \(128,\)"),
         (lambda: XluTranspose(VM_A, VM_A, (0, 0)), "not a permutation"),
         (lambda: VpuCopy(VM_R, VM_A), r"vpu.copy source \(128, 128\) and destination \(128,\) differ"),
-        (lambda: VpuCopy(VM_A, VM_A, strides=(2,)), "1 strides for a rank-2 destination"),
+        (lambda: VpuCopy(VM_A, VM_A, strides=(2,)), "1 strides for a rank-2 block"),
         (lambda: VpuCopy(VM_A, VM_A, strides=(0, 1)), "strides .* must not be 0"),
         (
             lambda: VpuCopy(MemRef(Space.VMEM, 0, S("f32[43,26]")), VM_A, strides=(3, 5)),
-            r"source \(128, 128\) must span \(127, 126\): destination \(43, 26\) at strides \(3, 5\)",
+            r"source \(128, 128\) must span \(127, 126\): \(43, 26\) elements at strides \(3, 5\)",
+        ),
+        (
+            lambda: VpuCopy(VM_A, MemRef(Space.VMEM, 0, S("f32[43,26]")), dst_strides=(3, 1)),
+            r"destination \(128, 128\) must span \(127, 26\): \(43, 26\) elements at dst_strides \(3, 1\)",
+        ),
+        (
+            lambda: VpuCopy(VM_A, VM_A, strides=(1, 1), dst_strides=(1, 1)),
+            "strides or dst_strides, not both",
         ),
         (lambda: ScalarAlu("add", Reg(1), Reg(2)), "s.add takes 2 operands, not 1"),
         (lambda: VpuFused(VM_A, (VM_A,), (FusedOp("add", "f32", (0, 1)),)), r"step 0 \(add:f32\(0,1\)\) uses value 1"),

@@ -153,6 +153,19 @@ def test_a_reverse_along_the_lanes_is_one_cross_lane_copy_per_block() -> None:
     assert result.seconds < 20e-6
 
 
+def test_interior_padding_scatters_in_vmem() -> None:
+    """Padding between elements: the operand is loaded once and one ``vpu.copy`` with ``dst_strides`` places
+    it in the filled result (it was one DMA per element: 1,304 DMAs, 15.5 us for f32[20,65]; XLA's
+    estimate is 0.08 us)."""
+    text = module("  c = f32[] constant(-1)\n  ROOT r = f32[42,196] pad(p0, c), padding=1_2_1x0_3_2", ["f32[20,65]"])
+    m = parse_module(text)
+    checked = run_checked(m, random_inputs(m)[0], config="tpu_v5e")
+    checked.assert_ok("interior padding")
+    scatters = [i for s in checked.result.compiled.program.streams for i in s.instructions if isinstance(i, VpuCopy)]
+    assert [c.dst_strides for c in scatters] == [(2, 3)]
+    assert checked.result.seconds < 2e-6
+
+
 def test_a_stride_along_tiled_rows_is_gathered_and_one_along_untiled_slabs_is_a_dma_per_slab() -> None:
     """Every other row of f32[2048,1024]: one DMA per row would write rows that share (8,128) tiles, one after
     the other (1024 DMAs, each waiting for the one before); gathered in VMEM blocks it streams at about the

@@ -310,6 +310,12 @@ def _move_cost(cfg: ChipConfig, crosses: bool, reads: tuple[Access, ...], writes
 
 def _cost_copy(cfg: ChipConfig, ins: VpuCopy, reads: tuple[Access, ...], writes: tuple[Access, ...]) -> Cost:
     crosses = lane_dim(ins.src.shape) != lane_dim(ins.dst.shape)
+    if ins.dst_strides is not None:  # a scatter: strided stores, across lanes on the XLU per destination vreg
+        lane = lane_dim(ins.dst.shape)
+        v_src, v_dst = _v(cfg, reads[0]), _v(cfg, writes[0])
+        if crosses or (lane is not None and ins.dst_strides[lane] != 1):
+            return _xlu_cost(cfg, cfg.xlu.transpose_cycles_per_vreg, v_dst, v_src, v_dst, 0)
+        return _vpu_cost(cfg, 0, "alu", v_src, v_src, 0)
     if ins.strides is None:
         return _move_cost(cfg, crosses, reads, writes)
     lane, sublane = lane_dim(ins.src.shape), sublane_dim(ins.src.shape)
@@ -342,6 +348,10 @@ def _exec_copy(core: Core, ins: VpuCopy, reads: tuple[Access, ...], writes: tupl
     value = _read(reads[0])
     if ins.strides is not None:
         value = value[tuple(slice(None, None, s) for s in ins.strides)]
+    if ins.dst_strides is not None:  # (reads[1] is the destination: the elements between keep their values)
+        whole = _read(reads[1]).copy()
+        whole[tuple(slice(None, None, s) for s in ins.dst_strides)] = value
+        value = whole
     _write(writes[0], value)
 
 
@@ -365,7 +375,12 @@ register_compute(
     ComputeSpec(lambda i: (_memrefs((i.src,)), (i.dst,)), _check_broadcast, _cost_broadcast, _exec_broadcast),
 )
 register_compute(VpuIota, ComputeSpec(lambda i: ((), (i.dst,)), _no_check, _cost_iota, _exec_iota))
-register_compute(VpuCopy, ComputeSpec(lambda i: ((i.src,), (i.dst,)), _no_check, _cost_copy, _exec_copy))
+register_compute(
+    VpuCopy,
+    ComputeSpec(
+        lambda i: ((i.src,) + ((i.dst,) if i.dst_strides else ()), (i.dst,)), _no_check, _cost_copy, _exec_copy
+    ),
+)
 register_compute(VpuReshape, ComputeSpec(lambda i: ((i.src,), (i.dst,)), _no_check, _cost_reshape, _exec_reshape))
 register_compute(XluTranspose, ComputeSpec(lambda i: ((i.src,), (i.dst,)), _no_check, _cost_transpose, _exec_transpose))
 register_compute(VpuFused, ComputeSpec(lambda i: (_memrefs(i.srcs), (i.dst,)), _check_fused, _cost_fused, _exec_fused))

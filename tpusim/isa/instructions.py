@@ -502,7 +502,9 @@ class VpuCopy:
     ``strides``, every ``strides[d]``-th element of ``src`` along each dimension ``d`` (a strided slice:
     ``dst[i] = src[i * strides]``, so ``src`` spans ``(n - 1) * |stride| + 1`` along a dimension where
     ``dst`` has ``n``); a negative stride counts from the end of ``src``'s window (``-1`` reverses it), as
-    numpy's ``src[::stride]``.
+    numpy's ``src[::stride]``. With ``dst_strides`` instead, ``src`` goes to every ``dst_strides[d]``-th
+    element of ``dst`` (``dst[i * dst_strides] = src[i]``, a scatter: padding between elements; the other
+    elements of ``dst`` keep their values).
 
     Timing: ``max(V(src) / vmem.load_vregs_per_cycle, V(dst) / vmem.store_vregs_per_cycle)``; when the
     two layouts disagree on which dimension is the lane dimension, the data crosses lanes and the copy
@@ -511,11 +513,14 @@ class VpuCopy:
     destination register: ``V(dst)`` loads), a negative one along the sublane dimension also one VPU op per
     destination register (the rows of each register reversed); a stride along the lane dimension other than
     1 gathers across lanes, on a cross-lane unit at ``xlu.transpose_cycles_per_vreg`` per source vreg.
+    A scatter is strided stores likewise (``V(src)`` loads and stores), across lanes on a cross-lane unit per
+    destination vreg.
     """
 
     dst: MemRef
     src: MemRef
     strides: tuple[int, ...] | None = None
+    dst_strides: tuple[int, ...] | None = None
     control: bool = False
     hlo: str | None = field(default=None, compare=False)
     op: ClassVar[Op] = Op.VPU_COPY
@@ -524,20 +529,25 @@ class VpuCopy:
         _need_space(self.dst, (Space.VMEM,), "vpu.copy destination")
         _need_space(self.src, (Space.VMEM,), "vpu.copy source")
         _need(self.src.element_type == self.dst.element_type, "vpu.copy keeps the element type (use vpu.convert)")
-        if self.strides is None:
+        _need(self.strides is None or self.dst_strides is None, "vpu.copy takes strides or dst_strides, not both")
+        if self.strides is None and self.dst_strides is None:
             _need(
                 self.src.dims == self.dst.dims,
                 f"vpu.copy source {self.src.dims} and destination {self.dst.dims} differ",
             )
             return
-        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
-        _need(len(self.strides) == len(self.dst.dims), f"vpu.copy has {len(self.strides)} strides for a rank-"
-              f"{len(self.dst.dims)} destination")  # fmt: skip
-        _need(all(s != 0 for s in self.strides), f"vpu.copy strides {self.strides} must not be 0")
-        spans = tuple((n - 1) * abs(s) + 1 if n else 0 for n, s in zip(self.dst.dims, self.strides))
+        strided, dense, key = (
+            (self.src, self.dst, "strides") if self.strides is not None else (self.dst, self.src, "dst_strides")
+        )
+        strides = tuple(int(s) for s in getattr(self, key))
+        object.__setattr__(self, key, strides)
+        _need(len(strides) == len(dense.dims), f"vpu.copy has {len(strides)} {key} for a rank-{len(dense.dims)} block")
+        _need(all(s != 0 for s in strides), f"vpu.copy {key} {strides} must not be 0")
+        spans = tuple((n - 1) * abs(s) + 1 if n else 0 for n, s in zip(dense.dims, strides))
+        side = "source" if key == "strides" else "destination"
         _need(
-            self.src.dims == spans,
-            f"vpu.copy source {self.src.dims} must span {spans}: destination {self.dst.dims} at strides {self.strides}",
+            strided.dims == spans,
+            f"vpu.copy {side} {strided.dims} must span {spans}: {dense.dims} elements at {key} {strides}",
         )
 
 

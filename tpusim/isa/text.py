@@ -117,7 +117,7 @@ _PRINTERS: dict[type, Callable[[Any], str]] = {
     VpuReduce: lambda i: f"vpu.reduce {i.dst} <- {i.src}" + _kw(fn=i.fn, dims=i.dims, accumulate=i.accumulate),
     VpuBroadcast: lambda i: f"vpu.broadcast {i.dst} <- {i.src}" + _kw(dims=i.dims),
     VpuIota: lambda i: f"vpu.iota {i.dst}" + _kw(dimension=i.dimension),
-    VpuCopy: lambda i: f"vpu.copy {i.dst} <- {i.src}" + _kw(strides=i.strides),
+    VpuCopy: lambda i: f"vpu.copy {i.dst} <- {i.src}" + _kw(strides=i.strides, dst_strides=i.dst_strides),
     VpuReshape: lambda i: f"vpu.reshape {i.dst} <- {i.src}",
     XluTranspose: lambda i: f"xlu.transpose {i.dst} <- {i.src}" + _kw(permutation=i.permutation),
     ScalarAlu: lambda i: (
@@ -570,7 +570,7 @@ _PARSERS: dict[str, Callable[[_Cursor, str], dict[str, Any]]] = {
     "vpu.reduce": _unary_block(VpuReduce, {"fn": _v_name, "dims": _v_tuple, "accumulate": _v_name}),
     "vpu.broadcast": _unary_block(VpuBroadcast, {"dims": _v_tuple}),
     "vpu.iota": _with_ref(VpuIota, "dst", {"dimension": _v_int}),
-    "vpu.copy": _unary_block(VpuCopy, {"strides": _v_tuple}),
+    "vpu.copy": _unary_block(VpuCopy, {"strides": _v_tuple, "dst_strides": _v_tuple}),
     "vpu.reshape": _unary_block(VpuReshape, {}),
     "xlu.transpose": _unary_block(XluTranspose, {"permutation": _v_tuple}),
     "s.load": _parse_sload,

@@ -588,8 +588,33 @@ def lower_pad(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
 
     if not interior:
         _dma_or_vector(ctx, comp, instr, estimate_pairs, emit)
-    else:
+    elif not _try(
+        ctx, lambda: _interior_in_vmem(ctx, src, dst, spec, base, scalar_operand(ctx, comp, instr.operands[1]))
+    ):
         emit()
+
+
+def _interior_in_vmem(
+    ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]], base: tuple[int, ...], value: Operand
+) -> None:
+    """Interior padding in VMEM, the whole result at once: the result filled with the padding value, the
+    operand's surviving elements loaded in one DMA and scattered into it by one ``vpu.copy`` with
+    ``dst_strides`` (strided stores; across lanes on the XLU), then one DMA out. Declined when the operand and
+    the result do not fit half of the VMEM left (the per-element DMAs then place it)."""
+    counts = tuple(c for _, c, _ in spec)
+    moved = Shape(src.element_type, counts, layout=src.shape.layout)
+    whole = Shape(dst.element_type, dst.shape.dimensions, layout=dst.shape.layout)
+    if not prod(counts) or 2 * (moved.byte_size + whole.byte_size) > ctx.vmem_free_bytes():
+        raise NotLowerable("interior padding whose operand and result do not fit VMEM")
+    into, out = ctx.vmem(moved), ctx.vmem(whole)
+    sem = ctx.semaphore()
+    ctx.emit(DmaStart, src=_window(src, tuple(f for f, _, _ in spec), counts), dst=into, sem=sem)
+    ctx.emit(VpuBroadcast, dst=out, src=value, dims=())
+    ctx.emit(SemWait, sem=sem, count=1)
+    spans = tuple((c - 1) * st + 1 for _, c, st in spec)
+    ctx.emit(VpuCopy, dst=_window(out, base, spans), src=into, dst_strides=tuple(st for _, _, st in spec))
+    ctx.emit(DmaStart, src=out, dst=dst, sem=sem)
+    ctx.emit(SemWait, sem=sem, count=1)
 
 
 def _interior_pairs(src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]], base: tuple[int, ...]) -> list:
