@@ -572,14 +572,14 @@ def _sub(ref: MemRef, offsets: tuple[int | Reg, ...], sizes: tuple[int, ...], cl
     offsets count from the block, so they add to its window's.
 
     Raises:
-        NotLowerable: a register offset into a window that does not start at 0, or a clamped one (the
-            clamp's bounds are the array's, not the block's)."""
+        NotLowerable: a register offset into a window that does not start at 0, or clamping on either
+            side (the clamp's bounds are the array's, not the block's)."""
     if tuple(sizes) == ref.dims and all(isinstance(o, int) and o == 0 for o in offsets):
         return ref
     if ref.window is not None:
         base = ref.window.offsets
-        if clamp and any(not isinstance(b, int) or b for b in base):
-            raise NotLowerable("a clamped window of a block that is itself a window")
+        if ref.window.clamp or (clamp and any(not isinstance(b, int) or b for b in base)):
+            raise NotLowerable("a clamped window of a window, or a window of a clamped one")
         offsets = tuple(_add(b, o) for b, o in zip(base, offsets))
     return MemRef(ref.space, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes), clamp), ref.base)
 
