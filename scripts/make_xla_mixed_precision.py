@@ -9,6 +9,8 @@ Programs and the form each one's compiled module must have (the script fails if 
 * ``softmax_bf16_logits``: softmax in f32 over bf16 logits; a fused ``f32 broadcast(bf16)`` of the row maximum.
 * ``argmin``: ``jnp.argmin`` of f32 rows; a variadic ``(bf16, s32) reduce`` whose reducer computes in f32.
 * ``pad_f32_value``: bf16 values padded with 0.1 after ``astype(float32)``; ``f32 pad(bf16, f32 0.1)``.
+* ``sort_f32_of_bf16``: ``jnp.sort(x.astype(float32))`` of bf16 rows; ``(f32, s32) sort(bf16, s32 iota)``
+  whose comparator takes f32 (XLA folded the convert into the sort).
 
 Files per program: ``v5e.hlo.gz``, ``v6e.hlo.gz`` (XLA's compiled modules) and ``data.npz`` (``in<i>``: the
 inputs, bf16 ones as their exact f32 values since ``.npz`` has no bf16; ``out<j>``: JAX's outputs on the CPU).
@@ -43,6 +45,7 @@ def programs() -> dict[str, tuple[Callable[..., object], list[np.ndarray], Calla
     logits = rng.standard_normal(SHAPE).astype(jnp.bfloat16)
     rows = rng.standard_normal(SHAPE).astype(np.float32)
     values = rng.standard_normal(SHAPE).astype(jnp.bfloat16)
+    keys = rng.standard_normal(SHAPE).astype(jnp.bfloat16)
     return {
         "softmax_bf16_logits": (
             lambda x: jax.nn.softmax(x.astype(jnp.float32), axis=-1),
@@ -59,6 +62,11 @@ def programs() -> dict[str, tuple[Callable[..., object], list[np.ndarray], Calla
             [values],
             lambda text: re.search(r"= f32\[18,259\]\{[^}]*\} pad\(%x", text) is not None,  # (x is bf16)
         ),
+        "sort_f32_of_bf16": (
+            lambda x: jnp.sort(x.astype(jnp.float32), axis=-1),
+            [keys],
+            _mixed_sort,
+        ),
     }
 
 
@@ -66,6 +74,12 @@ def _mixed_broadcast(text: str) -> bool:
     """Whether some ``f32 broadcast`` reads a bf16 value (the operand's type is in its definition)."""
     types = dict(re.findall(r"%(\S+) = (\w+)\[", text))
     return any(types.get(o) == "bf16" for o in re.findall(r"= f32\[[^\]]*\]\{[^}]*\} broadcast\(%([^),]+)\)", text))
+
+
+def _mixed_sort(text: str) -> bool:
+    """Whether some sort with an f32 first result sorts a bf16 first operand."""
+    types = dict(re.findall(r"%(\S+) = (\w+)\[", text))
+    return any(types.get(o) == "bf16" for o in re.findall(r"= \(f32\[[^\]]*\]\{[^}]*\}, [^=]*\) sort\(%([^),]+)", text))
 
 
 def main() -> int:

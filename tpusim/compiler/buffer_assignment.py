@@ -3,7 +3,8 @@
 Which values share one buffer (an *alias class*):
 
 - a ``get-tuple-element``, ``tuple`` or ``opt-barrier`` result and the array leaves it forwards, and a
-  ``reshape`` whose two layouts hold the elements at the same bytes;
+  ``reshape`` or ``bitcast`` whose two layouts hold the elements at the same bytes (a bitcast to a
+  tile-padded shape too: ``tpusim.memory.reinterpret.bytes_in_place``);
 - the parameters of a ``call`` or ``conditional`` branch and the caller's operands;
 - a ``while`` loop's state: the loop result, the body's and the condition's parameters, and, when it is
   safe, the loop operand (if the loop is its last use) and the body's result (if the state it replaces
@@ -35,7 +36,7 @@ from tpusim.compiler.hlo.ir import Computation, Instruction, Module, sequential_
 from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ELEMENTWISE
 from tpusim.errors import TpusimError
 from tpusim.memory import AnyShape, Layout, Shape, TupleShape
-from tpusim.memory.reinterpret import bytes_agree, free_transpose
+from tpusim.memory.reinterpret import bytes_agree, bytes_in_place, free_transpose
 
 __all__ = ["ALIASES", "ALIGNMENT", "Buffer", "BufferAssignment", "OutOfMemoryError", "assign_buffers"]
 
@@ -766,6 +767,15 @@ def _tuple(p: _Planner, comp: Computation, instr: Instruction) -> None:
 def _reshape(p: _Planner, comp: Computation, instr: Instruction) -> None:
     # A reshape that moves no byte (its layouts' digit forms agree, tpusim.memory.digits): one buffer.
     if bytes_agree(comp[instr.operands[0]].array_shape, instr.array_shape, row_major=True):
+        _one_buffer(p, comp, instr)
+
+
+@_aliases("bitcast")
+def _bitcast(p: _Planner, comp: Computation, instr: Instruction) -> None:
+    # A bitcast whose result is its operand's bytes where they are (XLA: "a bitcast moves nothing"): one buffer,
+    # no code; a tile-padded one among them (f32[501]{0:T(512)} -> f32[512]{0:T(512)}) reads the operand's
+    # padding as elements, which XLA's programs only slice away.
+    if bytes_in_place(comp[instr.operands[0]].array_shape, instr.array_shape):
         _one_buffer(p, comp, instr)
 
 

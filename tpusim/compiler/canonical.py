@@ -18,7 +18,9 @@ each rewrite keeps the module's values and its decisions (layouts, memory spaces
    order, each step leaving every byte where it is (so the vector unit moves nothing for it) and identity
    steps left out. Outside fusions the same happens in a module not laid out yet (no tiles anywhere), whose
    orders layout assignment will choose afresh: the text's orders fix the bitcast's meaning, which must not
-   change with them. In a laid-out module a bitcast outside a fusion stays one (its buffer is shared).
+   change with them. In a laid-out module a bitcast outside a fusion stays one (its buffer is shared). A
+   fused bitcast between two sizes of one tiled array (``f32[501]{0:T(512)}`` to ``f32[512]{0:T(512)}``, the
+   operand's padding becoming elements) is a ``slice`` to the sizes both hold and a ``pad`` with zeros.
 4. **Whole-row windows.** A ``reduce-window`` whose every window holds whole dimensions (XLA:TPU's softmax
    keeps a row maximum at full width as a 511-tap window over 256 columns) is a ``reduce`` of those
    dimensions and a ``broadcast`` back: one lane reduction per row instead of one window per element.
@@ -39,7 +41,16 @@ from itertools import pairwise
 import numpy as np
 
 from tpusim.compiler.errors import CompileError
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal, Module, SliceDim, custom_call_target
+from tpusim.compiler.hlo.ir import (
+    Attributes,
+    Computation,
+    Instruction,
+    Literal,
+    Module,
+    PadDim,
+    SliceDim,
+    custom_call_target,
+)
 from tpusim.compiler.hlo.xla_forms import (
     ASYNC_COLLECTIVE_DONE,
     ASYNC_COLLECTIVE_START,
@@ -50,7 +61,7 @@ from tpusim.compiler.hlo.xla_forms import (
 from tpusim.compiler.hlo.xla_forms import CONCAT_BITCAST as _CONCAT
 from tpusim.compiler.passes import drop_unused, inline_instruction
 from tpusim.compiler.rewrite import unique_name
-from tpusim.memory import Layout, Shape, TupleShape
+from tpusim.memory import Layout, Shape, TupleShape, geometry
 
 __all__ = [
     "async_collective_fusions",
@@ -192,6 +203,8 @@ def _bitcast_meaning(comp: Computation, instr: Instruction, taken: set[str], fus
         return [same] if x.element_type == y.element_type else [instr]
     if x.element_type != y.element_type:
         return [instr]  # (a bitcast between types: none occurs in fusions XLA:TPU writes)
+    if x.element_count != y.element_count:
+        return _padded_bitcast_meaning(x, y, instr, taken) or [instr]
     px = tuple(reversed(x.effective_layout.minor_to_major))  # physical order, major to minor
     py = tuple(reversed(y.effective_layout.minor_to_major))
     base = replace(x.effective_layout, memory_space=0)
@@ -214,6 +227,33 @@ def _bitcast_meaning(comp: Computation, instr: Instruction, taken: set[str], fus
         out.append(Instruction(name, opcode, shape, (source,), Attributes(attrs), instr.loc))
         source = name
     return out or [same]
+
+
+def _padded_bitcast_meaning(x: Shape, y: Shape, instr: Instruction, taken: set[str]) -> list[Instruction] | None:
+    """A bitcast between two sizes of one tiled array (XLA:TPU's ``f32[501]{0:T(512)}`` to ``f32[512]{0:T(512)}``:
+    same layout, same tiled dimensions, so every index both shapes hold sits at the same byte) as a ``slice``
+    to the sizes both hold and a ``pad`` with zeros, the value the reference interpreter gives the operand's
+    padding (docs/reference.md); None for any other change of size, which keeps its bitcast."""
+    lx, ly = replace(x.effective_layout, memory_space=0), replace(y.effective_layout, memory_space=0)
+    if lx != ly or not lx.tiles or x.rank != y.rank or geometry(x).tiled_dims != geometry(y).tiled_dims:
+        return None
+    common = tuple(min(a, b) for a, b in zip(x.dimensions, y.dimensions))
+    out: list[Instruction] = []
+    source = instr.operands[0]
+    if common != x.dimensions:
+        name = unique_name(f"{instr.name}.slice", taken) if common != y.dimensions else instr.name
+        limits = tuple(SliceDim(0, c) for c in common)
+        shape = y if name == instr.name else Shape(x.element_type, common, layout=lx)
+        out.append(Instruction(name, "slice", shape, (source,), Attributes({"slice": limits}), instr.loc))
+        source = name
+    if common != y.dimensions:
+        zero = unique_name(f"{instr.name}.zero", taken)
+        scalar = Shape(y.element_type, (), layout=Layout(()))
+        literal = Literal(scalar, np.zeros((), y.element_type.dtype))
+        out.append(Instruction(zero, "constant", scalar, (), Attributes({"literal": literal}), instr.loc))
+        padding = tuple(PadDim(0, b - c) for b, c in zip(y.dimensions, common))
+        out.append(Instruction(instr.name, "pad", y, (source, zero), Attributes({"padding": padding}), instr.loc))
+    return out
 
 
 # --------------------------------------------------------------------------------------------- 4. windows

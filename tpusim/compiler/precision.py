@@ -11,21 +11,25 @@ VPU), so this changes no rounding. Data movement (copy, transpose, slice, pad, r
 gather, add-dependency, broadcast, reshape, concatenate, and the update of a dynamic-update-slice) moves its
 operands converted to the result type, which is the same as converting what it moved (and keeps a pad value
 in the wider type: ``f32 pad(bf16 x, f32 0.1)`` pads with 0.1, not its bf16 rounding). reduce-precision and
-the collectives compute in their operand's type and convert the result. A reduction, variadic or not, reads
-each input in its initial value's type (the type its computation takes) and converts each result to its
-declared type. (XLA's verifier allows no change of precision for tuple, get-tuple-element, call, while,
+the collectives compute in their operand's type and convert the result. An instruction that calls a
+computation on its elements (reduce, reduce-window, sort, scatter, select-and-scatter, map; variadic or not)
+reads each operand in the type of the computation parameter it feeds and converts each result to its declared
+type (``hlo.called_types``: XLA:TPU's ``(f32, s32) sort(bf16 x, s32 iota)`` with an f32 comparator sorts x
+converted to f32). (XLA's verifier allows no change of precision for tuple, get-tuple-element, call, while,
 conditional and the result of dynamic-update-slice; the shape rules refuse those.) The reference
-interpreter computes the same values by its own rule (``mixed_precision_result``).
+interpreter computes the same values by its own rule (``mixed_precision_result``; ``called_arguments`` and
+``declared_results`` for the instructions that call a computation).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from tpusim.compiler.hlo.called_types import CALLING, called_types
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module
 from tpusim.compiler.hlo.opcodes import ELEMENTWISE
 from tpusim.compiler.rewrite import rewrite_instructions, unique_name
-from tpusim.memory import AnyShape, Layout, Shape, TupleShape, element_type
+from tpusim.memory import AnyShape, ElementType, Layout, Shape, TupleShape, element_type
 
 __all__ = ["normalize_precision"]
 
@@ -82,15 +86,15 @@ def _retyped(shape: Shape, etype: str) -> Shape:
 
 def normalize_precision(module: Module) -> Module:
     """Give every mixed-precision instruction explicit converts (see the module docstring)."""
-    return rewrite_instructions(module, _normalized)
+    return rewrite_instructions(module, lambda comp, instr, taken: _normalized(module, comp, instr, taken))
 
 
-def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction] | None:
+def _normalized(module: Module, comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction] | None:
     """The instructions replacing a mixed-precision ``instr`` (the last one keeps its name), or None."""
     op = instr.opcode
     result = instr.shape
-    if op in ("reduce", "reduce-window"):
-        return _reduction(comp, instr, taken)
+    if op in CALLING:
+        return _calling(module, comp, instr, taken)
     if not isinstance(result, Shape):
         return None
     operands = [comp[o].shape for o in instr.operands]
@@ -136,32 +140,31 @@ def _normalized(comp: Computation, instr: Instruction, taken: set[str]) -> list[
     return out
 
 
-def _reduction(comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction] | None:
-    """A reduce or reduce-window (N inputs, N initial values) whose inputs or results have other float types
-    than their initial values: each input converted to its initial value's type, the reduction in those
-    types, each result converted to its declared type (an element of a tuple through get-tuple-element)."""
-    n = len(instr.operands) // 2
-    inputs, inits = instr.operands[:n], instr.operands[n:]
+def _calling(module: Module, comp: Computation, instr: Instruction, taken: set[str]) -> list[Instruction] | None:
+    """An instruction that calls a computation on its elements (reduce, reduce-window, sort, scatter,
+    select-and-scatter, map) whose operands or results have other float types than that computation takes:
+    each operand converted to the type of the parameter it feeds, the instruction in those types, each result
+    converted to its declared type (an element of a tuple through get-tuple-element)."""
+    types = called_types(module, instr)
+    assert types is not None
+    reads, computes = (tuple(_float_name(t) for t in ts) for ts in types)
     declared = instr.shape.elements if isinstance(instr.shape, TupleShape) else (instr.shape,)
-    kinds = [_float(comp[o].shape) for o in inits]
-    if len(declared) != n:
+    if len(declared) != len(computes):
         return None
     out: list[Instruction] = []
-    sources = list(inputs)
-    for k, (source, kind) in enumerate(zip(inputs, kinds)):
+    operands = list(instr.operands)
+    for k, (source, kind) in enumerate(zip(instr.operands, reads)):
         x = _in_type(comp[source].shape, kind)
         if x is not comp[source].shape:
-            sources[k] = unique_name(f"{source}.{kind}", taken)
-            out.append(Instruction(sources[k], "convert", x, (source,), Attributes(), instr.loc))
-    operands = (*sources, *inits)
-    computed = [_in_type(shape, kind) for shape, kind in zip(declared, kinds)]
+            operands[k] = unique_name(f"{source}.{kind}", taken)
+            out.append(Instruction(operands[k], "convert", x, (source,), Attributes(), instr.loc))
+    computed = [_in_type(shape, kind) for shape, kind in zip(declared, computes)]
     if all(c is d for c, d in zip(computed, declared)):
-        return [*out, replace(instr, operands=operands)] if out else None
+        return [*out, replace(instr, operands=tuple(operands))] if out else None
     inner = unique_name(f"{instr.name}.computed", taken)
     tupled = isinstance(instr.shape, TupleShape)
-    out.append(
-        replace(instr, name=inner, shape=TupleShape(tuple(computed)) if tupled else computed[0], operands=operands)
-    )
+    computed_shape = TupleShape(tuple(computed)) if tupled else computed[0]
+    out.append(replace(instr, name=inner, shape=computed_shape, operands=tuple(operands)))
     if not tupled:
         return [*out, Instruction(instr.name, "convert", instr.shape, (inner,), Attributes(), instr.loc)]
     parts = []
@@ -174,6 +177,10 @@ def _reduction(comp: Computation, instr: Instruction, taken: set[str]) -> list[I
             part = converted
         parts.append(part)
     return [*out, Instruction(instr.name, "tuple", instr.shape, tuple(parts), Attributes(), instr.loc)]
+
+
+def _float_name(t: ElementType | None) -> str | None:
+    return t.name if t is not None and t.is_float else None
 
 
 def _in_type(shape: AnyShape, kind: str | None) -> AnyShape:

@@ -21,6 +21,7 @@ __all__ = [
     "LayoutViewError",
     "bytes_agree",
     "bytes_agree_by_elements",
+    "bytes_in_place",
     "free_transpose",
     "merged_shape",
     "untiled",
@@ -149,6 +150,17 @@ def bytes_agree(src: Shape, dst: Shape, row_major: bool = False) -> bool | None:
     if dst.element_count > MEANING_CHECK_ELEMENTS:
         return None
     return bytes_agree_by_elements(src, dst, row_major)
+
+
+def bytes_in_place(src: Shape, dst: Shape) -> bool:
+    """Whether a bitcast from ``src`` to ``dst`` is its operand's bytes where they are: reading them as ``dst``
+    gives the bitcast of the untiled layouts (:func:`bytes_agree`), or the untiled arrays differ in size while
+    the tiled ones do not, so that only the tiled bytes give the bitcast a meaning (XLA:TPU's bitcast to a
+    tile-padded shape, ``f32[501]{0:T(512)}`` to ``f32[512]{0:T(512)}``, whose last 11 elements are the
+    operand's padding: XLA's rule, the same physical size, and the reference interpreter's meaning)."""
+    if geometry(src).element_bits != geometry(dst).element_bits or src.byte_size != dst.byte_size:
+        return False
+    return untiled(src).byte_size != untiled(dst).byte_size or bytes_agree(src, dst) is True
 
 
 def bytes_agree_by_elements(src: Shape, dst: Shape, row_major: bool = False) -> bool:

@@ -385,9 +385,16 @@ def _bitcast_convert(ins: Instruction, ops: Sequence[AnyShape], module: Module) 
 
 @rule("bitcast")
 def _bitcast(ins: Instruction, ops: Sequence[AnyShape], module: Module) -> None:
+    """The same bits (a module whose layouts are still open), or, as XLA's layout-sensitive verifier, the
+    same physical bytes under the layouts the text writes: XLA:TPU bitcasts ``f32[501]{0:T(512)}`` to
+    ``f32[512]{0:T(512)}``, the operand's padding becoming elements (reference: the bytes reinterpreted)."""
     x, out = _array(ops[0], "the operand"), _array(ins.shape, "the result")
-    if prod(x.dimensions) * x.element_type.bits != prod(out.dimensions) * out.element_type.bits:
-        raise RuleError(f"bitcast from {x} to {out} changes the number of bits")
+    bits, out_bits = prod(x.dimensions) * x.element_type.bits, prod(out.dimensions) * out.element_type.bits
+    if bits != out_bits and x.byte_size != out.byte_size:
+        raise RuleError(
+            f"bitcast from {x} to {out} changes the number of bits ({bits} to {out_bits}) and of bytes under "
+            f"their layouts ({x.byte_size} to {out.byte_size})"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

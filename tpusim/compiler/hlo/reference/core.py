@@ -24,10 +24,11 @@ from typing import Any, Final, TypeAlias
 
 import numpy as np
 
+from tpusim.compiler.hlo.called_types import CALLING, called_types
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.errors import TpusimError
 from tpusim.limits import DEFAULT_MAX_STEPS, LimitHit, RunLimitError, check_limits, note_interrupt
-from tpusim.memory import AnyShape, Shape, TupleShape
+from tpusim.memory import AnyShape, ElementType, Shape, TupleShape
 from tpusim.semantics.convert import convert, is_narrow_float
 
 __all__ = [
@@ -253,6 +254,37 @@ def _rounded(shape: Shape, args: Sequence[Any], out: Any) -> np.ndarray | None:
     return convert(out, shape.element_type)
 
 
+def called_arguments(module: Module, instr: Instruction, args: Sequence[Any]) -> list[Any]:
+    """``args`` of an instruction that calls a computation on its elements (reduce, sort, scatter ...), each
+    float operand converted to the float type of the computation parameter it feeds (mixed precision:
+    XLA:TPU's ``(f32, s32) sort(bf16 x, s32 iota)`` has an f32 comparator; :mod:`..called_types`)."""
+    types = called_types(module, instr)
+    if types is None or len(types[0]) != len(args):
+        return list(args)
+    return [_in_float(a, t) for a, t in zip(args, types[0])]
+
+
+def declared_results(instr: Instruction, out: Any) -> Any:
+    """``out`` of an instruction that calls a computation on its elements, each float result (tuple elements
+    too) converted to its declared float type: the operation computes in its computation's types, and a
+    declared type other than that is a convert of the result (mixed precision)."""
+    if not isinstance(instr.shape, TupleShape):
+        return _in_float(out, instr.shape.element_type)
+    if not isinstance(out, tuple) or len(out) != len(instr.shape.elements):
+        return out
+    types = [s.element_type if isinstance(s, Shape) else None for s in instr.shape.elements]
+    return tuple(_in_float(o, t) for o, t in zip(out, types))
+
+
+def _in_float(value: Any, etype: ElementType | None) -> Any:
+    """``value`` converted to the float type ``etype`` when it is an array of another real float type."""
+    if etype is None or etype.kind != "float" or not isinstance(value, np.ndarray):
+        return value
+    if value.dtype == etype.dtype or not _is_real_float(value.dtype):
+        return value
+    return convert(value, etype)
+
+
 # ---------------------------------------------------------------------------------------------
 # Host queues
 # ---------------------------------------------------------------------------------------------
@@ -392,8 +424,10 @@ def _compile(comp: Computation) -> _Plan:
         _Step(ins, REFERENCE.get(ins.opcode), ops, slot_of[ins.name], tuple(frees_at.get(k, ())))
         for k, (ins, ops) in enumerate(steps_pre)
     )
+    # NOTE: between scalars a bitcast-convert keeps the width, so it is elementwise there (JAX's total-order
+    # sort comparators bitcast f32 keys to s32; called per element, a sort of 4096 of them took 30 s).
     vectorizable = all(
-        (ins.opcode == "parameter" or ins.opcode in ELEMENTWISE) and _is_scalar_shape(ins.shape)
+        (ins.opcode in ("parameter", "bitcast-convert") or ins.opcode in ELEMENTWISE) and _is_scalar_shape(ins.shape)
         for ins in comp.instructions
     )
     return _Plan(
@@ -516,8 +550,14 @@ class EvalContext:
         instr = step.instr
         if step.fn is None:
             raise _unsupported(instr)
+        calling = instr.opcode in CALLING and self.module is not None
         try:
+            if calling:
+                assert self.module is not None
+                args = called_arguments(self.module, instr, args)
             out = step.fn(self, instr, args)
+            if calling:
+                out = declared_results(instr, out)
         except TpusimError:
             raise
         except Exception as exc:  # a bug or an unforeseen operand: name the instruction, keep the cause

@@ -30,19 +30,13 @@ from tpusim.compiler.hlo.ir import Instruction, Window
 from tpusim.compiler.hlo.reference.combiners import apply_ordered, computation, reduce_last_axis
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value, register
 from tpusim.compiler.hlo.reference.windows import dilate_pad, windows
-from tpusim.memory import element_type_of_dtype
-from tpusim.semantics.convert import convert, is_narrow_float
 
 __all__ = ["reduce_arrays", "reduce_window_arrays", "select_and_scatter_array"]
 
 
 def _arrays(instr: Instruction, args: Sequence[Value]) -> list[np.ndarray]:
-    """The N operands, each read in its init value's floating-point type, and the N init values.
-
-    Mixed precision (XLA's allow_mixed_precision): an operand whose float type differs from its init value's
-    is converted to it first, the type the computation takes its elements in (``bf16 reduce(f32 x, bf16
-    init)`` with a bf16 computation sums x rounded to bf16); a result type other than that is a convert of
-    the result (core's mixed_precision_result)."""
+    """The N operands and the N init values, each already in the type its computation takes (mixed
+    precision: the evaluator converts them, and the results to their declared types, core.called_arguments)."""
     out = []
     for i, a in enumerate(args):
         if not isinstance(a, np.ndarray):
@@ -50,16 +44,7 @@ def _arrays(instr: Instruction, args: Sequence[Value]) -> list[np.ndarray]:
         out.append(a)
     if len(out) % 2:
         raise EvaluationError(instr, f"takes N operands and N init values, got {len(out)} operands")
-    n = len(out) // 2
-    for i in range(n):
-        x, init = out[i], out[n + i]
-        if x.dtype != init.dtype and _is_real_float(x.dtype) and _is_real_float(init.dtype):
-            out[i] = convert(x, element_type_of_dtype(init.dtype))
     return out
-
-
-def _is_real_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or is_narrow_float(dtype)
 
 
 def _window(instr: Instruction, rank: int) -> Window:
@@ -174,7 +159,7 @@ def select_and_scatter_array(
         )
     vals = vals.reshape((*source.shape, -1))
     pos = pos.reshape((*source.shape, -1))
-    out = np.full(operand.shape, init, dtype=operand.dtype).reshape(-1)
+    out = np.full(operand.shape, init, dtype=init.dtype).reshape(-1)  # (the scatter's type: mixed precision)
     taps = vals.shape[-1]
     if taps == 0 or source.size == 0:
         return out.reshape(operand.shape)
