@@ -267,7 +267,7 @@ class _Problem:
             for i, o in enumerate(instr.operands):
                 v, shape = self._leaf(comp.name, o), shapes[i]
                 if v is not None and isinstance(shape, Shape):
-                    cost = _fusion_cost(self.module, fused, i, 2 * shape.byte_size / self.rate)
+                    cost = _fusion_cost(self.module, fused, i, 2 * shape.byte_size / self.rate, self.config.vpu.lanes)
                     self._edge(comp, instr, r, v, i, cost)
             return
         if op == "dot":
@@ -403,7 +403,8 @@ class _Problem:
             if not path:
                 out[(comp, name)] = self.vars[v].order
         for _, instr, r in self.fusions:
-            _fused_orders(self.module, self.module[instr.attr("calls")], self.vars[r].order, out)
+            fused = self.module[instr.attr("calls")]
+            _fused_orders(self.module, fused, self.vars[r].order, out, self.config.vpu.lanes)
         return out
 
 
@@ -548,14 +549,16 @@ def _relayout_cost(free: Callable[[Order, Order], bool], size: float) -> Callabl
     return lambda ro, oo: 0.0 if free(ro, oo) else size
 
 
-def _fusion_cost(module: Module, fused: Computation, i: int, size: float) -> Callable[[Order, Order], float]:
+def _fusion_cost(
+    module: Module, fused: Computation, i: int, size: float, lanes: int
+) -> Callable[[Order, Order], float]:
     """The relayout cost (``size`` cycles) of fusion parameter ``i`` for a result order and an operand order."""
     cache: dict[Order, Order | None] = {}
 
     def cost(ro: Order, oo: Order) -> float:
         if ro not in cache:
             orders: dict[Key, Order] = {}
-            _fused_orders(module, fused, ro, orders)
+            _fused_orders(module, fused, ro, orders, lanes)
             param = next(p for p in fused.parameters if p.attr("parameter_number") == i)
             cache[ro] = orders.get((fused.name, param.name))
         want = cache[ro]
@@ -564,9 +567,13 @@ def _fusion_cost(module: Module, fused: Computation, i: int, size: float) -> Cal
     return cost
 
 
-def _fused_orders(module: Module, fused: Computation, root: Order, out: dict[Key, Order]) -> None:
+def _fused_orders(module: Module, fused: Computation, root: Order, out: dict[Key, Order], lanes: int) -> None:
     """Orders for the values of a fused computation whose root is stored in ``root``: each value takes the
-    order its first user (from the root back) needs; values no rule reaches keep the default."""
+    order its first user (from the root back) needs; values no rule reaches keep the default. A value the
+    fusion computes whose wanted order would put a dimension of a few elements in the lanes under a long one
+    (the ``[n, m, 2]`` broadcast of ``jnp.repeat(x, 2, axis=1)``, reshaped to ``[n, 2m]``) swaps its two most
+    minor dimensions: its blocks would hold ``lanes / 2`` times their values (a 64x blow-up of VMEM and of
+    the vector work), where the user's reshape then crosses lanes once."""
     orders: dict[str, Order] = {fused.root: root}
     for instr in reversed(fused.instructions):
         ro = orders.get(instr.name)
@@ -579,10 +586,21 @@ def _fused_orders(module: Module, fused: Computation, root: Order, out: dict[Key
             fn = operand_order(instr, i, shape, instr.array_shape)
             want = fn(ro) if fn is not None else None
             if want is not None and sorted(want) == list(range(shape.rank)):
+                if fused[o].opcode != "parameter" and _lane_starved(shape, want, lanes):
+                    want = (*want[:-2], want[-1], want[-2])
                 orders[o] = want
     for instr in fused.instructions:
         if isinstance(instr.shape, Shape):
             out[(fused.name, instr.name)] = orders.get(instr.name, _default(instr.shape.rank))
+
+
+def _lane_starved(shape: Shape, order: Order, lanes: int) -> bool:
+    """Whether ``order`` lays a dimension of at most ``lanes / 16`` elements along the lanes while the next
+    dimension would fill them (so that swapping the two fills at least 8 times the lanes)."""
+    if len(order) < 2:
+        return False
+    minor, next_minor = shape.dimensions[order[-1]], shape.dimensions[order[-2]]
+    return 0 < minor * 16 <= lanes and next_minor >= lanes
 
 
 # --------------------------------------------------------------------------------------------- helpers
