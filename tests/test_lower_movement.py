@@ -70,6 +70,12 @@ CASES = {
         "ENTRY main {\n  x = f32[16,256]{1,0} parameter(0)\n  c = f32[16,256]{1,0:T(8,128)S(1)} copy(x)\n"
         "  ROOT f = f32[15,100]{1,0} fusion(c), kind=kLoop, calls=fc\n}"
     ),
+    # a bitcast that reads its operand in another order than the logical one (XLA's, of an attention output):
+    # not a row-major reshape, which a vector fusion computed
+    "bitcast_of_another_order_then_copy": module(
+        "  b = bf16[2,32,64]{1,2,0:T(8,128)(2,1)} bitcast(p0)\n  ROOT c = bf16[2,32,64]{2,1,0:T(8,128)(2,1)} copy(b)",
+        ["bf16[2,4,16,32]{3,2,1,0:T(8,128)(2,1)}"],
+    ),
     "concatenate_lanes": module(
         "  ROOT r = f32[40,500] concatenate(p0, p1), dimensions={1}", ["f32[40,300]", "f32[40,200]"]
     ),

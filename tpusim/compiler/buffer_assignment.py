@@ -123,6 +123,17 @@ class BufferAssignment:
         return [self.buffer(computation, value, path) for path, _ in leaf_paths(shape)]
 
 
+def _holds(comp: Computation, held: Mapping[tuple[str, str], str]) -> dict[str, int]:
+    """Value -> the last position that reads it beyond its users: :func:`async_holds`, and ``held``'s values
+    of ``comp`` until their instruction."""
+    out = async_holds(comp)
+    at = {instr.name: i for i, instr in enumerate(comp.instructions)}
+    for (name, value), until in held.items():
+        if name == comp.name and until in at:
+            out[value] = max(out.get(value, at[until]), at[until])
+    return out
+
+
 def async_holds(comp: Computation) -> dict[str, int]:
     """Value -> position of the done until which an async start reads it.
 
@@ -210,9 +221,11 @@ class _Planner:
         vmem_budget: int,
         vmem_alignment: int,
         live_from: Mapping[tuple[str, str], str],
+        held: Mapping[tuple[str, str], str] | None = None,
     ) -> None:
         self.module = module
         self.live_from = live_from
+        self.held = held or {}
         self.vmem_alignment = vmem_alignment
         self.capacity = hbm_capacity
         self.smem_capacity = smem_capacity
@@ -233,11 +246,12 @@ class _Planner:
         self.buffers: list[Buffer] = []
         self.extents: dict[tuple[str, str], int] = {}  # (computation, space) -> bytes its placement spans
 
-    def _hold_async_operands(self) -> None:
-        """Operands of async starts stay live until their dones (:func:`async_holds`)."""
+    def _hold_operands(self) -> None:
+        """Operands of async starts stay live until their dones (:func:`async_holds`), and the values of
+        ``held`` until the instruction it names (:func:`assign_buffers`)."""
         for name in self.order:
             comp = self.module[name]
-            for o, at in async_holds(comp).items():
+            for o, at in _holds(comp, self.held).items():
                 self.last_use[(name, o)] = max(self.last_use.get((name, o), 0), at)
                 for path, _ in leaf_paths(comp[o].shape):
                     self.leaf_reads[(name, o, path)] = max(self.leaf_reads.get((name, o, path), 0), at)
@@ -266,7 +280,7 @@ class _Planner:
             self.last_use[(name, comp.root)] = len(comp.instructions)
             for path, _ in leaf_paths(comp.root_instruction.shape):
                 self.leaf_reads[(name, comp.root, path)] = len(comp.instructions)
-        self._hold_async_operands()
+        self._hold_operands()
         entry = self.module.entry_computation
         for p in entry.parameters:
             for key in self.leaves(entry.name, p):
@@ -607,6 +621,7 @@ def assign_buffers(
     vmem_budget_bytes: int = 0,
     vmem_alignment: int = 4096,
     live_from: Mapping[tuple[str, str], str] | None = None,
+    held: Mapping[tuple[str, str], str] | None = None,
 ) -> BufferAssignment:
     """Assign buffers to a layout-assigned module (every array shape must carry its final layout): HBM for
     arrays (aligned to :data:`ALIGNMENT`), VMEM for the arrays whose layout says ``S(1)`` as long as they fit
@@ -615,13 +630,16 @@ def assign_buffers(
 
     ``live_from`` maps ``(computation, value)`` to an earlier instruction of that computation from whose
     position the value's buffer is live: an epilogue fusion, whose code runs inside its matrix product's, so
-    its result must not share bytes with what the product reads."""
+    its result must not share bytes with what the product reads. ``held`` maps ``(computation, value)`` to a
+    later instruction until which the value is read: the operands of a prologue fusion, whose code runs
+    inside the matrix product after it (``lowering/prologue.py``), so the product's buffers and blocks must
+    not overwrite them."""
     planner = _Planner(
-        module, hbm_capacity_bytes, smem_capacity_bytes, vmem_budget_bytes, vmem_alignment, live_from or {}
+        module, hbm_capacity_bytes, smem_capacity_bytes, vmem_budget_bytes, vmem_alignment, live_from or {}, held
     )
     planner.build()
     assignment = planner.allocate()
-    spans = live_spans(module, assignment, live_from)
+    spans = live_spans(module, assignment, live_from, held)
     check_disjoint(module, assignment, spans)
     return replace(assignment, vmem_tops=_vmem_tops(module, assignment, spans))
 
@@ -642,7 +660,10 @@ def _vmem_tops(
 
 
 def live_spans(
-    module: Module, assignment: BufferAssignment, live_from: Mapping[tuple[str, str], str] | None = None
+    module: Module,
+    assignment: BufferAssignment,
+    live_from: Mapping[tuple[str, str], str] | None = None,
+    held: Mapping[tuple[str, str], str] | None = None,
 ) -> dict[str, dict[int, tuple[int, int]]]:
     """Per sequential computation, per buffer, the positions ``(first, last)`` it holds a live value.
 
@@ -650,8 +671,9 @@ def live_spans(
     leaf is live from the instruction that defines it to the last one that names it (the root's leaves to
     the end), and everything live where a computation is run (its ``while``, ``call`` or ``conditional`` in
     the caller, the loop state included) is live throughout it; a value of ``live_from`` from its
-    instruction's position (see :func:`assign_buffers`)."""
+    instruction's position, a value of ``held`` to its instruction's (see :func:`assign_buffers`)."""
     live_from = live_from or {}
+    held = held or {}
     callers: dict[str, list[tuple[str, int]]] = {}
     for name in sequential_computations(module):
         for i, instr in enumerate(module[name].instructions):
@@ -665,7 +687,7 @@ def live_spans(
         for i, instr in enumerate(comp.instructions):
             for o in instr.operands:
                 last[o] = max(last.get(o, i), i)
-        for o, done in async_holds(comp).items():
+        for o, done in _holds(comp, held).items():
             last[o] = max(last.get(o, done), done)
         at = {instr.name: i for i, instr in enumerate(comp.instructions)}
         out: dict[int, tuple[int, int]] = {}

@@ -34,6 +34,7 @@ from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.rewrite import rewrite_instructions, unique_name
 from tpusim.memory import Shape, TupleShape
+from tpusim.memory.reinterpret import physical_is_logical
 from tpusim.memory.shape import Layout
 
 __all__ = [
@@ -379,7 +380,7 @@ def _fuse_computation(comp: Computation, taken: set[str]) -> tuple[Computation, 
     members: dict[str, list[str]] = {}
     for instr in reversed(comp.instructions):
         name = instr.name
-        if not _fusible(instr):
+        if not _fusible(instr, comp):
             continue
         if name != comp.root and users[name]:
             leaders = {group.get(u) for u in users[name]}
@@ -620,9 +621,15 @@ def _topological(body: list[Instruction]) -> list[Instruction]:
     return out
 
 
-def _fusible(instr: Instruction) -> bool:
+def _fusible(instr: Instruction, comp: Computation) -> bool:
     if not isinstance(instr.shape, Shape) or instr.shape.element_type.kind in ("token", "complex"):
         return False
+    if instr.opcode == "bitcast":
+        # A bitcast in a laid-out module means its operand's bytes read in physical order: inside a fusion
+        # only where that is a row-major reshape; outside, it shares its operand's buffer or moves its bytes.
+        operand = comp[instr.operands[0]].shape
+        if not (isinstance(operand, Shape) and physical_is_logical(operand) and physical_is_logical(instr.shape)):
+            return False
     # Integer scalars stay outside fusions: they run on the scalar unit (lowering/scalar.py).
     integer_scalar = instr.shape.rank == 0 and (
         instr.shape.element_type.is_integer or instr.shape.element_type.name == "pred"

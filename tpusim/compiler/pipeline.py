@@ -23,6 +23,7 @@ from tpusim.compiler.layout_assignment import Relayout, assign_layouts
 from tpusim.compiler.lowering import lower_module, megacore_cores
 from tpusim.compiler.lowering.collective_sync import LOCAL_SEMAPHORES, reserved_semaphores
 from tpusim.compiler.lowering.epilogue import find_epilogues
+from tpusim.compiler.lowering.prologue import find_prologues
 from tpusim.compiler.memory_spaces import keep_on_chip
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.passes import prepare_module
@@ -120,7 +121,11 @@ def _compile(module: Module, config: ChipConfig, options: CompileOptions | None)
     # An epilogue fusion's code runs inside its product's: its result is live from the product on.
     epilogues = find_epilogues(module)
     early = {(comp, user): dot for (comp, dot), user in epilogues.items()}
-    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes, resident, vreg, early)  # by liveness
+    # A prologue fusion's code runs inside its product's: its operands are read until the product.
+    held = {
+        (comp, o): dot for (comp, fusion), dot in find_prologues(module).items() for o in module[comp][fusion].operands
+    }
+    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes, resident, vreg, early, held)  # by liveness
     lowered = lower_module(module, buffers, config, options, rules, epilogues)  # tile loops of ISA instructions
     _debug("lowering", lambda: print_program(lowered.program))
     if checking:

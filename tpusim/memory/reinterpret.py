@@ -24,6 +24,7 @@ __all__ = [
     "bytes_in_place",
     "free_transpose",
     "merged_shape",
+    "physical_is_logical",
     "untiled",
     "view_shape",
 ]
@@ -150,6 +151,13 @@ def bytes_agree(src: Shape, dst: Shape, row_major: bool = False) -> bool | None:
     if dst.element_count > MEANING_CHECK_ELEMENTS:
         return None
     return bytes_agree_by_elements(src, dst, row_major)
+
+
+def physical_is_logical(shape: Shape) -> bool:
+    """Whether ``shape``'s layout orders its dimensions as its logical (row-major) order does, the dimensions
+    of size 1 aside: a bitcast between two such shapes means a row-major reshape."""
+    order = [d for d in reversed(shape.effective_layout.minor_to_major) if shape.dimensions[d] != 1]
+    return order == sorted(order)
 
 
 def bytes_in_place(src: Shape, dst: Shape) -> bool:

@@ -54,7 +54,7 @@ from tpusim.isa import (
     XluTranspose,
 )
 from tpusim.memory import ElementType, Shape
-from tpusim.memory.reinterpret import LayoutViewError, bytes_agree, free_transpose, view_shape
+from tpusim.memory.reinterpret import LayoutViewError, bytes_agree, free_transpose, physical_is_logical, view_shape
 
 __all__ = ["DMA_FIRST", "combiner", "lower_vector", "reduce_identity"]
 
@@ -524,7 +524,7 @@ def _free_view(instr: Instruction, dst: MemRef, srcs: list[Operand]) -> MemRef |
     nothing, as on the TPU, where such an op is a bitcast of the buffer."""
     src = srcs[0] if srcs else None
     if (
-        instr.opcode not in ("transpose", "reshape", "broadcast")
+        instr.opcode not in ("transpose", "reshape", "bitcast", "broadcast")
         or not isinstance(src, MemRef)
         or src.window is not None
     ):
@@ -534,8 +534,9 @@ def _free_view(instr: Instruction, dst: MemRef, srcs: list[Operand]) -> MemRef |
         same = identity and _unit_free(src.shape) == _unit_free(dst.shape)
     elif instr.opcode == "transpose":
         same = free_transpose(src.shape, tuple(instr.attr("dimensions")), dst.shape)
-    else:
-        same = src.dims != dst.dims and bytes_agree(src.shape, dst.shape, row_major=True) is True
+    else:  # (a bitcast means its operand's bytes read in each shape's physical order, a reshape row-major)
+        row_major = instr.opcode == "reshape"
+        same = (src.dims != dst.dims or not row_major) and bytes_agree(src.shape, dst.shape, row_major) is True
     return MemRef(src.space, src.address, dst.shape, base=src.base) if same else None
 
 
@@ -552,6 +553,11 @@ def _unit_free(shape: Shape) -> tuple[object, ...]:
 
 
 def _emit_reshape(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
+    if instr.opcode == "bitcast" and not (
+        physical_is_logical(em.comp[instr.operands[0]].array_shape) and physical_is_logical(instr.array_shape)
+    ):
+        # (a bitcast reads its operand in physical order: a row-major reshape only when that is the logical one)
+        raise NotLowerable(f"a bitcast of {em.comp[instr.operands[0]].array_shape} that moves bytes")
     src = em.operand_ref(srcs[0], instr.operands[0])
     if src.dims == dst.dims:
         em.ctx.emit(VpuCopy, dst=dst, src=src)
