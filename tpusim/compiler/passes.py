@@ -29,6 +29,7 @@ import numpy as np
 
 from tpusim.compiler.blocks import NEED_RULES, plan_needs
 from tpusim.compiler.call_graph import flatten_call_graph
+from tpusim.compiler.dot_strength import reduce_vector_dots
 from tpusim.compiler.errors import NotLowerable
 from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal, Module, custom_call_target
 from tpusim.compiler.options import CompileOptions
@@ -62,12 +63,13 @@ FUSIBLE = frozenset(NEED_RULES) - {"parameter"}
 
 def prepare_module(module: Module, options: CompileOptions) -> Module:
     """Make the module ready for lowering: explicit broadcasts, inline calls, a copy of each loop body and
-    branch per caller, dissolve unsupported fusions, fuse."""
+    branch per caller, vector-vector dots as multiplies and reduces, dissolve unsupported fusions, fuse."""
     module = drop_annotations(module)
     module = explicit_broadcasts(module)
     module = inline_calls(module)
     module = flatten_call_graph(module)  # one caller per loop body and branch: each call its own buffers
     module = zero_sized(module)
+    module = reduce_vector_dots(module)  # batches of vector-vector dots: a multiply and a reduce
     module = unfuse(module)
     return fuse(module) if options.fuse else module
 
