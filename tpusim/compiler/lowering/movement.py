@@ -328,45 +328,11 @@ def _slab_pairs(
 
 
 def _reverse_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, rev: list[int]) -> None:
-    """The array in blocks (the most major physical dimensions cut first, see :func:`_chunks`): each block
-    is DMA'd into VMEM, one ``vpu.copy`` with stride -1 along the reversed dimensions mirrors it into an
-    output block, which is DMA'd to the mirrored block position. Loads of block k+1 overlap the copy of
-    block k."""
-    dims = src.shape.dimensions
-    chunk = _chunks(dims, [src.shape, dst.shape], min(ctx.vmem_free_bytes() // 4, _GATHER_WINDOW_BYTES))
-    corners = list(itertools.product(*(range(0, n, c) for n, c in zip(dims, chunk))))
-    if len(corners) > MAX_DMAS:
-        raise NotLowerable(f"reversing {src.shape} in {len(corners)} blocks (at most {MAX_DMAS})")
-    ins = [ctx.vmem(Shape(src.element_type, chunk, layout=src.shape.layout)) for _ in range(2)]
-    outs = [ctx.vmem(Shape(dst.element_type, chunk, layout=dst.shape.layout)) for _ in range(2)]
-    sem_in, sem_out = [ctx.semaphore(), ctx.semaphore()], [ctx.semaphore(), ctx.semaphore()]
-    zero = (0,) * len(dims)
-
-    def extent(k: int) -> tuple[int, ...]:
-        return tuple(min(c, n - o) for c, n, o in zip(chunk, dims, corners[k]))
-
-    def load(k: int) -> None:
-        ext = extent(k)
-        into = _window(ins[k % 2], zero, ext)
-        ctx.emit(DmaStart, src=_window(src, corners[k], ext), dst=into, sem=sem_in[k % 2])
-
-    load(0)
-    pending = [False, False]
-    for k in range(len(corners)):
-        if k + 1 < len(corners):
-            load(k + 1)
-        ctx.emit(SemWait, sem=sem_in[k % 2], count=1)
-        if pending[k % 2]:
-            ctx.emit(SemWait, sem=sem_out[k % 2], count=1)
-        ext = extent(k)
-        flip = tuple(-1 if d in rev else 1 for d in range(len(dims)))
-        ctx.emit(VpuCopy, dst=_window(outs[k % 2], zero, ext), src=_window(ins[k % 2], zero, ext), strides=flip)
-        at = tuple(n - o - e if d in rev else o for d, (n, o, e) in enumerate(zip(dims, corners[k], ext)))
-        ctx.emit(DmaStart, src=_window(outs[k % 2], zero, ext), dst=_window(dst, at, ext), sem=sem_out[k % 2])
-        pending[k % 2] = True
-    for i in (0, 1):
-        if pending[i]:
-            ctx.emit(SemWait, sem=sem_out[i], count=1)
+    """The array in blocks through VMEM, each mirrored by one ``vpu.copy`` at stride -1 along the reversed
+    dimensions (on the XLU when the lanes reverse) and stored at its mirrored place: a strided window of
+    stride -1 (:func:`_strided_in_vmem`)."""
+    spec = [(n - 1, n, -1) if d in rev else (0, n, 1) for d, n in enumerate(src.shape.dimensions)]
+    _strided_in_vmem(ctx, src, dst, spec)
 
 
 # --------------------------------------------------------------------------------------------- slice, concatenate
@@ -426,14 +392,15 @@ block overlaps gathering this one, large enough to amortise DMA set-up."""
 
 def _span(size: int, stride: int) -> int:
     """Elements a strided window of ``size`` elements covers."""
-    return (size - 1) * stride + 1 if size else 0
+    return (size - 1) * abs(stride) + 1 if size else 0
 
 
 def _strided_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]]) -> None:
-    """The result in blocks (see :func:`_chunks`): the window of ``src`` a block spans is DMA'd into VMEM in
-    whole runs, one strided ``vpu.copy`` gathers the block's elements (strided loads across rows, the XLU
-    across lanes; as XLA:TPU's slice kernels read the window into VMEM), and the block is DMA'd out. Loads
-    of block k+1 overlap the gather of block k."""
+    """``dst`` gets every ``stride``-th element of ``src`` from ``start`` per dimension (``spec``: ``(start,
+    size, stride)``; a negative stride walks back). The result in blocks (see :func:`_chunks`): the window
+    of ``src`` a block spans is DMA'd into VMEM in whole runs, one strided ``vpu.copy`` gathers the block's
+    elements (strided loads across rows, the XLU across lanes; as XLA:TPU's slice kernels read the window
+    into VMEM), and the block is DMA'd out. Loads of block k+1 overlap the gather of block k."""
     dims, strides = dst.shape.dimensions, tuple(k for _, _, k in spec)
     free = ctx.vmem_free_bytes()
     budget = min(free // 4, _GATHER_WINDOW_BYTES)
@@ -459,7 +426,11 @@ def _strided_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[i
         return tuple(_span(e, s) for e, s in zip(extent(k), strides))
 
     def load(k: int) -> None:
-        at = tuple(start + o * stride for (start, _, stride), o in zip(spec, corners[k]))
+        # (a negative stride walks back from ``start``: the window a block reads ends where its first element is)
+        at = tuple(
+            start + o * stride - (w - 1 if stride < 0 else 0)
+            for (start, _, stride), o, w in zip(spec, corners[k], spans(k))
+        )
         into = _window(ins[k % 2], zero, spans(k))
         ctx.emit(DmaStart, src=_window(src, at, spans(k)), dst=into, sem=sem_in[k % 2])
 
