@@ -89,6 +89,11 @@ CASES = {
     "pad_value_operand": module("  ROOT r = bf16[48,130] pad(p0, p1), padding=0_8x1_1", ["bf16[40,128]", "bf16[]"]),
     # negative padding cuts every row while the columns have interior padding: the result is all fill (found by
     # fuzzing: the operand's empty bounding box was cut into chunks of 0 rows)
+    # a dimension whose low padding lies beyond the result (negative high padding cuts its one element) while
+    # another has interior padding: the fill boxes ran past the result (found by a fuzz)
+    "pad_low_beyond_a_cut_dimension": module(
+        "  c = pred[] constant(true)\n  ROOT r = pred[190,1] pad(p0, c), padding=0_0_2x2_-2_1", ["pred[64,1]"]
+    ),
     "pad_all_cut_with_interior": module(
         "  c = f32[] constant(-1)\n  ROOT r = f32[2,5] pad(p0, c), padding=2_-4x0_0_1", ["f32[4,3]"]
     ),

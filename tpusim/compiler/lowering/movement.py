@@ -485,8 +485,9 @@ def _fill_boxes(dims: tuple[int, ...], spec: list[tuple[int, int, int]], base: t
     """Boxes ``(offsets, sizes)`` of the result not covered by the operand's bounding box (interior gaps are
     covered by a fill of the whole bounding box first, see :func:`lower_pad`)."""
     boxes = []
-    lo = list(base)
-    hi = [b + max(0, (c - 1) * s + 1) if c else b for b, (_, c, s) in zip(base, spec)]
+    # (clipped to the result: where negative padding cut every element of a dimension, its base lies beyond)
+    lo = [min(b, n) for b, n in zip(base, dims)]
+    hi = [min(n, b + max(0, (c - 1) * s + 1) if c else b) for n, b, (_, c, s) in zip(dims, base, spec)]
     for d in range(len(dims)):
         inner = [(lo[e], hi[e] - lo[e]) if e < d else (0, dims[e]) for e in range(len(dims))]
         for start, size in ((0, lo[d]), (hi[d], dims[d] - hi[d])):
