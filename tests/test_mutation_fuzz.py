@@ -14,8 +14,6 @@ import random
 import pytest
 from mutation_fuzz import MUTATORS, STAGES, MutantRunner, load_sources, make_mutant, mutants
 
-from tpusim.errors import TpusimError
-
 SEED = 13
 COUNT = 200  # 15 to 35 s on two shared cores
 LONGEST_FIRST_LINE = 1000  # an error's first line: a location, then a message clipped to 400 characters
@@ -156,16 +154,11 @@ ENTRY main {
 """
 
 
-@pytest.mark.xfail(
-    raises=TpusimError,
-    reason="not fixed yet (mixed precision is another change's): the verifier accepts a reducer whose parameters "
-    "have another float type than the reduce's operands (XLA's CompatibleIgnoringFpPrecision); the reference "
-    "interpreter refuses to call it (EvaluationError: argument 1 of computation region: expected element type "
-    "f64), so --reference fails and the device's numeric run fails in the fallback kernel while timing-only runs",
-)
 def test_reducer_of_another_float_precision_is_refused_or_runs():
     # Found by the fuzzer with --check (mutants 200-144, 467, 554, 2300, 4619: one parameter of a reduce or
-    # reduce-window region retyped). Either the verifier refuses the module, located, or both agree.
+    # reduce-window region retyped). Either the verifier refuses the module, located, or both agree: the
+    # reducer's accumulator (f32) and element (f64) types differ, so the reference folds the elements into
+    # the accumulator one by one (a pairwise tree called it with two elements and failed).
     import numpy as np
 
     from tpusim.api import simulate

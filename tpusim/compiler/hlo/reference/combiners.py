@@ -136,6 +136,15 @@ def reduce_last_axis(
         else:
             reduced = np.asarray(uf(np.asarray(inits[0]).astype(acc), uf.reduce(a, axis=-1)))
         return [reduced.astype(arrays[0].dtype)]
+    params = comp.parameters
+    if any(params[i].shape != params[n + i].shape for i in range(n)):
+        # Accumulators of another type than the elements (XLA's mixed precision): a pairwise tree would call
+        # the computation with two elements, so fold the elements into the accumulators one by one.
+        folded = [np.broadcast_to(i, arrays[0].shape[:-1]) for i in inits]
+        for j in range(k):
+            step = combine(ctx, comp.name, folded, [x[..., j] for x in arrays])
+            folded = step if valid is None else [np.where(valid[..., j], y, f) for y, f in zip(step, folded)]
+        return [np.asarray(f) for f in folded]
     cur = [np.asarray(a) for a in arrays]
     have = None if valid is None else np.asarray(valid, dtype=bool)
     while k > 1:
