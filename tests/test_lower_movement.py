@@ -76,6 +76,14 @@ CASES = {
         "  b = bf16[2,32,64]{1,2,0:T(8,128)(2,1)} bitcast(p0)\n  ROOT c = bf16[2,32,64]{2,1,0:T(8,128)(2,1)} copy(b)",
         ["bf16[2,4,16,32]{3,2,1,0:T(8,128)(2,1)}"],
     ),
+    # XLA:TPU's fused bitcast of bf16[8,256]{1,0} as bf16[8,2,128]{2,0,1} (jnp.cumsum): under (8,128) tiles its
+    # bytes hold column block c as tile c, a row-major reshape, not the elements in physical order
+    "fused_bitcast_whose_tiles_make_it_a_reshape": (
+        "HloModule m\nfc {\n  p = bf16[8,256]{1,0:T(8,128)(2,1)} parameter(0)\n"
+        "  ROOT b = bf16[8,2,128]{2,0,1:T(8,128)(2,1)} bitcast(p)\n}\n"
+        "ENTRY main {\n  x = bf16[8,256]{1,0:T(8,128)(2,1)} parameter(0)\n"
+        "  ROOT f = bf16[8,2,128]{2,0,1:T(8,128)(2,1)} fusion(x), kind=kLoop, calls=fc\n}"
+    ),
     "concatenate_lanes": module(
         "  ROOT r = f32[40,500] concatenate(p0, p1), dimensions={1}", ["f32[40,300]", "f32[40,200]"]
     ),

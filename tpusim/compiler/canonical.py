@@ -62,6 +62,7 @@ from tpusim.compiler.hlo.xla_forms import CONCAT_BITCAST as _CONCAT
 from tpusim.compiler.passes import drop_unused, inline_instruction
 from tpusim.compiler.rewrite import unique_name
 from tpusim.memory import Layout, Shape, TupleShape, geometry
+from tpusim.memory.reinterpret import bytes_agree
 
 __all__ = [
     "async_collective_fusions",
@@ -205,6 +206,13 @@ def _bitcast_meaning(comp: Computation, instr: Instruction, taken: set[str], fus
         return [instr]  # (a bitcast between types: none occurs in fusions XLA:TPU writes)
     if x.element_count != y.element_count:
         return _padded_bitcast_meaning(x, y, instr, taken) or [instr]
+    if bytes_agree(x, y) is not True:
+        # The tiles make the bytes mean something else than the elements in physical order (XLA:TPU's
+        # bf16[8,256]{1,0} as bf16[8,2,128]{2,0,1} under (8,128) tiles: column block c is the c-th tile): a
+        # row-major reshape when that is what the bytes hold, else the bitcast stays (its byte meaning).
+        if bytes_agree(x, y, row_major=True) is True:
+            return [replace(instr, opcode="reshape")]
+        return [instr]
     px = tuple(reversed(x.effective_layout.minor_to_major))  # physical order, major to minor
     py = tuple(reversed(y.effective_layout.minor_to_major))
     base = replace(x.effective_layout, memory_space=0)
