@@ -172,6 +172,17 @@ def test_a_reverse_along_the_lanes_is_one_cross_lane_copy_per_block() -> None:
     assert result.seconds < 20e-6
 
 
+def test_a_slice_with_strides_wider_than_a_tile_picks_its_elements_by_dma() -> None:
+    """``a[::256, ::256]`` of f32[2048,2048]: 64 single elements in distinct tiles, DMA'd side by side (1 us);
+    gathering them would read the whole 16 MiB window into VMEM, which fell back at 20.6 us."""
+    result = tpusim.simulate(
+        module("  ROOT r = f32[8,8] slice(p0), slice={[0:2048:256], [0:2048:256]}", ["f32[2048,2048]"]),
+        config="tpu_v5e", timing_only=True,
+    )  # fmt: skip
+    assert not result.fallbacks and opcounts(result)["VpuCopy"] == 0
+    assert result.seconds < 2e-6
+
+
 def test_interior_padding_scatters_in_vmem() -> None:
     """Padding between elements: the operand is loaded once and one ``vpu.copy`` with ``dst_strides`` places
     it in the filled result (it was one DMA per element: 1,304 DMAs, 15.5 us for f32[20,65]; XLA's

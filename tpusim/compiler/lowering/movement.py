@@ -42,6 +42,7 @@ from tpusim.isa import (
 )
 from tpusim.memory import Layout, Shape, geometry
 from tpusim.memory.reinterpret import bytes_agree, untiled
+from tpusim.memory.windows import window_extent
 
 __all__ = ["MAX_DMAS", "dma_pieces", "read_indices", "scalar_operand"]
 
@@ -374,15 +375,40 @@ def lower_slice(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
         _dma_or_vector(ctx, comp, instr, pairs, lambda: _issue(ctx, pairs))
         return
     strided = {d for d, (_, n, stride) in enumerate(spec) if stride != 1 and n > 1}
-    if not strided & (_tiled_dims(src.shape) | _tiled_dims(dst.shape)):
-        try:
-            pairs = _box_pairs(src, dst, spec, (0,) * dst.shape.rank)
-        except NotLowerable:
-            pairs = []  # (too many pieces: gather them)
-        if pairs:
-            _issue(ctx, pairs)
-            return
-    _strided_in_vmem(ctx, src, dst, spec)
+    try:
+        pairs = _box_pairs(src, dst, spec, (0,) * dst.shape.rank)
+    except NotLowerable:
+        pairs = []  # (too many pieces: gather them)
+    if pairs and (
+        not strided & (_tiled_dims(src.shape) | _tiled_dims(dst.shape))
+        or _serial_pieces(ctx, pairs) <= _gather_estimate(ctx, src, dst, spec)
+    ):
+        _issue(ctx, pairs)
+        return
+    if not _try(ctx, lambda: _strided_in_vmem(ctx, src, dst, spec)):
+        if not pairs:
+            raise NotLowerable(f"a strided slice of {src.shape} that fits neither VMEM nor {MAX_DMAS} DMAs")
+        _issue(ctx, pairs)
+
+
+def _serial_pieces(ctx: Lowering, pairs: list[tuple[MemRef, MemRef]]) -> float:
+    """:func:`dma_pieces`, or, when the destination windows' byte extents overlap (rows that share tiles: the
+    scoreboard orders such writes one after the other), every piece's latency and set-up in turn."""
+    extents = sorted(window_extent(d.shape, _static_offsets(d), tuple(d.dims)) for _, d in pairs)
+    if all(a[1] <= b[0] for a, b in itertools.pairwise(extents)):
+        return dma_pieces(ctx, pairs)
+    cfg = ctx.config
+    return dma_pieces(ctx, pairs) + len(pairs) * (cfg.dma.setup_cycles + cfg.cycles(cfg.hbm.latency_ns))
+
+
+def _gather_estimate(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[int, int, int]]) -> float:
+    """What :func:`_strided_in_vmem` costs at best: the window the slice spans and the result cross HBM
+    once, in blocks of about a megabyte whose transfers overlap."""
+    spanned = Shape(src.element_type, tuple(_span(n, k) for _, n, k in spec), layout=src.shape.layout)
+    cfg = ctx.config
+    blocks = max(1, -(-spanned.byte_size // _GATHER_WINDOW_BYTES))
+    moved = spanned.byte_size + dst.shape.byte_size
+    return moved / cfg.hbm_bytes_per_cycle + (blocks + 1) * cfg.dma.setup_cycles + 2 * cfg.cycles(cfg.hbm.latency_ns)
 
 
 _GATHER_WINDOW_BYTES = 1 << 20
