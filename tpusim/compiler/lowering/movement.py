@@ -428,11 +428,15 @@ def _strided_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[i
     elements (strided loads across rows, the XLU across lanes; as XLA:TPU's slice kernels read the window
     into VMEM), and the block is DMA'd out. Loads of block k+1 overlap the gather of block k."""
     dims, strides = dst.shape.dimensions, tuple(k for _, _, k in spec)
+    # A window's load starts on a tile boundary (one that starts inside packed bf16 or int8 rows moved its
+    # elements one by one): each window holds up to a tile less one more, the copy reads from inside it.
+    granules = tuple(tile_granule(src.shape, d) for d in range(src.shape.rank))
     free = ctx.vmem_free_bytes()
     budget = min(free // 4, _GATHER_WINDOW_BYTES)
     while True:  # two blocks in flight, each an input window and an output block
         chunk = _chunks(dims, [src.shape], budget)  # (cut along the source's major dimensions)
-        window = Shape(src.element_type, tuple(_span(c, k) for c, k in zip(chunk, strides)), layout=src.shape.layout)
+        room = tuple(min(_span(c, k) + g - 1, n) for c, k, g, n in zip(chunk, strides, granules, src.shape.dimensions))
+        window = Shape(src.element_type, room, layout=src.shape.layout)
         block = Shape(dst.element_type, chunk, layout=dst.shape.layout)
         if window.byte_size <= _GATHER_WINDOW_BYTES and 2 * (window.byte_size + block.byte_size) <= free:
             break
@@ -451,14 +455,21 @@ def _strided_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[i
     def spans(k: int) -> tuple[int, ...]:
         return tuple(_span(e, s) for e, s in zip(extent(k), strides))
 
-    def load(k: int) -> None:
-        # (a negative stride walks back from ``start``: the window a block reads ends where its first element is)
-        at = tuple(
+    def first(k: int) -> tuple[int, ...]:
+        """Where the window block ``k`` reads starts (a negative stride walks back from ``start``: the window
+        ends where its first element is)."""
+        return tuple(
             start + o * stride - (w - 1 if stride < 0 else 0)
             for (start, _, stride), o, w in zip(spec, corners[k], spans(k))
         )
-        into = _window(ins[k % 2], zero, spans(k))
-        ctx.emit(DmaStart, src=_window(src, at, spans(k)), dst=into, sem=sem_in[k % 2])
+
+    def slack(k: int) -> tuple[int, ...]:
+        return tuple(a % g for a, g in zip(first(k), granules))
+
+    def load(k: int) -> None:
+        at = tuple(a - x for a, x in zip(first(k), slack(k)))
+        size = tuple(w + x for w, x in zip(spans(k), slack(k)))
+        ctx.emit(DmaStart, src=_window(src, at, size), dst=_window(ins[k % 2], zero, size), sem=sem_in[k % 2])
 
     load(0)
     pending = [False, False]
@@ -470,7 +481,7 @@ def _strided_in_vmem(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[i
             ctx.emit(SemWait, sem=sem_out[k % 2], count=1)
         ext = extent(k)
         out = _window(outs[k % 2], zero, ext)
-        ctx.emit(VpuCopy, dst=out, src=_window(ins[k % 2], zero, spans(k)), strides=strides)
+        ctx.emit(VpuCopy, dst=out, src=_window(ins[k % 2], slack(k), spans(k)), strides=strides)
         ctx.emit(DmaStart, src=out, dst=_window(dst, corners[k], ext), sem=sem_out[k % 2])
         pending[k % 2] = True
     for i in (0, 1):
