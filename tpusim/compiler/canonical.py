@@ -50,6 +50,7 @@ from tpusim.compiler.hlo.ir import (
     PadDim,
     SliceDim,
     custom_call_target,
+    has_tiled_layouts,
 )
 from tpusim.compiler.hlo.xla_forms import (
     ASYNC_COLLECTIVE_DONE,
@@ -174,7 +175,7 @@ def _merged_slices(
 def fused_bitcasts(module: Module) -> Module:
     """Bitcasts as the moves they mean, in fused computations, and everywhere in a module without tiles."""
     fused = {i.attr("calls") for c in module.computations for i in c.instructions if i.opcode == "fusion"}
-    untiled = not any(_tiled(i.shape) for c in module.computations for i in c.instructions)
+    untiled = not has_tiled_layouts(module)
     comps = []
     for comp in module.computations:
         inside = comp.name in fused
@@ -187,12 +188,6 @@ def fused_bitcasts(module: Module) -> Module:
             body += _bitcast_meaning(comp, instr, taken, inside) if instr.opcode == "bitcast" else [instr]
         comps.append(replace(comp, instructions=tuple(body)))
     return replace(module, computations=tuple(comps))
-
-
-def _tiled(shape: object) -> bool:
-    if isinstance(shape, TupleShape):
-        return any(_tiled(e) for e in shape.elements)
-    return isinstance(shape, Shape) and shape.layout is not None and bool(shape.layout.tiles)
 
 
 def _bitcast_meaning(comp: Computation, instr: Instruction, taken: set[str], fused: bool) -> list[Instruction]:

@@ -23,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from tpusim.compiler.dot_dims import dot_dims
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal, Module
+from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal, Module, has_tiled_layouts
 from tpusim.compiler.rewrite import unique_name
 from tpusim.memory import ElementType, Shape, element_type
 
@@ -33,7 +33,7 @@ __all__ = ["reduce_vector_dots"]
 def reduce_vector_dots(module: Module) -> Module:
     """``module`` with every dot whose operands have no free dimension as a multiply and a reduce (see the
     module docstring); the same object when there is none, or when the module is laid out already."""
-    if _laid_out(module):
+    if has_tiled_layouts(module):
         return module
     adders: dict[str, Computation] = {}
     taken = {c.name for c in module.computations}
@@ -47,14 +47,6 @@ def reduce_vector_dots(module: Module) -> Module:
     if not adders:
         return module
     return replace(module, computations=(*adders.values(), *comps))
-
-
-def _laid_out(module: Module) -> bool:
-    return any(
-        isinstance(i.shape, Shape) and i.shape.layout is not None and bool(i.shape.layout.tiles)
-        for c in module.computations
-        for i in c.instructions
-    )
 
 
 def _accumulation(et: ElementType) -> ElementType | None:

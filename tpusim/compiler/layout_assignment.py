@@ -24,7 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Module, ProgramShape, sequential_callees
+from tpusim.compiler.hlo.ir import (
+    Attributes,
+    Computation,
+    Instruction,
+    Module,
+    ProgramShape,
+    has_tiled_layouts,
+    sequential_callees,
+)
 from tpusim.compiler.hlo.opcodes import talks_to_other_devices
 from tpusim.compiler.layout_choice import choose_orders
 from tpusim.compiler.tiling_rules import TilingRules
@@ -96,7 +104,7 @@ class _Assigner:
         self.relayouts: list[Relayout] = []
         self.done: dict[str, Computation] = {}
         # A module without any tile has not been laid out: its intermediate orders are placeholders.
-        self.free_orders = not any(_has_tiles(i.shape) for c in module.computations for i in c.instructions)
+        self.free_orders = not has_tiled_layouts(module)
         self.preferred: dict[tuple[str, str], tuple[int, ...]] = {}
         # (A program of several devices keeps the default orders: its collectives exchange arrays whose
         # layouts every device must agree on.)
@@ -246,12 +254,6 @@ class _Assigner:
         out.append(Instruction(name, "tuple", want, tuple(parts), Attributes()))
         shapes[name] = want
         return name
-
-
-def _has_tiles(shape: AnyShape) -> bool:
-    if isinstance(shape, TupleShape):
-        return any(_has_tiles(e) for e in shape.elements)
-    return shape.layout is not None and bool(shape.layout.tiles)
 
 
 def _free_to_choose(instr: Instruction) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tpusim.memory import AnyShape, Shape
+from tpusim.memory import AnyShape, Shape, TupleShape
 
 __all__ = [
     "SEQUENTIAL_CALLS",
@@ -36,6 +36,7 @@ __all__ = [
     "Window",
     "WindowDim",
     "custom_call_target",
+    "has_tiled_layouts",
     "sequential_callees",
 ]
 
@@ -327,6 +328,18 @@ def sequential_callees(instr: Instruction) -> tuple[str, ...]:
         if value is not None:
             out.extend(value if isinstance(value, tuple) else (value,))
     return tuple(out)
+
+
+def has_tiled_layouts(module: Module) -> bool:
+    """Whether some value of ``module`` has a tiled layout: a module laid out already (XLA:TPU's compiled
+    ones), whose layouts the compiler keeps, rather than one whose layouts it chooses (JAX's)."""
+    return any(_tiled(i.shape) for c in module.computations for i in c.instructions)
+
+
+def _tiled(shape: AnyShape) -> bool:
+    if isinstance(shape, TupleShape):
+        return any(_tiled(e) for e in shape.elements)
+    return shape.layout is not None and bool(shape.layout.tiles)
 
 
 def custom_call_target(instr: Instruction) -> str:
