@@ -95,10 +95,19 @@ def _static_offsets(ref: MemRef) -> tuple[int, ...] | None:
 def _vector_estimate(ctx: Lowering, operands: list[MemRef], result: MemRef) -> float:
     """What the vector path costs at best: every operand and the result cross HBM once in whole tiles,
     in blocks of about half a megabyte whose transfers overlap."""
-    cfg = ctx.config
     total = sum(r.shape.byte_size for r in operands) + result.shape.byte_size
-    blocks = max(1, -(-result.shape.byte_size // (1 << 19)))
-    return total / cfg.hbm_bytes_per_cycle + (blocks + 1) * cfg.dma.setup_cycles + 2 * cfg.cycles(cfg.hbm.latency_ns)
+    return _streamed(ctx, total, -(-result.shape.byte_size // (1 << 19)))
+
+
+def _streamed(ctx: Lowering, moved: int, blocks: int) -> float:
+    """Cycles of ``moved`` bytes crossing HBM once through VMEM in ``blocks`` blocks whose transfers overlap:
+    the bytes at HBM's rate, a DMA set-up per block and one more, an HBM latency in and one out."""
+    cfg = ctx.config
+    return (
+        moved / cfg.hbm_bytes_per_cycle
+        + (max(1, blocks) + 1) * cfg.dma.setup_cycles
+        + 2 * cfg.cycles(cfg.hbm.latency_ns)
+    )
 
 
 def _try(ctx: Lowering, rule: Callable[[], None]) -> bool:
@@ -405,10 +414,8 @@ def _gather_estimate(ctx: Lowering, src: MemRef, dst: MemRef, spec: list[tuple[i
     """What :func:`_strided_in_vmem` costs at best: the window the slice spans and the result cross HBM
     once, in blocks of about a megabyte whose transfers overlap."""
     spanned = Shape(src.element_type, tuple(_span(n, k) for _, n, k in spec), layout=src.shape.layout)
-    cfg = ctx.config
-    blocks = max(1, -(-spanned.byte_size // _GATHER_WINDOW_BYTES))
     moved = spanned.byte_size + dst.shape.byte_size
-    return moved / cfg.hbm_bytes_per_cycle + (blocks + 1) * cfg.dma.setup_cycles + 2 * cfg.cycles(cfg.hbm.latency_ns)
+    return _streamed(ctx, moved, -(-spanned.byte_size // _GATHER_WINDOW_BYTES))
 
 
 _GATHER_WINDOW_BYTES = 1 << 20
