@@ -17,7 +17,6 @@ exact f32 values, ``.npz`` has no bf16; ``out0``: JAX's output on the CPU, as f3
 
 from __future__ import annotations
 
-import gzip
 import os
 import sys
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
+from xla_test_data import write_programs
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "xla_attention"
@@ -74,21 +74,8 @@ def programs() -> dict[str, tuple[Callable[..., object], list[np.ndarray]]]:
 
 
 def main() -> int:
-    import jax
-
-    from tpusim.xla_tpu import compile_with_xla
-
-    for name, (fn, inputs) in programs().items():
-        text = jax.jit(fn).lower(*inputs).as_text(dialect="hlo")
-        folder = OUT / name
-        folder.mkdir(parents=True, exist_ok=True)
-        compiled = compile_with_xla(text, "tpu_v5e").text
-        (folder / "v5e.hlo.gz").write_bytes(gzip.compress(compiled.encode(), mtime=0))
-        out = np.asarray(jax.jit(fn)(*inputs)).astype(np.float32)
-        arrays = {f"in{i}": a.astype(np.float32) for i, a in enumerate(inputs)} | {"out0": out}
-        np.savez_compressed(folder / "data.npz", **arrays)  # type: ignore[arg-type]
-    print(f"wrote {OUT}")
-    return 0
+    found = {name: (fn, inputs, None) for name, (fn, inputs) in programs().items()}
+    return write_programs(OUT, found, {"v5e": "tpu_v5e"}, "")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ inputs, bf16 ones as their exact f32 values since ``.npz`` has no bf16; ``out<j>
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
+from xla_test_data import write_programs
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "xla_mixed_precision"
@@ -83,29 +83,7 @@ def _mixed_sort(text: str) -> bool:
 
 
 def main() -> int:
-    import jax
-
-    from tpusim.xla_tpu import compile_with_xla
-
-    for name, (fn, inputs, has_form) in programs().items():
-        text = jax.jit(fn).lower(*inputs).as_text(dialect="hlo")
-        folder = OUT / name
-        folder.mkdir(parents=True, exist_ok=True)
-        for chip, config in CHIPS.items():
-            compiled = compile_with_xla(text, config).text
-            if not has_form(compiled):
-                print(
-                    f"{name}: XLA:TPU's {chip} module lacks the mixed-precision form (another libtpu?)", file=sys.stderr
-                )
-                return 1
-            (folder / f"{chip}.hlo.gz").write_bytes(gzip.compress(compiled.encode(), mtime=0))
-        outs = jax.jit(fn)(*inputs)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        arrays = {f"in{i}": a.astype(np.float32) for i, a in enumerate(inputs)}
-        arrays |= {f"out{j}": np.asarray(o) for j, o in enumerate(outs)}
-        np.savez_compressed(folder / "data.npz", **arrays)  # type: ignore[arg-type]
-    print(f"wrote {OUT}")
-    return 0
+    return write_programs(OUT, programs(), CHIPS, "lacks the mixed-precision form")
 
 
 if __name__ == "__main__":

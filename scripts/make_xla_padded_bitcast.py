@@ -21,7 +21,6 @@ bf16 ones as f32).
 
 from __future__ import annotations
 
-import gzip
 import os
 import sys
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np
+from xla_test_data import write_programs
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "xla_padded_bitcast"
@@ -72,36 +72,9 @@ def has_padded_bitcast(text: str) -> bool:
     )
 
 
-def _stored(a: np.ndarray) -> np.ndarray:
-    """``a`` as ``.npz`` can hold it (bf16 as its exact f32 values)."""
-    return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
-
-
 def main() -> int:
-    import jax
-
-    from tpusim.xla_tpu import compile_with_xla
-
-    for name, (fn, inputs) in programs().items():
-        text = jax.jit(fn).lower(*inputs).as_text(dialect="hlo")
-        folder = OUT / name
-        folder.mkdir(parents=True, exist_ok=True)
-        for chip, config in CHIPS.items():
-            compiled = compile_with_xla(text, config).text
-            if not has_padded_bitcast(compiled):
-                print(
-                    f"{name}: XLA:TPU's {chip} module has no bitcast between sizes (another libtpu?)",
-                    file=sys.stderr,
-                )
-                return 1
-            (folder / f"{chip}.hlo.gz").write_bytes(gzip.compress(compiled.encode(), mtime=0))
-        outs = jax.jit(fn)(*inputs)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        arrays = {f"in{i}": _stored(a) for i, a in enumerate(inputs)}
-        arrays |= {f"out{j}": _stored(np.asarray(o)) for j, o in enumerate(outs)}
-        np.savez_compressed(folder / "data.npz", **arrays)  # type: ignore[arg-type]
-    print(f"wrote {OUT}")
-    return 0
+    found = {name: (fn, inputs, has_padded_bitcast) for name, (fn, inputs) in programs().items()}
+    return write_programs(OUT, found, CHIPS, "has no bitcast between sizes")
 
 
 if __name__ == "__main__":
