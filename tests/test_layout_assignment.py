@@ -59,32 +59,45 @@ def test_rule_sets_are_chip_relative_and_swappable() -> None:
     assert _layout("f32[256,512]", load_tiling_rules("bf16_16x128")) == "f32[256,512]{1,0:T(8,128)}"
 
 
-def test_bad_rule_files_name_file_line_and_key(tmp_path: Path) -> None:
+BAD_RULE_FILES = [
+    (
+        "name: bad\nrules:\n  - {rank: 2, tiles: '(8,128)', colour: red}\n",
+        r"bad.yaml:3: unknown key 'colour' in a tiling rule",
+    ),
+    (
+        "name: bad\nrules:\n  - {rank: 'lots', tiles: '(8,128)'}\n",
+        r"bad.yaml:3: 'rank: lots' is not a number or a range",
+    ),
+    (
+        "name: bad\nrules:\n  - {tiles: '(8,0)'}\n",
+        r"bad.yaml:3: bad tiles '\(8,0\)': a tile size must be a positive integer",
+    ),
+    ("name: bad\nname: again\nrules: []\n", r"bad.yaml:2: key 'name' is given twice \(first on line 1\)"),
+    # found by a helper's CLI sweep: these named no file or line
+    (
+        "name: bad\nrules:\n  - {tiles: '(8,128)', element_size_bits: 3}\n",
+        r"bad.yaml:3: 'element_size_bits' must be 0 .* not 3",
+    ),
+    ("name: bad\nrules:\n  - {tiles: '()'}\n", r"bad.yaml:3: bad tiles '\(\)': a tile needs at least one dimension"),
+    (
+        "name: bad\nextends: nope\nrules:\n  - {tiles: '(8,128)'}\n",
+        r"bad.yaml:2: extends 'nope': unknown tiling rule set 'nope'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_RULE_FILES)
+def test_bad_rule_files_name_file_line_and_key(tmp_path: Path, text: str, message: str) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\nrules:\n  - {rank: 2, tiles: '(8,128)', colour: red}\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml:3: unknown key 'colour' in a tiling rule"):
+    bad.write_text(text)
+    with pytest.raises(ConfigError, match=message):
         load_tiling_rules(bad)
-    bad.write_text("name: bad\nrules:\n  - {rank: 'lots', tiles: '(8,128)'}\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml:3: 'rank: lots' is not a number or a range"):
-        load_tiling_rules(bad)
-    bad.write_text("name: bad\nrules:\n  - {tiles: '(8,0)'}\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml:3: bad tiles '\(8,0\)': a tile size must be a positive integer"):
-        load_tiling_rules(bad)
-    bad.write_text("name: bad\nname: again\nrules: []\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml:2: key 'name' is given twice \(first on line 1\)"):
-        load_tiling_rules(bad)
+
+
+def test_unknown_and_cyclic_rule_sets_are_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown tiling rule set 'nope' \(known: .*tpu_default"):
         load_tiling_rules("nope")
-    # found by a helper's CLI sweep: these named no file or line, or recursed 64 files deep
-    bad.write_text("name: bad\nrules:\n  - {tiles: '(8,128)', element_size_bits: 3}\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml:3: 'element_size_bits' must be 0 .* not 3"):
-        load_tiling_rules(bad)
-    bad.write_text("name: bad\nrules:\n  - {tiles: '()'}\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml:3: bad tiles '\(\)': a tile needs at least one dimension"):
-        load_tiling_rules(bad)
-    bad.write_text("name: bad\nextends: nope\nrules:\n  - {tiles: '(8,128)'}\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml:2: extends 'nope': unknown tiling rule set 'nope'"):
-        load_tiling_rules(bad)
+    # found by a helper's CLI sweep: this recursed 64 files deep
     (tmp_path / "a.yaml").write_text("name: a\nextends: b.yaml\nrules:\n  - {tiles: '(8,128)'}\n")
     (tmp_path / "b.yaml").write_text("name: b\nextends: a.yaml\nrules:\n  - {tiles: '(8,128)'}\n")
     with pytest.raises(ConfigError, match=r"a.yaml:2: extends 'b.yaml': .*b.yaml:2: rule set 'b' extends itself"):
