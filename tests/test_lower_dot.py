@@ -93,6 +93,22 @@ def test_spare_mxus_take_row_groups() -> None:
     assert sorted(counts) == [0, 1, 2, 3] and len(set(counts.values())) == 1
 
 
+def test_independent_small_products_share_the_mxus() -> None:
+    """Six 8x20 result blocks of ``einsum("abij,ijn->abn")`` (f32 [8,6,10,12] x [10,12,20], HIGHEST), each
+    summing ten products of K = 12: each block needs one MXU, so v5e's four take turns on them, their steps
+    interleaved, instead of all six accumulating on MXU 0 (16.4 us before, XLA:TPU estimates 1.8 us).
+    With four MXUs the program is at least twice as fast as on one, and every MXU does some of the work."""
+    text = dot(
+        "f32[8,6,10,12]", "f32[10,12,20]", "f32[8,6,20]", "lhs_contracting_dims={2,3}, rhs_contracting_dims={0,1}"
+    )
+    m = parse_module(text)
+    checked = run_checked(m, random_inputs(m, 3)[0], config="tpu_v5e", options=HIGHEST)
+    checked.assert_ok("six blocks on four MXUs")
+    assert sorted(matmul_counts(checked.result)) == [0, 1, 2, 3]
+    one = tpusim.simulate(text, config="tpu_v5e", overrides=["mxu.count=1"], options=HIGHEST, timing_only=True)
+    assert 2 * checked.result.cycles <= one.cycles, (checked.result.cycles, one.cycles)
+
+
 def test_near_ties_go_to_taller_blocks() -> None:
     """On one 128x128 MXU, a 2048^3 bf16 matmul has blockings 128 and 512 rows tall whose estimates differ by
     the taller one's longer last pop (well under 0.2%): the planner takes 512-row blocks, a quarter of the

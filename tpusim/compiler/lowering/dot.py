@@ -303,6 +303,7 @@ class _Block:
     n0: int
     ms: int
     ns: int
+    first_mxu: int = 0  # the block's MXUs are first_mxu, first_mxu + 1, ... (see _steps)
 
 
 # --------------------------------------------------------------------------------------------- the rule
@@ -674,6 +675,7 @@ class _DotEmitter:
             rows_major=v.out.shape.effective_layout.minor_to_major.index(v.out.shape.rank - 2)
             > v.out.shape.effective_layout.minor_to_major.index(v.out.shape.rank - 1),
             side_bytes=sum(s.shape.byte_size / v.out.shape.element_count for s in v.riders[1:]),
+            out_in_vmem=v.out.space is Space.VMEM,
         )
         plans = plan_dot(problem, cfg, self.ctx.vmem_free_bytes())
         if not plans:
@@ -919,9 +921,16 @@ class _DotEmitter:
         ctx.hlo = own
 
     def _steps(self, plan: DotPlan) -> tuple[list[_Block], list[_Step]]:
+        """The output blocks and the contraction steps in the order they are emitted.
+
+        A block that needs fewer MXUs than the core has leaves the others to the blocks after it: ``turns``
+        consecutive blocks take disjoint MXUs and their steps interleave (step ``j`` of each, then step
+        ``j + 1``), so their independent accumulations run on all the MXUs at once, as a kernel scheduler
+        packs independent products into the MXUs' slots."""
         v = self.v
         blocks: list[_Block] = []
-        steps: list[_Step] = []
+        per_block: list[list[_Step]] = []
+        turns = 1
         (m_lo, m_hi), (n_lo, n_hi) = v.m_range, v.n_range
         for out_lead, pairs in v.products:
             ms_ = range(m_lo, m_hi, plan.tm)
@@ -931,12 +940,23 @@ class _DotEmitter:
             )
             for m0, n0 in corners:
                 ms, ns = min(plan.tm, m_hi - m0), min(plan.tn, n_hi - n0)
-                blocks.append(_Block(out_lead, m0, n0, ms, ns))
+                block = _Block(out_lead, m0, n0, ms, ns)
+                if not blocks:
+                    turns = max(1, self.cfg.count // len(self._mxu_map(block, plan)))
+                used = self.cfg.count // turns
+                block = replace(block, first_mxu=len(blocks) % turns * used)
+                blocks.append(block)
                 contraction = [(ll, rl, k0) for ll, rl in pairs for k0 in range(0, v.k, plan.tk)]
+                mine: list[_Step] = []
                 for j, (ll, rl, k0) in enumerate(contraction):
                     ks = min(plan.tk, v.k - k0)
                     a_key, b_key = (ll, m0, k0, ms, ks), (rl, k0, n0, ks, ns)
-                    steps.append(_Step(len(blocks) - 1, j == 0, j == len(contraction) - 1, a_key, b_key))
+                    mine.append(_Step(len(blocks) - 1, j == 0, j == len(contraction) - 1, a_key, b_key))
+                per_block.append(mine)
+        steps: list[_Step] = []
+        for g in range(0, len(per_block), turns):
+            group = per_block[g : g + turns]
+            steps += [st for row in itertools.zip_longest(*group) for st in row if st is not None]
         return blocks, steps
 
     def _mxu_map(self, block: _Block, plan: DotPlan) -> list[tuple[int, int, int, int, int]]:
@@ -945,7 +965,7 @@ class _DotEmitter:
         tiles = list(range(0, block.ns, cfg.cols))
         rows = row_groups(block.ms, max(1, cfg.count // len(tiles)), self.ctx.config.vpu.sublanes)
         return [
-            (t * len(rows) + j, n0, min(cfg.cols, block.ns - n0), r0, rs)
+            (block.first_mxu + t * len(rows) + j, n0, min(cfg.cols, block.ns - n0), r0, rs)
             for t, n0 in enumerate(tiles)
             for j, (r0, rs) in enumerate(rows)
         ]

@@ -6,6 +6,9 @@ A dot is a set of 2-D products ``A[M,K] @ B[K,N]`` (see :mod:`.dot`). Each is cu
 * ``tn``: at most one MXU-width (``mxu.cols``) tile per MXU. When N has fewer tiles than there are MXUs,
   the spare MXUs take row *groups* of the block: MXU ``t * groups + j`` multiplies rows group ``j`` by
   weight tile ``t`` (each latches the same weights), so a 256-wide product still keeps four MXUs busy.
+* *turns*: a block that leaves MXUs idle (one weight tile, one row group: an 8-row block of a small product)
+  shares the core with the next blocks, ``mxu.count / MXUs per block`` of them at once on disjoint MXUs, their
+  contraction steps interleaved (:mod:`.dot`); the estimate counts rounds of such blocks.
 * ``tm``: at most half a result buffer per row group, so the other half is popped while the next block
   accumulates (``halves = 2``); or, as one more candidate, the whole result buffer per row group
   (``halves = 1``): then the next block's first matmul waits for the pop of the rows it overwrites, which
@@ -27,7 +30,9 @@ double buffering; ``nk + 1`` A slots keep a row panel of A resident across the N
 B slots keep all of B resident across the rows. The planner enumerates these choices, keeps those that fit
 the instruction's VMEM share, and picks the one with the least estimated time
 ``max(HBM bytes / HBM bytes per cycle, MXU cycles)`` plus the pipeline's fill (the first step's operands
-arrive before any MXU work) and drain (the last block's pop and store) and a DMA set-up share per step.
+arrive before any MXU work) and drain (the last block's pop and store) and a DMA set-up share per step,
+plus the stores the MXU work does not cover: blocks pop into two slots in turn, so a block's pop waits
+for the store (latency included) of the block two before it.
 The MXU term follows the MXU's timing contract (:mod:`tpusim.devices.mxu`) for the config's keys, per MXU
 and weight tile (a *pass*), with ``L = mxu.weight_load_cycles`` (``mxu.rows`` when null) times the weight's
 bf16 parts, ``S`` the rows streamed (times the precision's passes, over ``mxu.int8_speedup``) and
@@ -78,6 +83,7 @@ class Problem:
         rows_major: the result's M dimension is physically major to N (row-major results).
         side_bytes: HBM bytes per result element an epilogue's side operands add (a residual of the
             result's shape: its element size; a bias along the rows: almost nothing).
+        out_in_vmem: the result lives in VMEM (its blocks are not stored to HBM).
     """
 
     m: int
@@ -94,6 +100,7 @@ class Problem:
     block_bytes: object
     rows_major: bool = True
     side_bytes: float = 0.0
+    out_in_vmem: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,7 +175,9 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
                 turn = max(0, pop - load)  # the pop runs while the next tile loads
             k_tiles = ceil(p.k / cfg.rows) * p.contracts
             n_blocks = p.products * nm * nn
-            mxu_cycles = n_blocks * k_tiles * per_tile + ends
+            # blocks that leave MXUs idle take turns on them (``turns`` blocks at once, see dot.py)
+            turns = max(1, cfg.count // (tiles * g))
+            mxu_cycles = ceil(n_blocks / turns) * k_tiles * per_tile + ends
             if halves == 1 and n_blocks > 1:
                 # The first block's pops of one row group write interleaved windows of one VMEM block, which
                 # the scoreboard orders one after another; the MXUs stay staggered by that, so later pops
@@ -176,7 +185,7 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
                 mxu_cycles += (n_blocks - 1) * turn + (tiles - 1) * pop
             bpc = config.hbm_bytes_per_cycle
             # Prefetch depth: enough steps in flight to cover a load's latency and transfer time.
-            step_cycles = ceil(min(tk, p.k) / cfg.rows) * per_tile
+            step_cycles = ceil(min(tk, p.k) / cfg.rows) * per_tile / turns
             arrival = config.cycles(config.hbm.latency_ns) + config.dma.setup_cycles + (a_win + b_win) / bpc
             depth = max(1, min(_MAX_DEPTH, ceil(arrival / max(step_cycles, 1))))
             # Steps the MXUs may run behind the sequencer (each MXU queues instruction_queue_depth
@@ -206,7 +215,13 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
                         # block's pop and store
                         store = c_blocks / 2 / bpc + config.cycles(config.hbm.latency_ns)
                         drain = store + tm / config.mxu.pop_rows_per_cycle
-                        cycles = max(hbm / bpc, mxu_cycles) + arrival + drain
+                        # A block's pop waits for the store of the block two before it (two pop slots), so
+                        # the stores of every other block follow one another (the last one is the drain);
+                        # what the MXU work after the first blocks finish does not cover adds.
+                        rounds = ceil(n_blocks / turns)
+                        chain = 0.0 if p.out_in_vmem else (ceil(n_blocks / 2) - 1) * store
+                        waits = max(0.0, chain - (rounds - 1) * k_tiles * per_tile)
+                        cycles = max(hbm / bpc, mxu_cycles) + arrival + drain + waits
                         if (order == "mn") == p.rows_major and nn > 1 and nm > 1:
                             # Consecutive result blocks share rows of tiles: the stores' byte ranges
                             # interleave, and the scoreboard orders DMAs whose ranges overlap (and stalls
