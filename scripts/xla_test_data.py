@@ -3,12 +3,13 @@ each compiled module with its inputs and JAX's outputs as test data that needs n
 
 Per program, in ``out/<name>/``: ``<chip>.hlo.gz`` (XLA's compiled module, gzipped without a timestamp) and
 ``data.npz`` (``in<i>``: the inputs, ``out<j>``: JAX's outputs on the CPU; bf16 arrays as their exact f32
-values, since ``.npz`` has no bf16).
+values, since ``.npz`` has no bf16); optionally ``<chip>.json`` with XLA's time estimate.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,9 +25,12 @@ def stored(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
 
 
-def write_programs(out: Path, programs: Mapping[str, Program], chips: Mapping[str, str], missing: str) -> int:
+def write_programs(
+    out: Path, programs: Mapping[str, Program], chips: Mapping[str, str], missing: str, estimates: bool = False
+) -> int:
     """Compile and store every program for every chip (``{"v5e": "tpu_v5e"}``: file name -> tpusim config);
-    1, with a message naming the program and ``missing``, when a compiled module lacks its form."""
+    1, with a message naming the program and ``missing``, when a compiled module lacks its form. With
+    ``estimates``, also ``<chip>.json``: XLA's ``optimal_seconds`` for the module (ConcatBitcast-corrected)."""
     import jax
 
     from tpusim.xla_tpu import compile_with_xla
@@ -36,11 +40,15 @@ def write_programs(out: Path, programs: Mapping[str, Program], chips: Mapping[st
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
         for chip, config in chips.items():
-            compiled = compile_with_xla(text, config).text
+            result = compile_with_xla(text, config)
+            compiled = result.text
             if has_form is not None and not has_form(compiled):
                 print(f"{name}: XLA:TPU's {chip} module {missing} (another libtpu?)", file=sys.stderr)
                 return 1
             (folder / f"{chip}.hlo.gz").write_bytes(gzip.compress(compiled.encode(), mtime=0))
+            if estimates:
+                facts = {"optimal_seconds": result.optimal_seconds}
+                (folder / f"{chip}.json").write_text(json.dumps(facts, indent=1) + "\n")
         outs = jax.jit(fn)(*inputs)
         outs = outs if isinstance(outs, tuple) else (outs,)
         arrays = {f"in{i}": stored(np.asarray(a)) for i, a in enumerate(inputs)}

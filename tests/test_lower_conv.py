@@ -153,6 +153,14 @@ HLO_CASES = {
     ),
     # no spatial dimensions: a matmul written as a convolution
     "no_spatial": ("f32[16,24]", "f32[24,40]", "f32[16,40] convolution(x, w), dim_labels=bf_io->bf"),
+    # the batch stored below the spatial dimensions (XLA:TPU's layout for NHWC convolutions), with a stride,
+    # a batch that does not fill a tile's sublanes, and base dilation (phases)
+    "batch_below_spatial": (
+        "f32[3,9,7,5]{3,0,2,1}",
+        "f32[3,3,5,4]",
+        "f32[3,5,13,4]{3,0,2,1} convolution(x, w), window={size=3x3 stride=2x1 pad=1_1x1_1 lhs_dilate=1x2}, "
+        "dim_labels=b01f_01io->b01f",
+    ),
 }
 
 

@@ -34,7 +34,7 @@ Precision follows dot (:func:`.dot.matmul_precision`): bf16 one pass, f32 per pr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise, product
 from math import ceil, prod
@@ -107,24 +107,38 @@ class _Chunk:
 
 @dataclass(frozen=True)
 class _Conv:
-    """The convolution's geometry in canonical order: axis 0 is the batch, then the spatial dimensions.
+    """The convolution's geometry in canonical order: the spatial dimensions in order, with the batch first or,
+    where the input's layout puts the batch below every spatial dimension (XLA:TPU's ``{3,0,2,1}`` for NHWC:
+    the batch in the sublanes of each tile), last.
 
     Attributes:
         axes: per canonical axis, its window geometry (the batch axis has one tap).
+        batch: the canonical position of the batch axis (0 or the last).
         in_dims, out_dims: per canonical axis and then the feature, the input's / output's dimension number.
         k_dims: per spatial axis, then input and output feature, the kernel's dimension number.
         chunks: the dense convolutions it is made of.
     """
 
     axes: tuple[Axis, ...]
+    batch: int
     in_dims: tuple[int, ...]
     out_dims: tuple[int, ...]
     k_dims: tuple[int, ...]
     chunks: tuple[_Chunk, ...]
 
     @property
+    def spatial(self) -> tuple[Axis, ...]:
+        return tuple(a for i, a in enumerate(self.axes) if i != self.batch)
+
+    @property
     def taps(self) -> tuple[int, ...]:
-        return tuple(a.taps for a in self.axes[1:])
+        return tuple(a.taps for a in self.spatial)
+
+    def with_batch(self, spatial: Sequence[int], batch: int) -> tuple[int, ...]:
+        """Per canonical axis: ``spatial`` values with ``batch`` at the batch axis."""
+        out = list(spatial)
+        out.insert(self.batch, batch)
+        return tuple(out)
 
 
 def _parse(instr: Instruction, lhs: Shape, rhs: Shape, out: Shape, rows: int, cols: int) -> _Conv:
@@ -168,10 +182,20 @@ def _parse(instr: Instruction, lhs: Shape, rhs: Shape, out: Shape, rows: int, co
             chunks = [_Chunk(g * ci, ci, 0, g * og, og, 0, ci) for g in range(fg)]
     else:
         chunks = [_Chunk(0, c_in, 0, 0, f_out, 0, ci)]
+    # Blocks cut the canonical axes from the first and keep the last ones whole: a batch stored below the
+    # spatial dimensions goes last, so a block holds whole tiles of it instead of one sublane of each.
+    minor = lhs.effective_layout.minor_to_major
+    last = n > 0 and all(minor.index(dn.input_batch) < minor.index(d) for d in dn.input_spatial)
+    batch = n if last else 0
+    in_dims, out_dims = list(dn.input_spatial), list(dn.output_spatial)
+    in_dims.insert(batch, dn.input_batch)
+    out_dims.insert(batch, dn.output_batch)
+    axes.insert(batch, axes.pop(0))
     return _Conv(
         axes=tuple(axes),
-        in_dims=(dn.input_batch, *dn.input_spatial, dn.input_feature),
-        out_dims=(dn.output_batch, *dn.output_spatial, dn.output_feature),
+        batch=batch,
+        in_dims=(*in_dims, dn.input_feature),
+        out_dims=(*out_dims, dn.output_feature),
         k_dims=(*dn.kernel_spatial, dn.kernel_input_feature, dn.kernel_output_feature),
         chunks=tuple(chunks),
     )
@@ -263,7 +287,10 @@ class _ConvEmitter:
         blocks = list(product(*(spans(a, b) for a, b in zip(axes, sizes))))
         stages = [stage(axes, b) for b in blocks]
         phases = list(product(*(range(a.phases) for a in axes)))
-        self.phase_taps = {q: list(product(*(a.valid(qj) for a, qj in zip(axes[1:], q[1:])))) for q in phases}
+        self.phase_taps = {
+            q: list(product(*(a.valid(qj) for i, (a, qj) in enumerate(zip(axes, q)) if i != conv.batch)))
+            for q in phases
+        }
         jobs = [
             (c, f0, min(fc, chunk.co - f0), b)
             for c, chunk in enumerate(conv.chunks)
@@ -329,7 +356,7 @@ class _ConvEmitter:
             c, _, _, b = jobs[i]
             chunk, st = conv.chunks[c], stages[b]
             first = [a for a, _ in st.data] + [chunk.cin0]
-            first[0] += chunk.batch0
+            first[conv.batch] += chunk.batch0
             size = [e - a for a, e in st.data] + [chunk.cin]
             local = [a - lo for (a, _), lo in zip(st.data, st.lo)] + [0]
             fill = Const(0, self.rows_in.etype) if st.fill else None
@@ -552,7 +579,7 @@ class _ConvEmitter:
             flat = MemRef(lhs.space, lhs.address, self._matrix(self.rows_in.etype, self.lhs_tiles, (m, kc)))
             for v in range(k0 // cin, -(-(k0 + width) // cin)):
                 c_lo, c_hi = max(0, k0 - v * cin), min(cin, k0 + width - v * cin)
-                win = tap_window(axes, st, block, q, (0, *taps[v]))
+                win = tap_window(axes, st, block, q, self.conv.with_batch(taps[v], 0))
                 src = MemRef(
                     stage_view.space,
                     stage_view.address,
