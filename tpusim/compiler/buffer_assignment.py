@@ -96,6 +96,9 @@ class BufferAssignment:
             ``(body computation, leaf index path)`` pairs the lowering must copy at the end of an iteration.
         copy_in: while loops whose operand leaf does not share the state buffer: ``(computation, while
             instruction, leaf index path)`` the lowering copies before the loop starts.
+        byte_bitcasts: ``(computation, bitcast)`` pairs that mean their operand's bytes read under the
+            result's layout (:class:`~tpusim.compiler.layout_assignment.LayoutAssignment`): one buffer when
+            the byte sizes are equal, a byte copy otherwise.
     """
 
     buffers: tuple[Buffer, ...]
@@ -106,6 +109,7 @@ class BufferAssignment:
     copy_back: frozenset[tuple[str, tuple[int, ...]]] = field(default_factory=frozenset)
     copy_in: frozenset[Key] = field(default_factory=frozenset)
     vmem_tops: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    byte_bitcasts: frozenset[tuple[str, str]] = field(default_factory=frozenset)
 
     def vmem_top(self, computation: str, instruction: str) -> int:
         """Where VMEM is free of live residents while ``instruction`` runs (:attr:`vmem_tops`; the top of every
@@ -222,8 +226,10 @@ class _Planner:
         vmem_alignment: int,
         live_from: Mapping[tuple[str, str], str],
         held: Mapping[tuple[str, str], str] | None = None,
+        byte_bitcasts: frozenset[tuple[str, str]] = frozenset(),
     ) -> None:
         self.module = module
+        self.byte_bitcasts = byte_bitcasts
         self.live_from = live_from
         self.held = held or {}
         self.vmem_alignment = vmem_alignment
@@ -490,6 +496,7 @@ class _Planner:
             vmem,
             frozenset(self.copy_back),
             frozenset(self.copy_in),
+            byte_bitcasts=self.byte_bitcasts,
         )
 
     def _fit_vmem(self) -> int:
@@ -622,6 +629,7 @@ def assign_buffers(
     vmem_alignment: int = 4096,
     live_from: Mapping[tuple[str, str], str] | None = None,
     held: Mapping[tuple[str, str], str] | None = None,
+    byte_bitcasts: frozenset[tuple[str, str]] = frozenset(),
 ) -> BufferAssignment:
     """Assign buffers to a layout-assigned module (every array shape must carry its final layout): HBM for
     arrays (aligned to :data:`ALIGNMENT`), VMEM for the arrays whose layout says ``S(1)`` as long as they fit
@@ -633,9 +641,17 @@ def assign_buffers(
     its result must not share bytes with what the product reads. ``held`` maps ``(computation, value)`` to a
     later instruction until which the value is read: the operands of a prologue fusion, whose code runs
     inside the matrix product after it (``lowering/prologue.py``), so the product's buffers and blocks must
-    not overwrite them."""
+    not overwrite them. ``byte_bitcasts`` lists the bitcasts that mean their operand's bytes
+    (:attr:`BufferAssignment.byte_bitcasts`)."""
     planner = _Planner(
-        module, hbm_capacity_bytes, smem_capacity_bytes, vmem_budget_bytes, vmem_alignment, live_from or {}, held
+        module,
+        hbm_capacity_bytes,
+        smem_capacity_bytes,
+        vmem_budget_bytes,
+        vmem_alignment,
+        live_from or {},
+        held,
+        byte_bitcasts,
     )
     planner.build()
     assignment = planner.allocate()
@@ -797,7 +813,9 @@ def _bitcast(p: _Planner, comp: Computation, instr: Instruction) -> None:
     # A bitcast whose result is its operand's bytes where they are (XLA: "a bitcast moves nothing"): one buffer,
     # no code; a tile-padded one among them (f32[501]{0:T(512)} -> f32[512]{0:T(512)}) reads the operand's
     # padding as elements, which XLA's programs only slice away.
-    if bytes_in_place(comp[instr.operands[0]].array_shape, instr.array_shape):
+    # A bitcast of tiled text layouts means the bytes themselves (XLA's), whatever the types and tiles.
+    src, dst = comp[instr.operands[0]].array_shape, instr.array_shape
+    if ((comp.name, instr.name) in p.byte_bitcasts and src.byte_size == dst.byte_size) or bytes_in_place(src, dst):
         _one_buffer(p, comp, instr)
 
 

@@ -122,30 +122,65 @@ def _rewrite_concats(comp: Computation, concats: list[Instruction]) -> Computati
             users.setdefault(o, []).append(instr.name)
     replaced: dict[str, Instruction] = {}
     dropped: set[str] = set()
+    added: dict[str, list[Instruction]] = {}  # instructions to put before a replaced one
+    names = {i.name for i in comp.instructions}
     for concat in concats:
-        dimension, order = concat_bitcast_order(comp, concat)
-        merged = _merged_slices(comp, concat, dimension, order, users)
+        try:
+            dimension, order = concat_bitcast_order(comp, concat)
+        except ValueError as err:
+            raise CompileError(f"{concat.name}: {err}") from None
+        # A concatenation of bytes is one of the operands' arrays (joined along their one dimension), whose
+        # bytes the result then reads: a bitcast.
+        joined = (
+            concat if dimension is not None else _byte_view(comp, concat, unique_name(f"{concat.name}.bytes", names))
+        )
+        merged = _merged_slices(comp, joined, dimension or 0, order, users, concat)
         if merged is None:
-            attrs = Attributes({"dimensions": (dimension,)})
+            attrs = Attributes({"dimensions": (dimension or 0,)})
             operands = tuple(concat.operands[i] for i in order)
-            replaced[concat.name] = Instruction(concat.name, "concatenate", concat.shape, operands, attrs, concat.loc)
-            continue
-        start, done_of = merged
-        replaced[start.name] = start
-        replaced[concat.name] = done_of
-        dropped.update(o for o in concat.operands)  # the dones
-        dropped.update(comp[o].operands[0] for o in concat.operands if comp[o].operands[0] != start.name)
-    body = tuple(replaced.get(i.name, i) for i in comp.instructions if i.name not in dropped or i.name in replaced)
-    return replace(comp, instructions=body)
+            replaced[concat.name] = Instruction(joined.name, "concatenate", joined.shape, operands, attrs, concat.loc)
+        else:
+            start, done_of = merged
+            replaced[start.name] = start
+            replaced[concat.name] = done_of
+            dropped.update(o for o in concat.operands)  # the dones
+            dropped.update(comp[o].operands[0] for o in concat.operands if comp[o].operands[0] != start.name)
+        if joined is not concat:
+            bitcast = Instruction(concat.name, "bitcast", concat.shape, (joined.name,), Attributes(), concat.loc)
+            added[concat.name] = [replaced[concat.name]]
+            replaced[concat.name] = bitcast
+    body: list[Instruction] = []
+    for i in comp.instructions:
+        if i.name not in dropped or i.name in replaced:
+            body += [*added.get(i.name, []), replaced.get(i.name, i)]
+    return replace(comp, instructions=tuple(body))
+
+
+def _byte_view(comp: Computation, concat: Instruction, name: str) -> Instruction:
+    """The array a concatenation of bytes joins (its operands' type and layout, their lengths added), named
+    ``name``: the ConcatBitcast's result is a bitcast of it."""
+    first = comp[concat.operands[0]].shape
+    assert isinstance(first, Shape)
+    length = sum(comp[o].array_shape.dimensions[0] for o in concat.operands)
+    return Instruction(
+        name, "concatenate", replace(first, dimensions=(length,)), concat.operands, Attributes(), concat.loc
+    )
 
 
 def _merged_slices(
-    comp: Computation, concat: Instruction, dimension: int, order: tuple[int, ...], users: dict[str, list[str]]
+    comp: Computation,
+    concat: Instruction,
+    dimension: int,
+    order: tuple[int, ...],
+    users: dict[str, list[str]],
+    call: Instruction | None = None,
 ) -> tuple[Instruction, Instruction] | None:
-    """``(async slice of the whole range, its done named as the ConcatBitcast)`` when the operands are async
-    slices, each used only here, tiling one contiguous range of one array along ``dimension``; else None."""
-    dones = [comp[concat.operands[i]] for i in order]
-    if any(d.opcode != "async-done" or users.get(d.name) != [concat.name] for d in dones):
+    """``(async slice of the whole range, its done named and shaped as ``concat``)`` when the operands of the
+    ConcatBitcast ``call`` (``concat`` itself unless given) are async slices, each used only there, tiling one
+    contiguous range of one array along ``dimension``; else None."""
+    call = concat if call is None else call
+    dones = [comp[call.operands[i]] for i in order]
+    if any(d.opcode != "async-done" or users.get(d.name) != [call.name] for d in dones):
         return None
     starts = [comp[d.operands[0]] for d in dones]
     wrapped = [s.async_wrapped_instruction() for s in starts]

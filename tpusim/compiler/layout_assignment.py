@@ -57,12 +57,16 @@ class Relayout:
 
 @dataclass(frozen=True, slots=True)
 class LayoutAssignment:
-    """The laid-out module, the copies inserted to change layouts, and whether tpusim chose the orders (the
-    module had no tiles: JAX's lowering) rather than keeping the module's own."""
+    """The laid-out module, the copies inserted to change layouts, whether tpusim chose the orders (the
+    module had no tiles: JAX's lowering) rather than keeping the module's own, and the ``(computation,
+    bitcast)`` pairs whose operand and result the text laid out with tiles: those mean their operand's bytes
+    read under the result's layout (XLA's bitcast, as the reference interpreter reads it), where a bitcast
+    between untiled text layouts means its elements in each layout's dimension order."""
 
     module: Module
     relayouts: tuple[Relayout, ...]
     chosen: bool = False
+    byte_bitcasts: frozenset[tuple[str, str]] = frozenset()
 
 
 class LayoutAssignmentError(TpusimError):
@@ -106,6 +110,12 @@ class _Assigner:
         # A module without any tile has not been laid out: its intermediate orders are placeholders.
         self.free_orders = not has_tiled_layouts(module)
         self.preferred: dict[tuple[str, str], tuple[int, ...]] = {}
+        self.byte_bitcasts = frozenset(
+            (comp.name, i.name)
+            for comp in module.computations
+            for i in comp.instructions
+            if i.opcode == "bitcast" and _tiled(i.shape) and _tiled(comp[i.operands[0]].shape)
+        )
         # (A program of several devices keeps the default orders: its collectives exchange arrays whose
         # layouts every device must agree on.)
         if self.free_orders and not talks_to_other_devices(module):
@@ -133,7 +143,10 @@ class _Assigner:
             self.done[comp.name] = self._assign(comp)
         computations = tuple(self.done.get(c.name, c) for c in self.module.computations)
         return LayoutAssignment(
-            replace(self.module, computations=computations), tuple(self.relayouts), bool(self.preferred)
+            replace(self.module, computations=computations),
+            tuple(self.relayouts),
+            bool(self.preferred),
+            self.byte_bitcasts,
         )
 
     def _chosen(self, comp: str, name: str, shape: AnyShape) -> AnyShape:
@@ -278,6 +291,10 @@ def _fresh(base: str, taken: dict[str, AnyShape]) -> str:
         n += 1
         name = f"{base}{n}"
     return name
+
+
+def _tiled(shape: AnyShape) -> bool:
+    return isinstance(shape, Shape) and shape.layout is not None and bool(shape.layout.tiles)
 
 
 def assign_layouts(module: Module, rules: TilingRules, config: ChipConfig) -> LayoutAssignment:

@@ -125,7 +125,9 @@ def _compile(module: Module, config: ChipConfig, options: CompileOptions | None)
     held = {
         (comp, o): dot for (comp, fusion), dot in find_prologues(module).items() for o in module[comp][fusion].operands
     }
-    buffers = assign_buffers(module, config.hbm.bytes, config.smem.bytes, resident, vreg, early, held)  # by liveness
+    buffers = assign_buffers(  # by liveness
+        module, config.hbm.bytes, config.smem.bytes, resident, vreg, early, held, laid_out.byte_bitcasts
+    )
     lowered = lower_module(module, buffers, config, options, rules, epilogues)  # tile loops of ISA instructions
     _debug("lowering", lambda: print_program(lowered.program))
     if checking:

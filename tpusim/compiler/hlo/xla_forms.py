@@ -94,8 +94,10 @@ def same_array(a: object, b: object) -> bool:
     )
 
 
-def concat_bitcast_order(comp: Computation, instr: Instruction) -> tuple[int, tuple[int, ...]]:
-    """How a ``ConcatBitcast`` custom-call assembles its result: ``(dimension, operand order)``.
+def concat_bitcast_order(comp: Computation, instr: Instruction) -> tuple[int | None, tuple[int, ...]]:
+    """How a ``ConcatBitcast`` custom-call assembles its result: ``(dimension, operand order)``; dimension
+    None for a concatenation of bytes: one-dimensional operands whose stored bytes, one after the other, are
+    the result's (XLA:TPU prefetches a bf16 weight as two ``s8`` byte-view slices and joins them so).
 
     XLA:TPU makes the concatenation free by placing its operands next to each other in memory, so the operand
     order in the text need not be their order in the result: a weight prefetched as four row slices
@@ -123,8 +125,15 @@ def concat_bitcast_order(comp: Computation, instr: Instruction) -> tuple[int, tu
         None,
     )
     if dimension is None:
-        raise ValueError(f"ConcatBitcast of {[list(d) for d in dims]} into {result} is not a concatenation")
-    starts = [slice_source(comp, o, dimension) for o in instr.operands]
+        arrays = [s for s in shapes if isinstance(s, Shape)]
+        byte_form = (
+            all(len(o) == 1 for o in dims)
+            and len({s.element_type for s in arrays}) == 1
+            and sum(s.byte_size for s in arrays) == result.byte_size
+        )
+        if not byte_form:
+            raise ValueError(f"ConcatBitcast of {[list(d) for d in dims]} into {result} is not a concatenation")
+    starts = [slice_source(comp, o, 0 if dimension is None else dimension) for o in instr.operands]
     order = tuple(range(len(dims)))
     known = [s for s in starts if s is not None]
     if len(known) == len(starts) and len({s[0] for s in known}) == 1:

@@ -40,7 +40,7 @@ from tpusim.isa import (
     VpuCopy,
     Window,
 )
-from tpusim.memory import Layout, Shape, geometry
+from tpusim.memory import Shape, geometry
 from tpusim.memory.reinterpret import bytes_agree, untiled
 from tpusim.memory.windows import window_extent
 
@@ -235,24 +235,21 @@ def lower_copy(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     _issue(ctx, pairs)
 
 
-def _rule_tiled(ctx: Lowering, shape: Shape) -> bool:
-    layout = shape.effective_layout
-    return ctx.rules.layout_for(shape.with_layout(Layout(layout.minor_to_major))) == layout
-
-
 @lowering("bitcast")
 def lower_bitcast(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     """A bitcast reinterprets bytes (XLA; tpusim.compiler.hlo.reference.movement). Its meaning is fixed by
-    the layouts of the HLO text: the tiles, when the text wrote them; only the dimension orders, when the
-    tiles came from the tiling rules. When the assigned tiled layouts read the bytes the same way, the
-    result is a byte copy; otherwise the data moves as the untiled layouts say: one relayout DMA when the
-    two arrays have the same physical dimensions (a transposing bitcast), else two DMAs through an untiled
-    HBM scratch buffer (write the source in its physical order, read it back as the result)."""
+    the layouts of the HLO text: the bytes, when the text tiled both layouts (XLA's compiled modules,
+    :attr:`BufferAssignment.byte_bitcasts`); the elements in each layout's dimension order, when the tiles
+    came from the tiling rules. When the assigned tiled layouts read the bytes the same way, the result is a
+    byte copy (usually none: buffer assignment gives both one buffer); otherwise the data moves as the
+    untiled layouts say: one relayout DMA when the two arrays have the same physical dimensions (a
+    transposing bitcast), else two DMAs through an untiled HBM scratch buffer (write the source in its
+    physical order, read it back as the result)."""
     src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
     if _same_buffer(ctx, comp.name, instr.operands[0], instr.name):
         return
     agree = bytes_agree(src.shape, dst.shape)
-    from_text = not (_rule_tiled(ctx, src.shape) and _rule_tiled(ctx, dst.shape))
+    from_text = (comp.name, instr.name) in ctx.buffers.byte_bitcasts
     if agree or (from_text and src.shape.byte_size == dst.shape.byte_size):
         _issue(ctx, [(src, MemRef(dst.space, dst.address, src.shape))])  # the same bytes, byte for byte
         return

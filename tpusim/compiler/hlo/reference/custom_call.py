@@ -52,7 +52,7 @@ from tpusim.compiler.hlo.xla_forms import (
     async_collective_result,
     concat_bitcast_order,
 )
-from tpusim.memory import TupleShape
+from tpusim.memory import PackError, TupleShape, pack, unpack
 
 __all__ = ["backend_flags"]
 
@@ -124,7 +124,15 @@ def _concat_bitcast(ctx: EvalContext, instr: Instruction, args: Sequence[Value])
         dimension, order = concat_bitcast_order(ctx.computation, instr)
     except ValueError as err:
         raise EvaluationError(instr, str(err)) from None
-    return np.concatenate([arrays[i] for i in order], axis=dimension)
+    if dimension is not None:
+        return np.concatenate([arrays[i] for i in order], axis=dimension)
+    # a concatenation of bytes: each operand's stored bytes in turn, read under the result's layout
+    shapes = [ctx.operand_shape(instr, i) for i in range(len(args))]
+    stored = [pack(arrays[i], shapes[i]) for i in order]  # type: ignore[arg-type]
+    try:
+        return unpack(np.concatenate(stored), instr.array_shape)
+    except PackError as err:
+        raise EvaluationError(instr, str(err)) from None
 
 
 @register_custom_call(ASYNC_COLLECTIVE_START)
