@@ -12,6 +12,9 @@ Programs (the script fails if XLA no longer writes the form a program is kept fo
 * ``sgd_step_bf16`` (v6e only, no data: the test computes JAX's outputs): one SGD step of a bf16 MLP
   (1024 -> 4096 -> 1024, batch 256) whose v6e module prefetches the first weight as two ``s8`` byte-view
   slices joined by a ``ConcatBitcast``. Files: ``v6e.hlo.gz``, ``v6e.json`` (XLA's ``optimal_seconds``).
+* ``matmul_prefetched_bf16`` (v5e only, no data): ``x @ w`` of bf16[32,4096] by [4096,11008], whose weight
+  XLA prefetches into VMEM (``S(1)``) and whose fusion bitcasts it back to the default memory space (the
+  same bytes). Files: ``v5e.hlo.gz``, ``v5e.json``.
 """
 
 from __future__ import annotations
@@ -72,12 +75,22 @@ def main() -> int:
     if 'custom_call_target="ConcatBitcast"' not in compiled.text or "s8[" not in compiled.text:
         print("sgd_step_bf16: XLA:TPU's v6e module has no ConcatBitcast of byte views", file=sys.stderr)
         return 1
-    folder = OUT / "sgd_step_bf16"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "v6e.hlo.gz").write_bytes(gzip.compress(compiled.text.encode(), mtime=0))
-    (folder / "v6e.json").write_text(json.dumps({"optimal_seconds": compiled.optimal_seconds}, indent=1) + "\n")
-    print(f"wrote {folder}")
+    _store(OUT / "sgd_step_bf16", "v6e", compiled.text, compiled.optimal_seconds)
+    specs = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((32, 4096), (4096, 11008))]
+    text = jax.jit(lambda x, w: x @ w).lower(*specs).as_text(dialect="hlo")
+    compiled = compile_with_xla(text, "tpu_v5e")
+    if "S(1)} parameter" not in compiled.text:
+        print("matmul_prefetched_bf16: XLA:TPU's v5e fusion reads no VMEM-prefetched operand", file=sys.stderr)
+        return 1
+    _store(OUT / "matmul_prefetched_bf16", "v5e", compiled.text, compiled.optimal_seconds)
     return 0
+
+
+def _store(folder: Path, chip: str, text: str, seconds: float) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{chip}.hlo.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
+    (folder / f"{chip}.json").write_text(json.dumps({"optimal_seconds": seconds}, indent=1) + "\n")
+    print(f"wrote {folder}")
 
 
 if __name__ == "__main__":

@@ -249,8 +249,17 @@ def inline_instruction(
             taken.add(name)
             rename[inner.name] = name
     out = []
+    seen: dict[str, object] = {p.name: comp[rename[p.name]].shape for p in callee.parameters}
     for inner in callee.instructions:
         if inner.opcode == "parameter":
+            continue
+        seen[inner.name] = inner.shape
+        if on_chip and inner.opcode == "copy" and inner.name != callee.root and _same_but_space(
+            seen[inner.operands[0]], inner.shape
+        ):
+            # A copy that only changes the memory space (XLA:TPU's fused bitcast of a VMEM-prefetched operand
+            # to the default space) moved nothing inside the kernel: its users read the operand.
+            rename[inner.name] = rename[inner.operands[0]]
             continue
         shape = inner.shape
         if inner.name == callee.root and _same_dims(shape, instr.shape):
@@ -262,6 +271,16 @@ def inline_instruction(
     if callee.root_instruction.opcode == "parameter":  # the callee returns a parameter unchanged
         out.append(Instruction(instr.name, "copy", instr.shape, (rename[callee.root],), Attributes(), instr.loc))
     return out
+
+
+def _same_but_space(a: object, b: object) -> bool:
+    """Same array in the same layout, the memory space aside."""
+    if not (isinstance(a, Shape) and isinstance(b, Shape)) or (a.element_type, a.dimensions) != (
+        b.element_type,
+        b.dimensions,
+    ):
+        return False
+    return replace(a.effective_layout, memory_space=0) == replace(b.effective_layout, memory_space=0)
 
 
 def _same_dims(a: object, b: object) -> bool:
