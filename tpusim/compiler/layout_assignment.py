@@ -35,6 +35,7 @@ from tpusim.compiler.hlo.ir import (
 )
 from tpusim.compiler.hlo.opcodes import talks_to_other_devices
 from tpusim.compiler.layout_choice import choose_orders
+from tpusim.compiler.rewrite import unique_name
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.errors import TpusimError
@@ -118,9 +119,69 @@ class _Assigner:
         )
         # (A program of several devices keeps the default orders: its collectives exchange arrays whose
         # layouts every device must agree on.)
+        self.boundary_copies: set[str] = set()
         if self.free_orders and not talks_to_other_devices(module):
+            self.module = module = self._boundary_copies(module)
             chosen = choose_orders(module, rules, config, _free_to_choose)
             self.preferred = {k: tuple(reversed(order)) for k, order in chosen.items()}
+
+    def _boundary_copies(self, module: Module) -> Module:
+        """The module with a ``copy`` of each entry parameter, read by the parameter's users instead, and of
+        the result: a parameter is stored in its default order or one that wastes less to padding
+        (:func:`~tpusim.compiler.layout_choice.compact_orders`), and a result likewise, but the copies'
+        orders are chosen freely, so a product whose operand arrives with its batch in the lanes reads it
+        relaid out, and a product writes its result in the order its MXU passes prefer (XLA:TPU relays such
+        values out too). Copies that end up in their source's layout are taken out again
+        (:meth:`_elide_boundary_copies`)."""
+        entry = module.entry_computation
+        taken = {i.name for i in entry.instructions}
+        moved: dict[str, str] = {}
+        body: list[Instruction] = []
+        for instr in entry.instructions:
+            body.append(replace(instr, operands=tuple(moved.get(o, o) for o in instr.operands)))
+            shape = instr.shape
+            if (
+                instr.opcode == "parameter"
+                and _free_to_choose(instr)
+                and isinstance(shape, Shape)
+                and shape.rank >= 2
+            ):
+                name = unique_name(f"{instr.name}.relayout", taken)
+                body.append(Instruction(name, "copy", shape, (instr.name,), Attributes(), instr.loc))
+                moved[instr.name] = name
+        root = moved.get(entry.root, entry.root)
+        result = next(i for i in body if i.name == root)
+        if _free_to_choose(entry.root_instruction) and isinstance(result.shape, Shape) and result.shape.rank >= 2:
+            # Likewise the result: computed in the order its producer prefers, then copied into its own.
+            name = unique_name(f"{entry.root}.relayout", taken)
+            body.append(Instruction(name, "copy", result.shape, (root,), Attributes(), result.loc))
+            moved[root], root = name, name
+        if not moved:
+            return module
+        self.boundary_copies = set(moved.values())
+        comps = tuple(replace(c, instructions=tuple(body), root=root) if c is entry else c for c in module.computations)
+        return replace(module, computations=comps)
+
+    def _elide_boundary_copies(self, comp: Computation) -> Computation:
+        """``comp`` without the boundary copies whose layout is their parameter's (they would move nothing)."""
+        shapes = {i.name: i.shape for i in comp.instructions}
+        gone = {
+            i.name: i.operands[0]
+            for i in comp.instructions
+            if i.name in self.boundary_copies and shapes[i.operands[0]] == i.shape
+        }
+        if not gone:
+            return comp
+
+        def source(name: str) -> str:  # (a copy of a copy: the result's copy of a parameter's)
+            while name in gone:
+                name = gone[name]
+            return name
+
+        body = tuple(
+            replace(i, operands=tuple(source(o) for o in i.operands)) for i in comp.instructions if i.name not in gone
+        )
+        return replace(comp, instructions=body, root=source(comp.root))
 
     def run(self) -> LayoutAssignment:
         entry = self.module.entry_computation
@@ -141,6 +202,7 @@ class _Assigner:
         self.root_shapes[entry.name] = _with_rule_layout(result, self.rules)
         for comp in self._caller_first_order():
             self.done[comp.name] = self._assign(comp)
+        self.done[entry.name] = self._elide_boundary_copies(self.done[entry.name])
         computations = tuple(self.done.get(c.name, c) for c in self.module.computations)
         return LayoutAssignment(
             replace(self.module, computations=computations),

@@ -31,7 +31,9 @@ Costs are in cycles of the chip:
 
 Entry parameters and results the text leaves to the compiler keep their default order unless another order
 wastes fewer bytes to padding (then they take the best of those): the program cannot rearrange its inputs
-for free, as XLA:TPU's device layouts show (:meth:`_Problem._compact`).
+for free, as XLA:TPU's device layouts show (:func:`compact_orders`). Where such a parameter's order serves
+its users badly, layout assignment gives them a copy of it (``tpusim.compiler.layout_assignment``), whose
+order this search chooses freely, the relayout charged as an edge.
 
 Values that are one buffer (a tuple's elements, loop state, a called computation's parameters and its
 caller's operands) are one variable. Values inside fused computations follow their fusion's result: each
@@ -55,7 +57,7 @@ from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
 from tpusim.memory import Layout, Shape
 
-__all__ = ["choose_orders"]
+__all__ = ["choose_orders", "compact_orders"]
 
 Order = tuple[int, ...]
 """Physical order: dimension numbers from the most major to the most minor (``reversed(minor_to_major)``)."""
@@ -78,6 +80,21 @@ def choose_orders(
     problem.build()
     problem.solve()
     return problem.result()
+
+
+def compact_orders(shape: Shape, rules: TilingRules) -> list[Order]:
+    """The orders a parameter or result may take: its default order when that wastes no more bytes to padding
+    than any other, else the orders that waste least (XLA:TPU's device layout for ``jax.jit``'s default layout
+    mode: a ``bf16[512,8,64]`` weight is stored ``{0,2,1}``, a ``bf16[2048,2048]`` one row-major even where a
+    transpose follows)."""
+    sizes = {
+        o: shape.with_layout(rules.layout_for(shape, tuple(reversed(o)))).byte_size for o in candidates(shape.rank)
+    }
+    least = min(sizes.values())
+    default = _default(shape.rank)
+    if sizes[default] == least:
+        return [default]
+    return [o for o in sizes if sizes[o] == least]
 
 
 def _default(rank: int) -> Order:
@@ -127,6 +144,8 @@ class _Problem:
         self.rules = rules
         self.config = config
         self.rate = config.hbm_bytes_per_cycle
+        # what a kernel pays beyond its bytes: a DMA in and one out, each set up and waiting for HBM
+        self.kernel_cycles = 2 * (config.dma.setup_cycles + config.cycles(config.hbm.latency_ns))
         self.free_entry = free_entry
         self.var_of: dict[tuple[str, str, tuple[int, ...]], int] = {}
         self.vars: list[_Var] = []
@@ -235,16 +254,7 @@ class _Problem:
                 )
 
     def _compact(self, var: _Var) -> list[Order]:
-        """The orders a parameter or result may take: its default order when that wastes no more bytes to
-        padding than any other, else the orders that waste least (XLA:TPU's device layout for ``jax.jit``'s
-        default layout mode: a ``bf16[512,8,64]`` weight is stored ``{0,2,1}``, a ``bf16[2048,2048]`` one
-        row-major even where a transpose follows)."""
-        sizes = {o: self._padded(var.shape, o) for o in var.options}
-        least = min(sizes.values())
-        default = _default(var.shape.rank)
-        if sizes[default] == least:
-            return [default]
-        return [o for o in var.options if sizes[o] == least]
+        return compact_orders(var.shape, self.rules)
 
     def _padded(self, shape: Shape, order: Order) -> int:
         return shape.with_layout(self.rules.layout_for(shape, tuple(reversed(order)))).byte_size
@@ -284,7 +294,10 @@ class _Problem:
                 continue
             rule = _rule(instr, i, shape)
             if rule is not None:
-                self._edge(comp, instr, r, v, i, _relayout_cost(rule, 2 * shape.byte_size / self.rate))
+                size = 2 * shape.byte_size / self.rate
+                if op == "copy":  # a relayout copy is a kernel of its own: a round trip through HBM
+                    size += self.kernel_cycles
+                self._edge(comp, instr, r, v, i, _relayout_cost(rule, size))
 
     def _edge(self, comp: Computation, instr: Instruction, r: int, o: int, i: int, cost: Callable[..., float]) -> None:
         # (the search weighs each pair of orders many times; a cost is a function of the pair alone)

@@ -705,10 +705,26 @@ _EMITTERS = {
 
 def _tiled_dimension(shape: Shape) -> int | None:
     """The output dimension to block: the most major physical dimension larger than one."""
-    for d in reversed(shape.effective_layout.minor_to_major):
-        if shape.dimensions[d] > 1:
-            return d
-    return None
+    dims = _major_dimensions(shape)
+    return dims[0] if dims else None
+
+
+def _major_dimensions(shape: Shape) -> list[int]:
+    """The dimensions larger than one, physically most major first."""
+    return [d for d in reversed(shape.effective_layout.minor_to_major) if shape.dimensions[d] > 1]
+
+
+def _cuts_input_lanes(comp: Computation, plan: Plan) -> bool:
+    """Whether ``plan`` blocks an input of rank 3 or more along its lane dimension (its most minor, tiled):
+    each block of a few of its elements would load whole lane tiles."""
+    for instr in comp.instructions:
+        need = plan.needs.get(instr.name)
+        if instr.opcode != "parameter" or need is None or need[0] is None or not isinstance(instr.shape, Shape):
+            continue
+        layout = instr.shape.effective_layout
+        if layout.tiles and instr.shape.rank > 2 and need[0] == layout.minor_to_major[0]:
+            return True
+    return False
 
 
 def lower_fused(
@@ -740,6 +756,18 @@ def lower_fused(
         if tiled is None:
             raise
         plans.append(plan_needs(comp, roots, None))
+    if same and _cuts_input_lanes(comp, plans[0]):
+        # The outputs' most major dimension is in an input's tiles (a relayout that moves the lanes to the
+        # top, bf16[64,32,16,48] {0,3,2,1} -> {3,1,2,0}): a block of a few of its rows would load whole lane
+        # tiles for each. Block along the next major output dimension that no input tiles, if one is.
+        for d in _major_dimensions(first)[1:]:
+            try:
+                other = plan_needs(comp, roots, d)
+            except NotLowerable:
+                continue
+            if not _cuts_input_lanes(comp, other):
+                plans[0] = other
+                break
     split = reduction_split(comp, roots)
     if split is not None:
         try:
