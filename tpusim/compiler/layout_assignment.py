@@ -140,12 +140,7 @@ class _Assigner:
         for instr in entry.instructions:
             body.append(replace(instr, operands=tuple(moved.get(o, o) for o in instr.operands)))
             shape = instr.shape
-            if (
-                instr.opcode == "parameter"
-                and _free_to_choose(instr)
-                and isinstance(shape, Shape)
-                and shape.rank >= 2
-            ):
+            if instr.opcode == "parameter" and _free_to_choose(instr) and isinstance(shape, Shape) and shape.rank >= 2:
                 name = unique_name(f"{instr.name}.relayout", taken)
                 body.append(Instruction(name, "copy", shape, (instr.name,), Attributes(), instr.loc))
                 moved[instr.name] = name

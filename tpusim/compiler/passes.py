@@ -254,8 +254,11 @@ def inline_instruction(
         if inner.opcode == "parameter":
             continue
         seen[inner.name] = inner.shape
-        if on_chip and inner.opcode == "copy" and inner.name != callee.root and _same_but_space(
-            seen[inner.operands[0]], inner.shape
+        if (
+            on_chip
+            and inner.opcode == "copy"
+            and inner.name != callee.root
+            and _same_but_space(seen[inner.operands[0]], inner.shape)
         ):
             # A copy that only changes the memory space (XLA:TPU's fused bitcast of a VMEM-prefetched operand
             # to the default space) moved nothing inside the kernel: its users read the operand.

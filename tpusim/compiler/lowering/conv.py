@@ -182,6 +182,7 @@ def _parse(instr: Instruction, lhs: Shape, rhs: Shape, out: Shape, rows: int, co
             chunks = [_Chunk(g * ci, ci, 0, g * og, og, 0, ci) for g in range(fg)]
     else:
         chunks = [_Chunk(0, c_in, 0, 0, f_out, 0, ci)]
+
     # Blocks cut the canonical axes from the first and keep the last ones whole: a batch the input or the
     # output stores below the spatial dimensions goes last, so a block holds whole tiles of it instead of
     # one sublane of each.
@@ -189,9 +190,7 @@ def _parse(instr: Instruction, lhs: Shape, rhs: Shape, out: Shape, rows: int, co
         minor = shape.effective_layout.minor_to_major
         return all(minor.index(batch) < minor.index(d) for d in spatial)
 
-    last = n > 0 and (
-        below(lhs, dn.input_batch, dn.input_spatial) or below(out, dn.output_batch, dn.output_spatial)
-    )
+    last = n > 0 and (below(lhs, dn.input_batch, dn.input_spatial) or below(out, dn.output_batch, dn.output_spatial))
     batch = n if last else 0
     in_dims, out_dims = list(dn.input_spatial), list(dn.output_spatial)
     in_dims.insert(batch, dn.input_batch)
