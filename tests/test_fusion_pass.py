@@ -61,3 +61,27 @@ ENTRY main {
     inner = next(c for c in result.compiled.module.computations if not c.is_entry)
     assert inner["b"].array_shape.effective_layout.minor_to_major[:2] == (1, 2)  # 512 along the lanes
     assert result.seconds < 10e-6
+
+
+def test_statistics_over_the_blocked_dimension_stay_kernels_of_their_own() -> None:
+    """Batch norm of f32[16,28,28,256] (statistics over N, H and W, as JAX writes ``x.mean((0, 1, 2))`` and
+    ``x.var``): fused into the normalisation, which is cut into blocks along N, each reduction over the whole
+    array ran again for every block (232 us on v5e; XLA:TPU's own module runs in 55 us in tpusim and XLA
+    estimates 139). The reductions now stay out of the blocked kernel: within 1.5x of the array's HBM floor
+    for the passes the program needs (read it for the mean, again for the variance, once more to normalise,
+    and write the result: four times its bytes)."""
+
+    def bn(x: object) -> object:
+        import jax
+
+        m = x.mean((0, 1, 2))  # type: ignore[attr-defined]
+        v = x.var((0, 1, 2))  # type: ignore[attr-defined]
+        return (x - m) * jax.lax.rsqrt(v + 1e-5)
+
+    x = np.random.default_rng(2).standard_normal((16, 28, 28, 256)).astype(np.float32)
+    result = tpusim.simulate_jax(bn, x, config="tpu_v5e")
+    import jax
+
+    np.testing.assert_allclose(np.asarray(result.outputs[0]), np.asarray(jax.jit(bn)(x)), rtol=1e-4, atol=1e-4)
+    floor = 4 * x.nbytes / result.compiled.config.hbm.bandwidth_bytes_per_s
+    assert result.seconds <= 1.5 * floor, (result.seconds, floor)

@@ -26,7 +26,16 @@ from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.isa import VPU_FUNCTIONS
 from tpusim.memory import Shape
 
-__all__ = ["NEED_RULES", "Need", "Plan", "block_shape", "plan_needs", "reduction_split", "tile_granule"]
+__all__ = [
+    "BLOCK_TARGET_BYTES",
+    "NEED_RULES",
+    "Need",
+    "Plan",
+    "block_shape",
+    "plan_needs",
+    "reduction_split",
+    "tile_granule",
+]
 
 Need = tuple[int | None, int]
 """(dimension of the instruction that follows the tiled output dimension, or None; offset along it)."""
@@ -37,6 +46,9 @@ NeedRule = Callable[[Instruction, Need, list[Shape]], list[Need | None]]
 NEED_RULES: dict[str, NeedRule] = {}
 
 ELEMENTWISE_OPS = frozenset(VPU_FUNCTIONS)
+
+BLOCK_TARGET_BYTES = 1 << 19
+"""About what one block of a vector kernel moves (its outputs and the inputs cut with them)."""
 """HLO opcodes whose operands have the result's dimensions (or are scalars) and that the VPU computes."""
 
 

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tpusim.compiler.blocks import NEED_RULES, plan_needs
+from tpusim.compiler.blocks import BLOCK_TARGET_BYTES, NEED_RULES, plan_needs
 from tpusim.compiler.call_graph import flatten_call_graph
 from tpusim.compiler.dot_strength import reduce_vector_dots
 from tpusim.compiler.errors import NotLowerable
@@ -689,12 +689,24 @@ def _make_fusion(
 
 
 def _still_plannable(comp: Computation, names: list[str], leader: str) -> bool:
-    """True when the fusion of ``names`` (rooted at ``leader``) can still be cut into blocks."""
+    """True when the fusion of ``names`` (rooted at ``leader``) can still be cut into blocks, and no reduce in
+    it would need its whole operand in every block: batch norm's statistics over N, H and W, fused into the
+    normalisation cut along N, recomputed every reduction over the whole array for each of its blocks
+    (232 us for f32[16,28,28,256], XLA:TPU estimates 139); such a reduce stays a kernel of its own."""
     _, fused = _make_fusion(comp, leader, names)
     root = fused.root_instruction.array_shape
     tiled = next((d for d in reversed(root.effective_layout.minor_to_major) if root.dimensions[d] > 1), None)
     try:
-        plan_needs(fused, [leader], tiled)
+        plan = plan_needs(fused, [leader], tiled)
     except NotLowerable:
         return False
+    if plan.tiled is None or root.byte_size <= BLOCK_TARGET_BYTES:
+        return True  # (one block: nothing is computed twice)
+    for instr in fused.instructions:
+        if instr.opcode != "reduce" or instr.name not in plan.needs:
+            continue
+        operand = fused[instr.operands[0]]
+        need = plan.needs.get(operand.name)
+        if need is not None and need[0] is None and operand.array_shape.byte_size > BLOCK_TARGET_BYTES:
+            return False
     return True
