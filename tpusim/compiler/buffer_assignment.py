@@ -357,15 +357,22 @@ class _Planner:
                 self.uf.union(x, y)
 
     def _alias_loop_operand(self, comp: Computation, instr: Instruction) -> None:
-        """The loop operand's leaves share the state's buffers when the loop is their last use."""
+        """The loop operand's leaves share the state's buffers when the loop is their last use, or when the
+        body passes them on unchanged in the operand's layout and memory space (a ``fori_loop`` reading
+        slices of an input it carries in HBM: the loop never writes that buffer, so it need not be a copy of
+        the input, 8 MB per run before; a state kept in VMEM is still copied there once)."""
         c = comp.name
         here = self.position[(c, instr.name)]
+        body = self.module[instr.attr("body")]
         for path, _ in leaf_paths(instr.shape):
             state = (c, instr.name, path)
             operand = (c, instr.operands[0], path)
-            if self._overwritable(c, operand, here) and self.uf.find(operand) != self.uf.find(state):
+            if self.uf.find(operand) == self.uf.find(state):
+                continue
+            unchanged = _passed_on(body, path) and self.shapes.get(operand) == self.shapes.get(state)
+            if self._overwritable(c, operand, here) or unchanged:
                 self.uf.union(state, operand)
-            elif self.uf.find(operand) != self.uf.find(state):
+            else:
                 self.copy_in.add(state)
 
     def _alias_loop_results(self, comp: Computation, instr: Instruction) -> None:
@@ -792,6 +799,20 @@ def _get_tuple_element(p: _Planner, comp: Computation, instr: Instruction) -> No
     index = instr.attr("index")
     for key in p.leaves(comp.name, instr):
         p.uf.union((comp.name, instr.operands[0], (index, *key[2])), key)
+
+
+def _passed_on(body: Computation, path: tuple[int, ...]) -> bool:
+    """Whether the loop body's result at ``path`` (one element of its root tuple) is its parameter's element
+    there, unchanged."""
+    root = body.root_instruction
+    if len(path) != 1 or root.opcode != "tuple":
+        return False
+    source = body[root.operands[path[0]]]
+    return (
+        source.opcode == "get-tuple-element"
+        and source.operands[0] == body.parameters[0].name
+        and source.attr("index") == path[0]
+    )
 
 
 @_aliases("tuple")

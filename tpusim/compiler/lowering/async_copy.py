@@ -15,7 +15,7 @@ window into the slice's buffer (element 1 of the start, which the done shares), 
 compiled modules prefetch weights into VMEM this way, a few row slices at a time.
 
 XLA:TPU's ``AllocateBuffer`` custom-call makes an array without writing it (a later instruction fills it, the
-stacked outputs of a loop, say): buffer assignment gives it a buffer and nothing runs.
+stacked outputs of a loop, say): buffer assignment gives it a buffer; one in VMEM is filled with zeros.
 
 ``add-dependency`` (a value and a token ordering it) and ``domain`` (a sharding annotation) pass their first
 operand through: buffer assignment gives them its buffer and nothing runs; the rules copy only where the
@@ -30,7 +30,7 @@ from tpusim.compiler.lowering.context import Lowering, StateKey
 from tpusim.compiler.lowering.control import copy_arrays
 from tpusim.compiler.lowering.indexed import take_semaphores
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
-from tpusim.isa import DmaStart, MemRef, SemWait, Window
+from tpusim.isa import Const, DmaStart, MemRef, SemWait, Space, VpuBroadcast, Window
 
 __all__ = [
     "lower_allocate_buffer",
@@ -55,7 +55,13 @@ def _allocates(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
 
 @lowering("custom-call", when=_allocates)
 def lower_allocate_buffer(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
-    """Nothing to run: the buffer exists, its bytes are undefined until written."""
+    """The buffer exists, its bytes undefined until written; one in VMEM is filled with zeros (what the
+    reference gives it), since XLA's programs may read it before they write it where a select discards the
+    value (a loop's accumulator on its first iteration), which the program verifier would otherwise refuse."""
+    for path, _ in leaf_paths(instr.shape):
+        home = ctx.home(comp.name, instr.name, path)
+        if home.space is Space.VMEM and home.shape.element_count:
+            ctx.emit(VpuBroadcast, dst=home, src=Const(0, home.element_type), dims=())
 
 
 @lowering("add-dependency", "domain")

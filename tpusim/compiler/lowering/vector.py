@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 import ml_dtypes
 
 from tpusim.compiler.blocks import (
+    BLOCK_TARGET_BYTES,
     NEED_RULES,
     Need,
     Plan,
@@ -63,7 +64,6 @@ DMA_FIRST = frozenset({"copy", "bitcast", "reshape", "slice", "concatenate", "pa
 
 # Ops that run as "a fusion of one" when they appear outside a fusion.
 _SINGLE_OPS = sorted(set(NEED_RULES) - {"parameter", "constant", "dynamic-slice"} - DMA_FIRST)
-_BLOCK_TARGET_BYTES = 1 << 19
 RING = 4
 """VMEM buffer sets per blocked input and output: two blocks' inputs are in flight while one block computes,
 and the spare set lets a refill start although the compute of the block before it (on another XLU or VPU
@@ -164,6 +164,36 @@ class _Emitter:
         instr = self.comp[name]
         return instr.opcode == "parameter" or (instr.opcode == "constant" and instr.array_shape.rank > 0)
 
+    def _dynamic_window(self, name: str) -> Instruction | None:
+        """The dynamic-slice that is the only reader of input ``name`` (a parameter every block shares, in
+        HBM, with scalar start indices): its window alone is loaded, at the indices the registers hold when
+        the load issues, clamped as XLA clamps them (a ``fori_loop`` reading one 256-row slice of an 8 MB
+        array per iteration loaded all 8 MB each time)."""
+        instr = self.comp[name]
+        source = self.inputs.get(name)
+        if instr.opcode != "parameter" or source is None or source.window is not None:
+            return None
+        if source.space is Space.VMEM or self.plan.needs[name][0] is not None:
+            return None
+        readers = [i for i in self.comp.instructions if name in i.operands]
+        if len(readers) != 1 or readers[0].opcode != "dynamic-slice" or readers[0].operands[0] != name:
+            return None
+        ds = readers[0]
+        if name in ds.operands[1:] or not all(
+            o in self.scalars or self._constant_scalar(o) is not None for o in ds.operands[1:]
+        ):
+            return None
+        return ds
+
+    def _start_index(self, name: str) -> int | Reg:
+        """A dynamic-slice start index: its scalar register, or its constant."""
+        reg = self.scalars.get(name)
+        if reg is not None:
+            return reg
+        const = self._constant_scalar(name)
+        assert const is not None
+        return int(const.value)
+
     def _in_place(self, name: str) -> bool:
         """An input already in VMEM (a resident value): the vector unit reads its block where it is, with no
         DMA into a block buffer (a TPU kernel's vector loads read VMEM at any sublane)."""
@@ -182,6 +212,9 @@ class _Emitter:
             if self._constant_scalar(name) is not None and name not in roots:
                 continue
             shape, _ = block_shape(instr.array_shape, self.plan.needs[name], 0, self.block + self._room(name))
+            window = self._dynamic_window(name)
+            if window is not None:
+                shape = Shape(shape.element_type, window.array_shape.dimensions, layout=shape.layout)
             varies = self.plan.needs[name][0] is not None
             if (self._loaded(name) or name in roots) and varies and self.plan.extent > self.block:
                 for buffers in sets:
@@ -359,7 +392,13 @@ class _Emitter:
         if shared:
             sem = ctx.semaphore()
             for name in shared:
-                ctx.emit(DmaStart, src=self._source(name), dst=single[name], sem=sem)
+                src, window = self._source(name), self._dynamic_window(name)
+                if window is not None:
+                    starts = tuple(self._start_index(o) for o in window.operands[1:])
+                    src = MemRef(
+                        src.space, src.address, src.shape, Window(starts, window.array_shape.dimensions, True), src.base
+                    )
+                ctx.emit(DmaStart, src=src, dst=single[name], sem=sem)
             ctx.emit(SemWait, sem=sem, count=len(shared))
             self.hoisted = {n: single[n] for n in shared}
 
@@ -410,7 +449,8 @@ class _Emitter:
                 values[name] = self._window(self.inputs[name], self.plan.needs[name], start, size)
                 continue
             if self._loaded(name):
-                values[name] = self._loaded_block(buffers[name], name, start, size)[1]
+                window = self._dynamic_window(name) is not None  # (its buffer holds the window alone)
+                values[name] = buffers[name] if window else self._loaded_block(buffers[name], name, start, size)[1]
                 continue
             dst = self._block_ref(buffers[name], name, start, size)
             if any(o in self.inlined for o in instr.operands):
@@ -676,6 +716,9 @@ def _emit_reduce(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Opera
 
 def _emit_dynamic_slice(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
     src = em.operand_ref(srcs[0], instr.operands[0])
+    if em._dynamic_window(instr.operands[0]) is instr:  # (only the window was loaded)
+        em.ctx.emit(VpuCopy, dst=dst, src=src)
+        return
     offsets: list[int | Reg] = []
     for operand, value in zip(instr.operands[1:], srcs[1:]):
         if isinstance(value, Const):
@@ -740,7 +783,7 @@ def lower_fused(
     Plans are tried in turn: blocks along the outputs' most major dimension (or one block); and, for a
     reduction, blocks along a reduced dimension that accumulate (:func:`~.blocks.reduction_split`), tried
     first when the outputs would be one block but the reduce's operand is bigger than a block should be.
-    Block sizes start near :data:`_BLOCK_TARGET_BYTES` and halve (below the tile size when they must) until
+    Block sizes start near :data:`BLOCK_TARGET_BYTES` and halve (below the tile size when they must) until
     the blocks fit VMEM. A row of an outer split (``nested``) is split again only when the instruction has
     all the VMEM it can get: blocks of one index of two dimensions leave nothing to pipeline, and the rows
     with more VMEM do (the decoder's attention softmax: 1.8x slower so).
@@ -776,7 +819,7 @@ def lower_fused(
             pass
         else:
             operand = comp[comp[split[0]].operands[0]].array_shape
-            if plans[0].extent == 1 and operand.byte_size > _BLOCK_TARGET_BYTES:
+            if plans[0].extent == 1 and operand.byte_size > BLOCK_TARGET_BYTES:
                 plans.insert(0, accumulating)  # one output block: stream the operand instead
             else:
                 plans.append(accumulating)  # only when the outputs' blocks do not fit
@@ -881,12 +924,12 @@ def _lower_plan(
         row_bytes = max(1, operand.byte_size // max(1, extent))
         # One block at a time is in flight, so a block should outlast the HBM latency several times over.
         cfg = ctx.config
-        target = max(_BLOCK_TARGET_BYTES, int(4 * cfg.cycles(cfg.hbm.latency_ns) * cfg.hbm_bytes_per_cycle))
+        target = max(BLOCK_TARGET_BYTES, int(4 * cfg.cycles(cfg.hbm.latency_ns) * cfg.hbm_bytes_per_cycle))
     else:
         first = comp[outputs[0][0]].array_shape
         granule = tile_granule(first, plan.tiled) if plan.tiled is not None else 1
         row_bytes = max(1, _blocked_bytes(comp, plan, [r for r, _ in outputs]) // max(1, extent))
-        target = _BLOCK_TARGET_BYTES
+        target = BLOCK_TARGET_BYTES
     # Part-tile output blocks rather than too few to pipeline (a row sum's T(1024) result), never below the
     # tiles of the inputs cut along the same dimension (a block of part of their tiles moves whole tiles).
     floor = _input_granule(comp, plan)
