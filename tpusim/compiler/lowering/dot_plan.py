@@ -217,11 +217,12 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
                         drain = store + tm / config.mxu.pop_rows_per_cycle
                         # A block's pop waits for the store of the block two before it (two pop slots), so
                         # the stores of every other block follow one another (the last one is the drain);
-                        # what the MXU work after the first blocks finish does not cover adds.
+                        # what the MXU work after the first blocks finish does not cover stalls the MXUs
+                        # (the stores' bytes are already in the HBM term, which stays a floor of its own).
                         rounds = ceil(n_blocks / turns)
                         chain = 0.0 if p.out_in_vmem else (ceil(n_blocks / 2) - 1) * store
                         waits = max(0.0, chain - (rounds - 1) * k_tiles * per_tile)
-                        cycles = max(hbm / bpc, mxu_cycles) + arrival + drain + waits
+                        cycles = max(hbm / bpc, mxu_cycles + waits) + arrival + drain
                         if (order == "mn") == p.rows_major and nn > 1 and nm > 1:
                             # Consecutive result blocks share rows of tiles: the stores' byte ranges
                             # interleave, and the scoreboard orders DMAs whose ranges overlap (and stalls
