@@ -110,11 +110,6 @@ class _Assigner:
         self.done: dict[str, Computation] = {}
         # A module without any tile has not been laid out: its intermediate orders are placeholders.
         self.free_orders = not has_tiled_layouts(module)
-        # JAX's lowering prints its entry layouts in the module header, as placeholders too: under jax.jit's
-        # default layout mode XLA:TPU lays the parameters and results out itself (the printed `a.T` result
-        # f32[2048,2048]{0,1} comes back {1,0}, the transpose paid). A module written without that header
-        # keeps the orders its parameters and root state.
-        self.jax_entry = self.free_orders and "entry_computation_layout" in module.attributes
         self.preferred: dict[tuple[str, str], tuple[int, ...]] = {}
         self.byte_bitcasts = frozenset(
             (comp.name, i.name)
@@ -127,13 +122,8 @@ class _Assigner:
         self.boundary_copies: set[str] = set()
         if self.free_orders and not talks_to_other_devices(module):
             self.module = module = self._boundary_copies(module)
-            chosen = choose_orders(module, rules, config, self._free)
+            chosen = choose_orders(module, rules, config, _free_to_choose)
             self.preferred = {k: tuple(reversed(order)) for k, order in chosen.items()}
-
-    def _free(self, instr: Instruction) -> bool:
-        """Whether the compiler lays out this entry parameter or result (:func:`_free_to_choose`, or any
-        of a JAX module's)."""
-        return self.jax_entry or _free_to_choose(instr)
 
     def _boundary_copies(self, module: Module) -> Module:
         """The module with a ``copy`` of each entry parameter, read by the parameter's users instead, and of
@@ -150,13 +140,13 @@ class _Assigner:
         for instr in entry.instructions:
             body.append(replace(instr, operands=tuple(moved.get(o, o) for o in instr.operands)))
             shape = instr.shape
-            if instr.opcode == "parameter" and self._free(instr) and isinstance(shape, Shape) and shape.rank >= 2:
+            if instr.opcode == "parameter" and _free_to_choose(instr) and isinstance(shape, Shape) and shape.rank >= 2:
                 name = unique_name(f"{instr.name}.relayout", taken)
                 body.append(Instruction(name, "copy", shape, (instr.name,), Attributes(), instr.loc))
                 moved[instr.name] = name
         root = moved.get(entry.root, entry.root)
         result = next(i for i in body if i.name == root)
-        if self._free(entry.root_instruction) and isinstance(result.shape, Shape) and result.shape.rank >= 2:
+        if _free_to_choose(entry.root_instruction) and isinstance(result.shape, Shape) and result.shape.rank >= 2:
             # Likewise the result: computed in the order its producer prefers, then copied into its own.
             name = unique_name(f"{entry.root}.relayout", taken)
             body.append(Instruction(name, "copy", result.shape, (root,), Attributes(), result.loc))
@@ -198,9 +188,10 @@ class _Assigner:
             result = _prefer_tiled(header.result, result)
         if self.free_orders:  # JAX's default layout mode: the compiler lays out parameters and results
             params = [
-                self._chosen(entry.name, p.name, s) if self._free(p) else s for p, s in zip(entry.parameters, params)
+                self._chosen(entry.name, p.name, s) if _free_to_choose(p) else s
+                for p, s in zip(entry.parameters, params)
             ]
-            if self._free(entry.root_instruction):
+            if _free_to_choose(entry.root_instruction):
                 result = self._chosen(entry.name, entry.root, result)
         self.param_shapes[entry.name] = tuple(_with_rule_layout(p, self.rules) for p in params)
         self.root_shapes[entry.name] = _with_rule_layout(result, self.rules)
