@@ -758,14 +758,18 @@ def _major_dimensions(shape: Shape) -> list[int]:
 
 
 def _cuts_input_lanes(comp: Computation, plan: Plan) -> bool:
-    """Whether ``plan`` blocks an input of rank 3 or more along its lane dimension (its most minor, tiled):
-    each block of a few of its elements would load whole lane tiles."""
+    """Whether ``plan`` blocks an input of rank 3 or more along its lane dimension (its most minor, tiled)
+    where that dimension is shorter than two lane tiles: each block, a few of its elements, would load whole
+    lane tiles. (A longer one is cut in whole lane tiles.)"""
     for instr in comp.instructions:
         need = plan.needs.get(instr.name)
         if instr.opcode != "parameter" or need is None or need[0] is None or not isinstance(instr.shape, Shape):
             continue
-        layout = instr.shape.effective_layout
-        if layout.tiles and instr.shape.rank > 2 and need[0] == layout.minor_to_major[0]:
+        shape = instr.shape
+        layout = shape.effective_layout
+        if not (layout.tiles and shape.rank > 2 and need[0] == layout.minor_to_major[0]):
+            continue
+        if shape.dimensions[need[0]] < 2 * layout.tiles[0].dimensions[-1]:
             return True
     return False
 
@@ -804,6 +808,8 @@ def lower_fused(
         # top, bf16[64,32,16,48] {0,3,2,1} -> {3,1,2,0}): a block of a few of its rows would load whole lane
         # tiles for each. Block along the next major output dimension that no input tiles, if one is.
         for d in _major_dimensions(first)[1:]:
+            if d in first.effective_layout.minor_to_major[:2]:
+                break  # (the outputs' own tiles: blocks of one row of them would store single elements)
             try:
                 other = plan_needs(comp, roots, d)
             except NotLowerable:
