@@ -115,6 +115,7 @@ class _Emitter:
     hoisted: dict[str, MemRef] = field(default_factory=dict)
     scalars: dict[str, Reg] = field(default_factory=dict)
     inlined: frozenset[str] = frozenset()
+    windows: dict[str, Instruction] = field(default_factory=dict)  # inputs only a dynamic-slice reads (its window)
     sems: tuple[int, ...] = ()  # one per buffer set for inputs, then one per set for outputs
     index: int = 0  # the block being emitted
     last: bool = True  # it is the last block
@@ -126,6 +127,7 @@ class _Emitter:
 
     def __post_init__(self) -> None:
         self.inlined = self._chains()
+        self.windows = {n: ds for n in self.inputs if (ds := self._dynamic_window(n)) is not None}
 
     def _chains(self) -> frozenset[str]:
         """Elementwise values folded into their one elementwise user's ``vpu.fused`` chain (kept in vector
@@ -171,7 +173,7 @@ class _Emitter:
         array per iteration loaded all 8 MB each time)."""
         instr = self.comp[name]
         source = self.inputs.get(name)
-        if instr.opcode != "parameter" or source is None or source.window is not None:
+        if instr.opcode != "parameter" or source is None or source.window is not None or name not in self.plan.needs:
             return None
         if source.space is Space.VMEM or self.plan.needs[name][0] is not None:
             return None
@@ -212,7 +214,7 @@ class _Emitter:
             if self._constant_scalar(name) is not None and name not in roots:
                 continue
             shape, _ = block_shape(instr.array_shape, self.plan.needs[name], 0, self.block + self._room(name))
-            window = self._dynamic_window(name)
+            window = self.windows.get(name)
             if window is not None:
                 shape = Shape(shape.element_type, window.array_shape.dimensions, layout=shape.layout)
             varies = self.plan.needs[name][0] is not None
@@ -392,7 +394,7 @@ class _Emitter:
         if shared:
             sem = ctx.semaphore()
             for name in shared:
-                src, window = self._source(name), self._dynamic_window(name)
+                src, window = self._source(name), self.windows.get(name)
                 if window is not None:
                     starts = tuple(self._start_index(o) for o in window.operands[1:])
                     src = MemRef(
@@ -449,8 +451,8 @@ class _Emitter:
                 values[name] = self._window(self.inputs[name], self.plan.needs[name], start, size)
                 continue
             if self._loaded(name):
-                window = self._dynamic_window(name) is not None  # (its buffer holds the window alone)
-                values[name] = buffers[name] if window else self._loaded_block(buffers[name], name, start, size)[1]
+                whole = name in self.windows  # (its buffer holds the window alone)
+                values[name] = buffers[name] if whole else self._loaded_block(buffers[name], name, start, size)[1]
                 continue
             dst = self._block_ref(buffers[name], name, start, size)
             if any(o in self.inlined for o in instr.operands):
@@ -716,7 +718,7 @@ def _emit_reduce(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Opera
 
 def _emit_dynamic_slice(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
     src = em.operand_ref(srcs[0], instr.operands[0])
-    if em._dynamic_window(instr.operands[0]) is instr:  # (only the window was loaded)
+    if em.windows.get(instr.operands[0]) is instr:  # (only the window was loaded)
         em.ctx.emit(VpuCopy, dst=dst, src=src)
         return
     offsets: list[int | Reg] = []
@@ -804,9 +806,9 @@ def lower_fused(
             raise
         plans.append(plan_needs(comp, roots, None))
     if same and _cuts_input_lanes(comp, plans[0]):
-        # The outputs' most major dimension is in an input's tiles (a relayout that moves the lanes to the
-        # top, bf16[64,32,16,48] {0,3,2,1} -> {3,1,2,0}): a block of a few of its rows would load whole lane
-        # tiles for each. Block along the next major output dimension that no input tiles, if one is.
+        # The outputs' most major dimension is a short lane dimension of an input (a relayout that moves the
+        # lanes to the top, bf16[64,32,16,48] {0,3,2,1} -> {3,1,2,0}): a block of a few of its elements would
+        # load whole lane tiles. Block along the next major output dimension that is no such input's lanes.
         for d in _major_dimensions(first)[1:]:
             if d in first.effective_layout.minor_to_major[:2]:
                 break  # (the outputs' own tiles: blocks of one row of them would store single elements)
