@@ -9,6 +9,9 @@ Programs (the script fails if XLA no longer writes the form a program is kept fo
 * ``cumsum_bf16``: ``jnp.cumsum`` of bf16[16,1024] along the rows; XLA bitcasts ``bf16[16,1024]{1,0}`` to
   ``bf16[2,8,8,128]{3,1,2,0}`` under ``(8,128)(2,1)`` tiles: the same bytes, not the same element order.
   Files: ``v5e.hlo.gz``, ``v6e.hlo.gz`` and ``data.npz`` (inputs and JAX's outputs, as f32).
+* ``embed_lookup_f32``: ``t[i]`` of f32[512,128] by s32[8,256] indices; XLA's fusion that wraps the indices
+  ends in a bitcast of ``s32[8,256]{1,0:T(8,128)}`` to ``s32[1,2,8,128]{3,2,1,0:T(8,128)}`` (the same bytes:
+  index column block ``b`` is tile ``b``, not a row-major reshape). Files as for ``cumsum_bf16``.
 * ``sgd_step_bf16`` (v6e only, no data: the test computes JAX's outputs): one SGD step of a bf16 MLP
   (1024 -> 4096 -> 1024, batch 256) whose v6e module prefetches the first weight as two ``s8`` byte-view
   slices joined by a ``ConcatBitcast``. Files: ``v6e.hlo.gz``, ``v6e.json`` (XLA's ``optimal_seconds``).
@@ -57,6 +60,10 @@ def has_reordering_bitcast(text: str) -> bool:
     return "bf16[2,8,8,128]{3,1,2,0" in text
 
 
+def has_fused_index_bitcast(text: str) -> bool:
+    return "s32[1,2,8,128]{3,2,1,0:T(8,128)S(1)} bitcast(" in text
+
+
 def main() -> int:
     import jax
     import jax.numpy as jnp
@@ -68,6 +75,14 @@ def main() -> int:
         "cumsum_bf16": (lambda a: jnp.cumsum(a, axis=1), [x], has_reordering_bitcast)
     }
     if write_programs(OUT, cumsum, CHIPS, "has no bitcast that reorders bf16[16,1024]"):
+        return 1
+    rng = np.random.default_rng(0)
+    table = rng.integers(-8, 9, size=(512, 128)).astype(np.float32)  # (small integers: compact data.npz)
+    indices = rng.integers(-512, 512, size=(8, 256)).astype(np.int32)
+    lookup: dict[str, tuple[Callable[..., object], list[np.ndarray], Callable[[str], bool]]] = {
+        "embed_lookup_f32": (lambda t, i: t[i], [table, indices], has_fused_index_bitcast)
+    }
+    if write_programs(OUT, lookup, CHIPS, "has no fused bitcast of the indices to s32[1,2,8,128]"):
         return 1
     specs = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in SGD_SHAPES]
     text = jax.jit(sgd_step).lower(*specs).as_text(dialect="hlo")

@@ -5,6 +5,10 @@
   (column block ``c`` is tile ``c``: the same bytes). tpusim took the tiles for its tiling rules' and moved
   the elements into the new order instead (a wrong answer, error 2.05, in 25.7 us of 2-byte DMAs); such a
   bitcast now shares its operand's buffer.
+* Inside a fusion too: XLA's embedding lookup ``t[i]`` wraps its s32[8,256] indices in a fusion whose root
+  bitcasts ``{1,0:T(8,128)}`` to ``s32[1,2,8,128]{3,2,1,0:T(8,128)}`` (index column block ``b`` is tile ``b``).
+  tpusim's kernel took it for a row-major reshape and looked rows up in a shuffled order (a wrong answer with
+  exit code 0, error 6.96); such a bitcast does not fuse.
 * A bitcast may change only the memory space: XLA prefetches a matmul's weight into VMEM and its fusion
   bitcasts it back to the default space. Dissolving the fusion made that a copy of the whole weight out of
   VMEM (the 90 MB weight of ``x @ w``, bf16[32,4096] by [4096,11008], then streamed in again: 334 us for
@@ -43,14 +47,18 @@ def _module(name: str, chip: str) -> tpusim.compiler.hlo.ir.Module:
 
 
 @pytest.mark.parametrize("chip", ["v5e", "v6e"])
-def test_a_bitcast_between_tiled_layouts_reads_the_bytes_where_they_are(chip: str) -> None:
-    """JAX's cumsum exactly, on the device and in the reference; the bitcast runs no instruction."""
-    module = _module("cumsum_bf16", chip)
-    with np.load(DATA / "cumsum_bf16" / "data.npz") as data:
-        x, want = data["in0"].astype(ml_dtypes.bfloat16), data["out0"]
-    result = tpusim.simulate(module, [x], config=f"tpu_{chip}")
+@pytest.mark.parametrize("name", ["cumsum_bf16", "embed_lookup_f32"])
+def test_a_bitcast_between_tiled_layouts_reads_the_bytes_where_they_are(name: str, chip: str) -> None:
+    """JAX's outputs exactly, on the device and in the reference; the bitcast runs no instruction."""
+    module = _module(name, chip)
+    with np.load(DATA / name / "data.npz") as data:
+        stored = [data[f"in{k}"] for k in range(sum(f.startswith("in") for f in data.files))]
+        want = data["out0"]
+    bf16 = name.endswith("_bf16")  # (.npz holds bf16 inputs as their f32 values)
+    inputs = [a.astype(ml_dtypes.bfloat16) if bf16 and a.dtype == np.float32 else a for a in stored]
+    result = tpusim.simulate(module, inputs, config=f"tpu_{chip}")
     assert result.fallbacks == ()
-    for what, got in (("device", result.outputs[0]), ("reference", evaluate(module, [x])[0])):
+    for what, got in (("device", result.outputs[0]), ("reference", evaluate(module, inputs)[0])):
         np.testing.assert_array_equal(np.asarray(got).astype(np.float32), want, err_msg=what)
     bitcasts = {i.name for c in result.compiled.module.computations for i in c.instructions if i.opcode == "bitcast"}
     assert not {i.hlo for s in result.compiled.program.streams for i in s.instructions} & bitcasts

@@ -35,7 +35,7 @@ from tpusim.compiler.hlo.ir import Attributes, Computation, Instruction, Literal
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.rewrite import rewrite_instructions, unique_name
 from tpusim.memory import Shape, TupleShape
-from tpusim.memory.reinterpret import physical_is_logical
+from tpusim.memory.reinterpret import bitcast_is_reshape
 from tpusim.memory.shape import Layout
 
 __all__ = [
@@ -340,14 +340,21 @@ def inline_calls(module: Module) -> Module:
 
 
 def unfuse(module: Module) -> Module:
-    """Dissolve fusions that hold operations without a vector block rule; their intermediates stay in VMEM."""
+    """Dissolve fusions that hold operations without a vector block rule, or bitcasts that move bytes (XLA's
+    fused bitcast between tiled layouts that order the elements differently); their intermediates stay in
+    VMEM."""
+
+    def computable(i: Instruction, fused: Computation) -> bool:
+        if i.opcode == "bitcast":
+            return _reshaping_bitcast(i, fused)
+        return i.opcode in FUSIBLE or i.opcode == "parameter"
 
     def target(instr: Instruction) -> str | None:
         if instr.opcode != "fusion":
             return None
         fused = module[instr.attr("calls")]
         body = [i for i in fused.instructions if i.name != fused.root or i.opcode != "tuple"]
-        if all(i.opcode in FUSIBLE or i.opcode == "parameter" for i in body) and _array_results(fused):
+        if all(computable(i, fused) for i in body) and _array_results(fused):
             return None
         return fused.name
 
@@ -649,16 +656,27 @@ def _fusible(instr: Instruction, comp: Computation) -> bool:
     if not isinstance(instr.shape, Shape) or instr.shape.element_type.kind in ("token", "complex"):
         return False
     if instr.opcode == "bitcast":
-        # A bitcast in a laid-out module means its operand's bytes read in physical order: inside a fusion
-        # only where that is a row-major reshape; outside, it shares its operand's buffer or moves its bytes.
+        # A bitcast joins a new kernel only as a row-major reshape of layouts the text left untiled; one between
+        # tiled layouts (XLA:TPU's) means its bytes and costs nothing outside (it shares its operand's buffer).
         operand = comp[instr.operands[0]].shape
-        if not (isinstance(operand, Shape) and physical_is_logical(operand) and physical_is_logical(instr.shape)):
+        if not (isinstance(operand, Shape) and not _tiled_text(operand) and _reshaping_bitcast(instr, comp)):
             return False
     # Integer scalars stay outside fusions: they run on the scalar unit (lowering/scalar.py).
     integer_scalar = instr.shape.rank == 0 and (
         instr.shape.element_type.is_integer or instr.shape.element_type.name == "pred"
     )
     return instr.opcode in FUSIBLE and not integer_scalar
+
+
+def _reshaping_bitcast(instr: Instruction, comp: Computation) -> bool:
+    """A bitcast a kernel may compute: one that means a row-major reshape (:func:`bitcast_is_reshape`). Any
+    other shares its operand's buffer or moves its bytes outside kernels (lowering/movement.py)."""
+    operand = comp[instr.operands[0]].shape
+    return isinstance(operand, Shape) and isinstance(instr.shape, Shape) and bitcast_is_reshape(operand, instr.shape)
+
+
+def _tiled_text(shape: Shape) -> bool:
+    return shape.layout is not None and bool(shape.layout.tiles)
 
 
 def _make_fusion(

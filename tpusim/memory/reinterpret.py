@@ -25,6 +25,7 @@ __all__ = [
     "free_transpose",
     "merged_shape",
     "physical_is_logical",
+    "bitcast_is_reshape",
     "untiled",
     "view_shape",
 ]
@@ -158,6 +159,18 @@ def physical_is_logical(shape: Shape) -> bool:
     of size 1 aside: a bitcast between two such shapes means a row-major reshape."""
     order = [d for d in reversed(shape.effective_layout.minor_to_major) if shape.dimensions[d] != 1]
     return order == sorted(order)
+
+
+def bitcast_is_reshape(src: Shape, dst: Shape) -> bool:
+    """Whether a bitcast from ``src`` to ``dst``, laid out as the HLO text says, means a row-major reshape (so
+    that a kernel may compute it as one). When the text tiles both layouts (XLA:TPU's compiled modules) the
+    bitcast means its operand's bytes, read as ``dst``: a reshape when those bytes hold the elements in
+    row-major order (:func:`bytes_agree`); ``s32[8,256]{1,0:T(8,128)}`` to ``s32[1,2,8,128]{3,2,1,0:T(8,128)}``
+    is not one (column block ``b`` is tile ``b``). Otherwise it reads the elements in each layout's physical
+    order: a reshape when both orders are the logical ones (:func:`physical_is_logical`)."""
+    if src.layout is not None and src.layout.tiles and dst.layout is not None and dst.layout.tiles:
+        return bytes_agree(src, dst, row_major=True) is True
+    return physical_is_logical(src) and physical_is_logical(dst)
 
 
 def bytes_in_place(src: Shape, dst: Shape) -> bool:
