@@ -212,6 +212,27 @@ def test_default_precision_is_one_bf16_pass(chip: str) -> None:
     checked.assert_ok("one pass")
 
 
+MIXED_CONV = """HloModule mixed
+ENTRY e {
+  x = bf16[2,8,8,64] parameter(0)
+  w = f32[3,3,64,64] parameter(1)
+  ROOT c = f32[2,8,8,64] convolution(x, w), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+}
+"""
+
+
+def test_a_bf16_input_does_not_make_an_f32_kernel_exact() -> None:
+    """XLA:TPU converts an f32 convolution's input to bf16 itself and keeps the kernel f32 (its module of
+    ``conv(x, w) + b`` in f32); at DEFAULT the MXU takes one bf16 pass of the kernel. The check compares with
+    the one-pass emulation, not with exact f32 products under the f32-exact bound (a false MISMATCH, error
+    2e-3 against 1e-4, on XLA's modules of four f32 convolutions)."""
+    m = parse_module(MIXED_CONV)
+    args = [data((2, 8, 8, 64), BF16), data((3, 3, 64, 64), np.float32, 1)]
+    checked = run_checked(m, args)
+    assert checked.precision == "bf16"
+    checked.assert_ok("one pass of the f32 kernel")
+
+
 def test_mxu_busy_close_to_flops_over_peak() -> None:
     """A bf16 3x3 convolution with 128 input and output features on tpu_v5e (4 MXUs of 128x128).
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tpusim.check import OutputCheck
-from tpusim.isa import MxuMatmul
+from tpusim.isa import MemRef, MxuLoadWeights, MxuMatmul
 from tpusim.report.analysis import hlo_index
 from tpusim.report.stats import UnitStats, op_stats, unit_stats
 from tpusim.report.xla_compare import format_xla
@@ -22,17 +22,27 @@ _PRECISION_ORDER = ("bf16", "bf16_3x", "bf16_6x")
 
 
 def program_precision(compiled: CompiledProgram) -> str:
-    """The least accurate MXU precision the program uses for f32 operands ("none" without matmuls)."""
+    """The least accurate MXU precision the program uses for f32 operands, streamed or latched as weights
+    (a product of bf16 operands is exact: "bf16_6x"; "none" without matmuls). A bf16 input does not make
+    an f32 weight exact: XLA:TPU converts an f32 convolution's input to bf16 and keeps its kernel f32."""
     seen = {
-        ins.precision if ins.lhs.element_type.name == "f32" else "bf16_6x"
+        ins.precision if operand.element_type.name == "f32" else "bf16_6x"
         for stream in compiled.program.streams
         for ins in stream.instructions
-        if isinstance(ins, MxuMatmul)
+        for operand in _mxu_operands(ins)
     }
     for p in _PRECISION_ORDER:
         if p in seen:
             return p
     return "none"
+
+
+def _mxu_operands(ins: object) -> tuple[MemRef, ...]:
+    if isinstance(ins, MxuMatmul):
+        return (ins.lhs,)
+    if isinstance(ins, MxuLoadWeights):
+        return (ins.src,)
+    return ()
 
 
 def format_summary(
