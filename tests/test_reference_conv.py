@@ -188,3 +188,29 @@ def test_products_xla_tpu_writes_as_convolutions_against_xla_cpu(lhs: str, rhs: 
     want = run_hlo_on_xla(text, *xs)[0]
     got = evaluate(module, xs)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_product_written_as_a_base_dilated_convolution_costs_its_products() -> None:
+    """XLA:TPU writes attention's P @ V (b4 h16) as a convolution whose batch and head dimensions are spatial,
+    base-dilated 4x16 (``window={size=4x16 stride=3x15 lhs_dilate=4x16}``): each output meets one input
+    element per tap, so nearly all of the dilated input is holes. The reference materialised that input and
+    its patch matrix (28 GB at sequence 1024, so ``--check`` of that program ran out of memory); now its memory
+    follows the arrays: the peak here is a few times the operands' 1.5 MB, where the patch matrix alone was
+    50 MB, and the result is the einsum."""
+    import tracemalloc
+
+    s, d = 64, 32
+    text = convolution_text(
+        f"f32[4,16,{s},{s}]", f"f32[4,16,{s},{d}]", f"f32[4,16,{s},{d}]",
+        "window={size=4x16 stride=3x15 lhs_dilate=4x16}, dim_labels=01bf_01io->01bf",
+    )  # fmt: skip
+    p, v = _rand((4, 16, s, s)), _rand((4, 16, s, d))
+    module = parse_module(text)
+    tracemalloc.start()
+    try:
+        got = evaluate(module, [p, v])[0]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_allclose(got, np.einsum("bhqk,bhkd->bhqd", p, v), rtol=1e-5, atol=1e-4)
+    assert peak < 8 * (p.nbytes + v.nbytes), peak

@@ -19,13 +19,13 @@ from tpusim.memory.tiling import geometry
 __all__ = [
     "MEANING_CHECK_ELEMENTS",
     "LayoutViewError",
+    "bitcast_is_reshape",
     "bytes_agree",
     "bytes_agree_by_elements",
     "bytes_in_place",
     "free_transpose",
     "merged_shape",
     "physical_is_logical",
-    "bitcast_is_reshape",
     "untiled",
     "view_shape",
 ]

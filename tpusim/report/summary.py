@@ -26,10 +26,10 @@ def program_precision(compiled: CompiledProgram) -> str:
     (a product of bf16 operands is exact: "bf16_6x"; "none" without matmuls). A bf16 input does not make
     an f32 weight exact: XLA:TPU converts an f32 convolution's input to bf16 and keeps its kernel f32."""
     seen = {
-        ins.precision if operand.element_type.name == "f32" else "bf16_6x"
+        precision if operand.element_type.name == "f32" else "bf16_6x"
         for stream in compiled.program.streams
         for ins in stream.instructions
-        for operand in _mxu_operands(ins)
+        for operand, precision in _mxu_operands(ins)
     }
     for p in _PRECISION_ORDER:
         if p in seen:
@@ -37,11 +37,12 @@ def program_precision(compiled: CompiledProgram) -> str:
     return "none"
 
 
-def _mxu_operands(ins: object) -> tuple[MemRef, ...]:
+def _mxu_operands(ins: object) -> tuple[tuple[MemRef, str], ...]:
+    """The MXU operand ``ins`` reads, with the precision it reads it at."""
     if isinstance(ins, MxuMatmul):
-        return (ins.lhs,)
+        return ((ins.lhs, ins.precision),)
     if isinstance(ins, MxuLoadWeights):
-        return (ins.src,)
+        return ((ins.src, ins.precision),)
     return ()
 
 
