@@ -417,3 +417,41 @@ ENTRY main {
         i for i in body if isinstance(i, DmaStart) and i.dst.space.value == "vmem" and i.dst.address == home.offset
     ]
     assert writes == []
+
+
+SHARED_WEIGHT = """HloModule attn_out, entry_computation_layout={(f32[16,128,16,64]{1,3,2,0:T(8,128)}, f32[16,64,1024]{2,1,0:T(8,128)})->f32[16,128,1024]{2,1,0:T(8,128)}}
+
+%fused (param_0: f32[16,128,16,64], param_1: f32[16,64,1024,1]) -> f32[16,128,1024] {
+  %param_0 = f32[16,128,16,64]{1,3,2,0:T(8,128)S(1)} parameter(0)
+  %param_1 = f32[16,64,1024,1]{2,1,0,3:T(8,128)} parameter(1)
+  %convolution.1 = f32[16,128,1024,1]{2,1,3,0:T(8,128)} convolution(%param_0, %param_1), window={size=1x16}, dim_labels=0b1f_1io0->0bf1
+  ROOT %bitcast.3 = f32[16,128,1024]{2,1,0:T(8,128)} bitcast(%convolution.1)
+}
+
+ENTRY %main (x: f32[16,128,16,64], w: f32[16,64,1024]) -> f32[16,128,1024] {
+  %x = f32[16,128,16,64]{1,3,2,0:T(8,128)} parameter(0)
+  %copy-start = (f32[16,128,16,64]{1,3,2,0:T(8,128)S(1)}, f32[16,128,16,64]{1,3,2,0:T(8,128)}, u32[]{:S(2)}) copy-start(%x), cross_program_prefetch_index=0
+  %w = f32[16,64,1024]{2,1,0:T(8,128)} parameter(1)
+  %copy-done = f32[16,128,16,64]{1,3,2,0:T(8,128)S(1)} copy-done(%copy-start)
+  %bitcast.12 = f32[16,64,1024,1]{2,1,0,3:T(8,128)} bitcast(%w)
+  ROOT %fusion = f32[16,128,1024]{2,1,0:T(8,128)} fusion(%copy-done, %bitcast.12), kind=kOutput, calls=%fused
+}
+"""
+
+
+def test_a_weight_every_product_shares_is_read_once() -> None:
+    """XLA:TPU's module of ``einsum("bshd,hdD->bsD")`` (f32, b16 s128 h16 d64 D1024; x prefetched into VMEM,
+    stored ``{1,3,2,0}``, so the product is 16 products of 128 rows, one per b, each summing 16 heads) reads
+    the same 4 MiB weight in every product. The planner counted it once per product and kept two weight
+    windows per step: 64 MiB of weight traffic, 110.9 us where XLA estimates 73.9 us. Kept resident, every
+    weight window is loaded once."""
+    module = parse_module(SHARED_WEIGHT)
+    result = tpusim.simulate(module, config="tpu_v5e", timing_only=True)
+    w = result.compiled.inputs[1][0]
+    loads = [
+        (i.src.window.offsets, i.src.window.sizes)
+        for s in result.compiled.program.streams
+        for i in s.instructions
+        if isinstance(i, DmaStart) and i.src.address == w.address and i.src.space == w.space
+    ]
+    assert len(loads) == len(set(loads)) > 1

@@ -676,6 +676,8 @@ class _DotEmitter:
             > v.out.shape.effective_layout.minor_to_major.index(v.out.shape.rank - 1),
             side_bytes=sum(s.shape.byte_size / v.out.shape.element_count for s in v.riders[1:]),
             out_in_vmem=v.out.space is Space.VMEM,
+            a_shared=len({tuple(ll for ll, _ in pairs) for _, pairs in v.products}) == 1,
+            b_shared=len({tuple(rl for _, rl in pairs) for _, pairs in v.products}) == 1,
         )
         plans = plan_dot(problem, cfg, self.ctx.vmem_free_bytes())
         if not plans:

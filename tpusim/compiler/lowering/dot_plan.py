@@ -84,6 +84,9 @@ class Problem:
         side_bytes: HBM bytes per result element an epilogue's side operands add (a residual of the
             result's shape: its element size; a bias along the rows: almost nothing).
         out_in_vmem: the result lives in VMEM (its blocks are not stored to HBM).
+        a_shared, b_shared: every product reads the same A (B) windows (the operand has no dimension of the
+            products' loop: the weight of ``einsum("bshd,hdD->bsD")`` when b is a product of its own), so a
+            residency that holds all of it loads it once for all products.
     """
 
     m: int
@@ -101,6 +104,8 @@ class Problem:
     rows_major: bool = True
     side_bytes: float = 0.0
     out_in_vmem: bool = False
+    a_shared: bool = False
+    b_shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -195,14 +200,20 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
             a_all = p.m * p.k * p.a_bytes * p.contracts
             b_all = p.k * p.n * p.b_bytes * p.contracts
             c_all = p.m * p.n * (p.c_bytes + p.side_bytes)
+            a_whole, b_whole = nm * nk + 1, nn * nk + 1  # slots that hold all of A (B) of a product
             for order in ("mn", "nm"):
-                # (slots, loads of the operand over one product) for each residency choice
+                # (slots, loads of the operand per product) for each residency choice; an operand every
+                # product shares, held whole, loads once for all of them (1 / products per product)
                 if order == "mn":
                     a_opts = [(2, nn if nk > 1 else 1)] + ([(nk + 1, 1)] if nk > 1 and nn > 1 else [])
-                    b_opts = [(2, nm)] + ([(nn * nk + 1, 1)] if nm > 1 else [])
+                    b_opts = [(2, nm)] + ([(b_whole, 1)] if nm > 1 or p.b_shared else [])
+                    a_opts += [(a_whole, 1)] if p.a_shared and p.products > 1 else []
                 else:
                     b_opts = [(2, nm if nk > 1 else 1)] + ([(nk + 1, 1)] if nk > 1 and nm > 1 else [])
-                    a_opts = [(2, nn)] + ([(nm * nk + 1, 1)] if nn > 1 else [])
+                    a_opts = [(2, nn)] + ([(a_whole, 1)] if nn > 1 or p.a_shared else [])
+                    b_opts += [(b_whole, 1)] if p.b_shared and p.products > 1 else []
+                a_opts = [(r, 1 / p.products if p.a_shared and r == a_whole else n) for r, n in a_opts]
+                b_opts = [(r, 1 / p.products if p.b_shared and r == b_whole else n) for r, n in b_opts]
                 for a_res, a_loads in a_opts:
                     for b_res, b_loads in b_opts:
                         a_slots, b_slots = max(a_res, depth + 1 + lag), max(b_res, depth + 1 + lag)
