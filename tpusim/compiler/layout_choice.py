@@ -211,7 +211,7 @@ class _Problem:
         for v in live:
             var = self.vars[v]
             if v in boundary and not var.fixed:
-                var.options = self._compact(var)
+                var.options = compact_orders(var.shape, self.rules)
             var.storage = {o: self._storage(var, o) for o in var.options}
             if not var.fixed:
                 var.order = min(var.options, key=lambda o: var.storage[o])
@@ -252,9 +252,6 @@ class _Problem:
                 self.vars[v].accesses += sum(
                     1 for other in comp.instructions for o in other.operands if o == instr.name
                 )
-
-    def _compact(self, var: _Var) -> list[Order]:
-        return compact_orders(var.shape, self.rules)
 
     def _padded(self, shape: Shape, order: Order) -> int:
         return shape.with_layout(self.rules.layout_for(shape, tuple(reversed(order)))).byte_size

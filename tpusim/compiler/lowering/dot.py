@@ -932,7 +932,7 @@ class _DotEmitter:
         v = self.v
         blocks: list[_Block] = []
         per_block: list[list[_Step]] = []
-        turns = 1
+        turns = plan.turns
         (m_lo, m_hi), (n_lo, n_hi) = v.m_range, v.n_range
         for out_lead, pairs in v.products:
             ms_ = range(m_lo, m_hi, plan.tm)
@@ -943,8 +943,6 @@ class _DotEmitter:
             for m0, n0 in corners:
                 ms, ns = min(plan.tm, m_hi - m0), min(plan.tn, n_hi - n0)
                 block = _Block(out_lead, m0, n0, ms, ns)
-                if not blocks:
-                    turns = max(1, self.cfg.count // len(self._mxu_map(block, plan)))
                 used = self.cfg.count // turns
                 block = replace(block, first_mxu=len(blocks) % turns * used)
                 blocks.append(block)

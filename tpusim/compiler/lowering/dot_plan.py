@@ -125,6 +125,7 @@ class DotPlan:
     cycles: float
     vmem_bytes: int
     halves: int = 2  # result-buffer regions blocks alternate between (1: every block uses the whole buffer)
+    turns: int = 1  # consecutive blocks that run at once on disjoint MXUs (a block leaving MXUs idle)
 
 
 def row_groups(rows: int, groups: int, sublanes: int) -> list[tuple[int, int]]:
@@ -241,8 +242,8 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
                             block_cycles = mxu_cycles / (p.products * nm * nn)
                             cycles += p.products * nm * nn * max(0.0, store - block_cycles)
                             cycles *= 1.03
-                        plan = DotPlan(tm, tn, tk, g, order, a_slots, b_slots, depth, lag, hbm, cycles, need, halves)
-                        plans.append(plan)
+                        slots = (a_slots, b_slots, depth, lag)
+                        plans.append(DotPlan(tm, tn, tk, g, order, *slots, hbm, cycles, need, halves, turns))
     # Least time, where plans within _TIE of the best count as equal (the estimate is not that exact); among
     # those, taller blocks first: each weight tile then streams more rows, so there are fewer weight loads
     # (each reads a whole R x C tile out of VMEM) and fewer instructions; then fewer steps, bytes, VMEM.
