@@ -213,10 +213,10 @@ def plan_dot(problem: Problem, config: ChipConfig, vmem_bytes: int) -> list[DotP
                     b_opts = [(2, nm if nk > 1 else 1)] + ([(nk + 1, 1)] if nk > 1 and nm > 1 else [])
                     a_opts = [(2, nn)] + ([(a_whole, 1)] if nn > 1 or p.a_shared else [])
                     b_opts += [(b_whole, 1)] if p.b_shared and p.products > 1 else []
-                a_opts = [(r, 1 / p.products if p.a_shared and r == a_whole else n) for r, n in a_opts]
-                b_opts = [(r, 1 / p.products if p.b_shared and r == b_whole else n) for r, n in b_opts]
-                for a_res, a_loads in a_opts:
-                    for b_res, b_loads in b_opts:
+                a_costs = [(r, 1 / p.products if p.a_shared and r == a_whole else n) for r, n in a_opts]
+                b_costs = [(r, 1 / p.products if p.b_shared and r == b_whole else n) for r, n in b_opts]
+                for a_res, a_loads in a_costs:
+                    for b_res, b_loads in b_costs:
                         a_slots, b_slots = max(a_res, depth + 1 + lag), max(b_res, depth + 1 + lag)
                         stages = (depth + 1) * (a_stage + b_stage)
                         need = a_slots * a_win + b_slots * b_win + stages + c_blocks
