@@ -419,23 +419,25 @@ ENTRY main {
     assert writes == []
 
 
-SHARED_WEIGHT = """HloModule attn_out, entry_computation_layout={(f32[16,128,16,64]{1,3,2,0:T(8,128)}, f32[16,64,1024]{2,1,0:T(8,128)})->f32[16,128,1024]{2,1,0:T(8,128)}}
+X_VMEM = "f32[16,128,16,64]{1,3,2,0:T(8,128)S(1)}"
+SHARED_WEIGHT = f"""HloModule attn_out
 
-%fused (param_0: f32[16,128,16,64], param_1: f32[16,64,1024,1]) -> f32[16,128,1024] {
-  %param_0 = f32[16,128,16,64]{1,3,2,0:T(8,128)S(1)} parameter(0)
-  %param_1 = f32[16,64,1024,1]{2,1,0,3:T(8,128)} parameter(1)
-  %convolution.1 = f32[16,128,1024,1]{2,1,3,0:T(8,128)} convolution(%param_0, %param_1), window={size=1x16}, dim_labels=0b1f_1io0->0bf1
-  ROOT %bitcast.3 = f32[16,128,1024]{2,1,0:T(8,128)} bitcast(%convolution.1)
-}
+%fused (param_0: f32[16,128,16,64], param_1: f32[16,64,1024,1]) -> f32[16,128,1024] {{
+  %param_0 = {X_VMEM} parameter(0)
+  %param_1 = f32[16,64,1024,1]{{2,1,0,3:T(8,128)}} parameter(1)
+  %convolution.1 = f32[16,128,1024,1]{{2,1,3,0:T(8,128)}} convolution(%param_0, %param_1),
+    window={{size=1x16}}, dim_labels=0b1f_1io0->0bf1
+  ROOT %bitcast.3 = f32[16,128,1024]{{2,1,0:T(8,128)}} bitcast(%convolution.1)
+}}
 
-ENTRY %main (x: f32[16,128,16,64], w: f32[16,64,1024]) -> f32[16,128,1024] {
-  %x = f32[16,128,16,64]{1,3,2,0:T(8,128)} parameter(0)
-  %copy-start = (f32[16,128,16,64]{1,3,2,0:T(8,128)S(1)}, f32[16,128,16,64]{1,3,2,0:T(8,128)}, u32[]{:S(2)}) copy-start(%x), cross_program_prefetch_index=0
-  %w = f32[16,64,1024]{2,1,0:T(8,128)} parameter(1)
-  %copy-done = f32[16,128,16,64]{1,3,2,0:T(8,128)S(1)} copy-done(%copy-start)
-  %bitcast.12 = f32[16,64,1024,1]{2,1,0,3:T(8,128)} bitcast(%w)
-  ROOT %fusion = f32[16,128,1024]{2,1,0:T(8,128)} fusion(%copy-done, %bitcast.12), kind=kOutput, calls=%fused
-}
+ENTRY %main (x: f32[16,128,16,64], w: f32[16,64,1024]) -> f32[16,128,1024] {{
+  %x = f32[16,128,16,64]{{1,3,2,0:T(8,128)}} parameter(0)
+  %copy-start = ({X_VMEM}, f32[16,128,16,64]{{1,3,2,0:T(8,128)}}, u32[]{{:S(2)}}) copy-start(%x)
+  %w = f32[16,64,1024]{{2,1,0:T(8,128)}} parameter(1)
+  %copy-done = {X_VMEM} copy-done(%copy-start)
+  %bitcast.12 = f32[16,64,1024,1]{{2,1,0,3:T(8,128)}} bitcast(%w)
+  ROOT %fusion = f32[16,128,1024]{{2,1,0:T(8,128)}} fusion(%copy-done, %bitcast.12), kind=kOutput, calls=%fused
+}}
 """
 
 

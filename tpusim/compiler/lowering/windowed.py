@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import product
-from math import prod
+from math import ceil, log2, prod
 
 import numpy as np
 
@@ -53,9 +53,9 @@ from tpusim.semantics.combiners import exact_identity as reference_identity
 __all__ = ["MAX_TAPS", "canonical_order", "lower_reduce_window", "lower_select_and_scatter"]
 
 MAX_TAPS = 256
-"""Most window taps reduce-window and select-and-scatter lower (one VPU instruction per tap and block):
-larger windows, such as the cumulative sums JAX writes as reduce-window over the whole axis, run as
-fallbacks."""
+"""Most window taps reduce-window and select-and-scatter lower (one VPU instruction per tap and block);
+larger windows run as fallbacks, except prefix scans (the cumulative sums JAX writes as reduce-window over
+the whole axis), which take a number of instructions logarithmic in the axis' length."""
 
 _BLOCK_BYTES = 1 << 18
 """Largest output block aimed for (big enough to amortise DMA set-up, small enough to pipeline)."""
@@ -99,16 +99,38 @@ def lower_reduce_window(ctx: Lowering, comp: Computation, instr: Instruction) ->
     if len(dims) != src.shape.rank:
         raise NotLowerable("a reduce-window whose window does not cover every dimension")
     axes = [Axis.of(w, n, o) for w, n, o in zip(dims, src.shape.dimensions, out.shape.dimensions)]
+    scan = _prefix_axis(axes)
+    fill = exact_identity(fn, et)
+    if scan is not None and fill is not None and _scan_steps(axes[scan].size) < axes[scan].taps:
+        _ReduceWindow(ctx, axes, src, out, fn, init, fill, scan).lower()
+        return
     taps = prod(a.taps for a in axes)
     if taps > MAX_TAPS:
         raise NotLowerable(
-            f"a window of {taps} taps (more than {MAX_TAPS}, e.g. a cumulative sum): one VPU instruction per tap "
-            f"and block would not be proportional to the data"
+            f"a window of {taps} taps (more than {MAX_TAPS}): one VPU instruction per tap and block would not be "
+            f"proportional to the data"
         )
-    fill = exact_identity(fn, et)
     if fill is None:
         raise NotLowerable(f"a {fn} reduce-window of {et}, which has no identity to fill padding with")
     _ReduceWindow(ctx, axes, src, out, fn, init, fill).lower()
+
+
+def _prefix_axis(axes: Sequence[Axis]) -> int | None:
+    """The axis of a prefix scan: every output reduces all the input up to its own position along one axis
+    (JAX's ``cumsum``, ``cummax``...: a window of at least the axis' length, padded low by all but one tap,
+    no stride or dilation) and only its own position along the others; None for any other window."""
+    plain = all(a.stride == 1 and a.dilate == 1 and a.base == 1 and not a.reverse for a in axes)
+    wide = [j for j, a in enumerate(axes) if a.taps > 1]
+    if not plain or len(wide) != 1 or any(a.pad != 0 or a.out != a.size for a in axes if a.taps == 1):
+        return None
+    a = axes[wide[0]]
+    return wide[0] if a.out == a.size and a.pad == a.taps - 1 and a.taps >= a.size else None
+
+
+def _scan_steps(length: int) -> int:
+    """VPU instructions per block of a prefix scan over ``length`` positions (:meth:`_ReduceWindow._scan`):
+    the copy in, the running total folded in, two per doubling step, the running total taken out."""
+    return 3 + 2 * ceil(log2(length)) if length > 1 else 3
 
 
 def exact_identity(fn: str, et: ElementType) -> Const | None:
@@ -154,9 +176,13 @@ class _ReduceWindow:
     fn: str
     init: Const
     fill: Const  # padding: the exact identity of fn
+    scan: int | None = None  # operand dimension of a prefix scan (:func:`_prefix_axis`)
 
     def lower(self) -> None:
         ctx, src = self.ctx, self.src
+        if self.scan is not None:  # blocks of the scan axis are staged without the window's halo
+            a = self.axes_hbm[self.scan]
+            self.axes_hbm = [*self.axes_hbm[: self.scan], Axis(a.out, a.size), *self.axes_hbm[self.scan + 1 :]]
         self.order, tiled = canonical_order(src.shape, self.axes_hbm)
         self.axes = [self.axes_hbm[d] for d in self.order]
         et = src.element_type
@@ -218,7 +244,15 @@ class _ReduceWindow:
             extent = [out_extent(a, s.size) for a, s in zip(axes, block)]
             return outbound.store(slot, sem, extent, [s.start for s in block], [s.size for s in block])
 
-        run_blocks(ctx, len(blocks), load, compute, store)
+        if self.scan is None:
+            run_blocks(ctx, len(blocks), load, compute, store)
+            return
+        scan = _Scan(self, self.order.index(self.scan), out_max, inbound, outbound)
+
+        def compute_scan(i: int, slot: int) -> None:
+            scan.block(blocks[i], stages[i], slot)
+
+        run_blocks(ctx, len(blocks), load, compute_scan, store)
 
     def _combine(self, dst: MemRef, win: MemRef, first: bool) -> None:
         """``dst = fn(dst, win)``; for the first tap ``dst = fn(init, win)`` (XLA's order: init, then the taps)."""
@@ -237,6 +271,59 @@ class _ReduceWindow:
             ctx.emit(VpuFused, dst=dst, srcs=(acc, win), ops=steps)
         else:
             ctx.emit(VpuMap, fn=self.fn, dst=dst, srcs=(acc, win))
+
+
+class _Scan:
+    """A prefix scan's blocks (:func:`_prefix_axis`), in order along the scan axis: each block's scan by
+    doubling (Hillis and Steele: after the step of distance ``d``, position ``i`` holds the reduction of the
+    ``2d`` positions up to it), ping-ponging between a scratch block and the output block, with the running
+    total of the blocks before it (per position of the other axes, starting at init) folded into its first
+    position, and its last position kept as the running total of the next. About ``2 log2(n)`` VPU passes
+    over the data instead of one per tap; the reduction's association differs from the taps' order (float
+    sums then differ by rounding, as XLA:TPU's scans do)."""
+
+    def __init__(self, rw: _ReduceWindow, axis: int, extent: Sequence[int], inbound: Inbound, out: Outbound) -> None:
+        self.rw, self.axis, self.inbound, self.outbound = rw, axis, inbound, out
+        ctx, rows = rw.ctx, rw.acc_rows
+        self.scratch = ctx.vmem(rows.shape(extent))
+        whole = [1 if j == axis else a.out for j, a in enumerate(rw.axes)]
+        self.total = rows.ref(ctx.vmem(rows.shape(whole)), whole)
+        ctx.emit(VpuBroadcast, dst=self.total, src=rw.acc_init, dims=())
+
+    def _part(self, at: MemRef, extent: Sequence[int], lo: int, hi: int) -> MemRef:
+        """Positions ``[lo, hi)`` along the scan axis of the block array at ``at``."""
+        offsets = tuple(lo if j == self.axis else 0 for j in range(len(extent)))
+        sizes = tuple(hi - lo if j == self.axis else n for j, n in enumerate(extent))
+        return self.rw.acc_rows.ref(at, extent, Window(offsets, sizes))
+
+    def block(self, block: Sequence[Span], st: Stage, slot: int) -> None:
+        rw, ctx, j = self.rw, self.rw.ctx, self.axis
+        extent = [out_extent(a, s.size) for a, s in zip(rw.axes, block)]
+        n = extent[j]
+        target = self.outbound.blocks[slot]
+        steps = ceil(log2(n)) if n > 1 else 0
+        cur, other = (target, self.scratch) if steps % 2 == 0 else (self.scratch, target)
+        staged = rw.rows.ref(self.inbound.stage(slot), list(st.extent))
+        first = self._part(cur, extent, 0, n)
+        if rw.acc_rows is not rw.rows:  # narrow floats: the scan runs in f32 and rounds once
+            ctx.emit(VpuMap, fn="convert", dst=first, srcs=(staged,))
+        else:
+            ctx.emit(VpuCopy, dst=first, src=staged)
+        offsets = tuple(0 if k == j else s.start for k, s in enumerate(block))
+        sizes = tuple(1 if k == j else e for k, e in enumerate(extent))
+        total = MemRef(self.total.space, self.total.address, self.total.shape, Window(offsets, sizes))
+        head = self._part(cur, extent, 0, 1)
+        ctx.emit(VpuMap, fn=rw.fn, dst=head, srcs=(total, head))
+        d = 1
+        while d < n:
+            ctx.emit(
+                VpuMap, fn=rw.fn, dst=self._part(other, extent, d, n),
+                srcs=(self._part(cur, extent, 0, n - d), self._part(cur, extent, d, n)),
+            )  # fmt: skip
+            ctx.emit(VpuCopy, dst=self._part(other, extent, 0, d), src=self._part(cur, extent, 0, d))
+            cur, other, d = other, cur, 2 * d
+        ctx.emit(VpuCopy, dst=total, src=self._part(cur, extent, n - 1, n))
+        self.outbound.finish(slot, extent, [s.size for s in block])
 
 
 # ---------------------------------------------------------------------------------------------------------
