@@ -166,3 +166,47 @@ def test_comparator_with_the_wrong_arity_names_the_instruction() -> None:
     one = ir.Instruction("s1", "sort", comp["x"].shape, ("x",), comp["s"].attributes)
     with pytest.raises(EvaluationError, match=r"^%s1 \(sort\): comparator cmp takes 4 parameters, expected 2$"):
         evaluate_instruction(EvalContext(module), comp, one, [_rand((3, 10))])
+
+
+XLA_TOPK = """HloModule topk
+%greater (p.0.lhs: f32[], p.0.rhs: f32[], p.1.lhs: s32[], p.1.rhs: s32[]) -> pred[] {
+  %zero = s32[] constant(0)
+  %mask = s32[] constant(2147483647)
+  %p.1.rhs = s32[] parameter(3)
+  %p.1.lhs = s32[] parameter(2)
+  %p.0.rhs = f32[] parameter(1)
+  %p.0.lhs = f32[] parameter(0)
+  %bits.1 = s32[] bitcast-convert(%p.0.rhs)
+  %negative.1 = pred[] compare(%bits.1, %zero), direction=LT
+  %flipped.1 = s32[] xor(%mask, %bits.1)
+  %key.1 = s32[] select(%negative.1, %flipped.1, %bits.1)
+  %bits = s32[] bitcast-convert(%p.0.lhs)
+  %negative = pred[] compare(%bits, %zero), direction=LT
+  %flipped = s32[] xor(%mask, %bits)
+  %key = s32[] select(%negative, %flipped, %bits)
+  ROOT %gt = pred[] compare(%key, %key.1), direction=GT
+}
+
+ENTRY %main (x: f32[4,3000]) -> (f32[4,8], s32[4,8]) {
+  %x = f32[4,3000] parameter(0)
+  ROOT %top = (f32[4,8], s32[4,8]) custom-call(%x), custom_call_target="TopK", called_computations={%greater}
+}
+"""
+
+
+def test_xla_tpus_topk_custom_call_is_jaxs_top_k() -> None:
+    """XLA:TPU compiles ``jax.lax.top_k`` of a long row (32,000 logits) into ``custom-call`` ``TopK`` with a
+    total-order comparator on the float's bits (this one is its v5e module's, renamed); tpusim refused it
+    ("no reference function"). Its values and indices are JAX's, ties (small integers) to the lower index,
+    on the device (a fallback) and in the reference, whose sort reads the comparator as a key (the scalar
+    bit tricks run on whole arrays: 0.5 s instead of 6 s of per-pair calls)."""
+    import tpusim
+    from tpusim.compiler.hlo.reference import evaluate
+
+    module = parse_module(XLA_TOPK)
+    assert comparator_keys(module["greater"]) is not None
+    x = np.random.default_rng(0).integers(-20, 20, (4, 3000)).astype(np.float32)
+    want = jax.lax.top_k(jnp.asarray(x), 8)
+    for got in (evaluate(module, [x]), tpusim.simulate(module, [x]).outputs):
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))

@@ -25,6 +25,7 @@ import numpy as np
 
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.hlo.reference.core import ELEMENTWISE, REFERENCE, EvalContext, EvaluationError, Value
+from tpusim.memory import Shape
 from tpusim.semantics.combiners import NARROW_FLOATS, exact_identity, ufunc_for
 from tpusim.semantics.convert import compute_dtype, flush, round_result
 
@@ -245,9 +246,13 @@ def _float_binary(opcode: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return round_result(flush(np.asarray(r)), a.dtype)
 
 
+def _scalar(shape: object) -> bool:
+    return isinstance(shape, Shape) and shape.rank == 0
+
+
 def key_expression(comp: Computation, root: str, param: int) -> list[Instruction] | None:
-    """The instructions computing ``root`` from ``parameter(param)`` alone, in dependency order, when all of
-    them are elementwise (so they can run on whole arrays); None otherwise."""
+    """The instructions computing ``root`` from ``parameter(param)`` alone (and scalar constants), in
+    dependency order, when all of them are elementwise (so they can run on whole arrays); None otherwise."""
     order: list[Instruction] = []
     seen: set[str] = set()
 
@@ -258,6 +263,8 @@ def key_expression(comp: Computation, root: str, param: int) -> list[Instruction
         if ins.opcode == "parameter":
             if ins.attr("parameter_number") != param:
                 return False
+        elif ins.opcode in ("constant", "bitcast-convert") and _scalar(ins.shape):
+            pass  # XLA:TPU's total-order key of a float: its bits as s32, xor 0x7fffffff where negative
         elif ins.opcode not in ELEMENTWISE:
             return False
         for op in ins.operands:

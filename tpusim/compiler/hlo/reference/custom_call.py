@@ -19,8 +19,10 @@ Found by lowering JAX 0.10 programs for CPU and TPU (``jax.jit(f).trace(...).low
   concatenate XLA makes free by placing them adjacently), ``AllocateBuffer`` (an uninitialised buffer a later
   instruction fills: zeros here), the index annotations ``AssumeGatherIndicesInBound`` and
   ``GatherScatterIndicesBitpacked`` (values pass through: the gather that reads them sees the same indices),
-  and ``AsyncCollectiveStart`` / ``AsyncCollectiveDone`` of XLA:TPU's async collective fusions
-  (:mod:`tpusim.compiler.hlo.xla_forms`).
+  ``AsyncCollectiveStart`` / ``AsyncCollectiveDone`` of XLA:TPU's async collective fusions
+  (:mod:`tpusim.compiler.hlo.xla_forms`), and ``TopK`` (``jax.lax.top_k`` of a long row: the operand's rows
+  sorted by the called comparator, which orders ``(value, index)`` pairs, and the first ``k`` values and
+  their s32 indices kept, ``k`` from the result's shape).
 
 Eigenvectors and singular vectors are unique only up to a sign (a phase for complex) per vector, so they
 match XLA up to that choice; everything else follows LAPACK's conventions. Unknown targets raise
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tpusim.compiler.hlo.ir import Instruction
+from tpusim.compiler.hlo.reference.combiners import computation
 from tpusim.compiler.hlo.reference.control import register_custom_call, zeros_of
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value
 from tpusim.compiler.hlo.reference.linalg import (
@@ -46,6 +49,7 @@ from tpusim.compiler.hlo.reference.linalg import (
     triangular_solve,
     wide,
 )
+from tpusim.compiler.hlo.reference.sort import sort_arrays
 from tpusim.compiler.hlo.xla_forms import (
     ASYNC_COLLECTIVE_DONE,
     ASYNC_COLLECTIVE_START,
@@ -158,6 +162,22 @@ def _async_collective_done(ctx: EvalContext, instr: Instruction, args: Sequence[
         return args[async_collective_result(ctx.computation, instr)]
     except ValueError as err:
         raise EvaluationError(instr, str(err)) from None
+
+
+@register_custom_call("TopK")
+def _top_k(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    (x,) = _arrays(instr, args, 1)
+    shape = instr.shape
+    called = instr.called_computations()
+    leaves = shape.leaves() if isinstance(shape, TupleShape) else []
+    if len(leaves) != 2 or len(called) != 1 or x.ndim == 0 or leaves[0].rank != x.ndim:
+        raise EvaluationError(instr, "TopK takes one array and one comparator and returns (values, indices)")
+    k = leaves[0].dimensions[-1]
+    if k > x.shape[-1]:
+        raise EvaluationError(instr, f"k={k} is more than the {x.shape[-1]} elements of a row")
+    index = np.broadcast_to(np.arange(x.shape[-1], dtype=np.int32), x.shape)
+    values, indices = sort_arrays(ctx, computation(ctx, instr, called[0]), [x, index], x.ndim - 1)
+    return values[..., :k].copy(), indices[..., :k].copy()
 
 
 @register_custom_call("AllocateBuffer")
