@@ -77,6 +77,8 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[int, ...], Any]] = {
     "cumsum_lanes_bf16": (lambda x: jnp.cumsum(x, 1), (5, 700), BF16),
     "cummax_rows": (lambda x: jax.lax.cummax(x, 0), (300, 24), np.float32),
     "cumsum_s32": (lambda x: jnp.cumsum(x, 0), (300, 24), np.int32),
+    "cumsum_reverse_rows": (lambda x: jax.lax.cumsum(x, 0, reverse=True), (300, 40), np.float32),
+    "cummin_reverse_lanes": (lambda x: jax.lax.cummin(x, 1, reverse=True), (6, 500), np.float32),
 }
 
 

@@ -54,8 +54,8 @@ __all__ = ["MAX_TAPS", "canonical_order", "lower_reduce_window", "lower_select_a
 
 MAX_TAPS = 256
 """Most window taps reduce-window and select-and-scatter lower (one VPU instruction per tap and block);
-larger windows run as fallbacks, except prefix scans (the cumulative sums JAX writes as reduce-window over
-the whole axis), which take a number of instructions logarithmic in the axis' length."""
+larger windows run as fallbacks, except scans (the cumulative sums JAX writes as reduce-window over the
+whole axis), which take a number of instructions logarithmic in the axis' length."""
 
 _BLOCK_BYTES = 1 << 18
 """Largest output block aimed for (big enough to amortise DMA set-up, small enough to pipeline)."""
@@ -99,10 +99,10 @@ def lower_reduce_window(ctx: Lowering, comp: Computation, instr: Instruction) ->
     if len(dims) != src.shape.rank:
         raise NotLowerable("a reduce-window whose window does not cover every dimension")
     axes = [Axis.of(w, n, o) for w, n, o in zip(dims, src.shape.dimensions, out.shape.dimensions)]
-    scan = _prefix_axis(axes)
+    scan = _scan_axis(axes)
     fill = exact_identity(fn, et)
-    if scan is not None and fill is not None and _scan_steps(axes[scan].size) < axes[scan].taps:
-        _ReduceWindow(ctx, axes, src, out, fn, init, fill, scan).lower()
+    if scan is not None and fill is not None and _scan_steps(axes[scan[0]].size) < axes[scan[0]].taps:
+        _ReduceWindow(ctx, axes, src, out, fn, init, fill, *scan).lower()
         return
     taps = prod(a.taps for a in axes)
     if taps > MAX_TAPS:
@@ -115,20 +115,24 @@ def lower_reduce_window(ctx: Lowering, comp: Computation, instr: Instruction) ->
     _ReduceWindow(ctx, axes, src, out, fn, init, fill).lower()
 
 
-def _prefix_axis(axes: Sequence[Axis]) -> int | None:
-    """The axis of a prefix scan: every output reduces all the input up to its own position along one axis
-    (JAX's ``cumsum``, ``cummax``...: a window of at least the axis' length, padded low by all but one tap,
-    no stride or dilation) and only its own position along the others; None for any other window."""
+def _scan_axis(axes: Sequence[Axis]) -> tuple[int, bool] | None:
+    """``(axis, reverse)`` of a scan: every output reduces all the input up to its own position along one
+    axis (JAX's ``cumsum``, ``cummax``...: a window of at least the axis' length, padded low by all but one
+    tap, no stride or dilation), or from its own position on (``reverse``: ``cumsum(reverse=True)``, padded
+    high instead), and only its own position along the others; None for any other window."""
     plain = all(a.stride == 1 and a.dilate == 1 and a.base == 1 and not a.reverse for a in axes)
     wide = [j for j, a in enumerate(axes) if a.taps > 1]
     if not plain or len(wide) != 1 or any(a.pad != 0 or a.out != a.size for a in axes if a.taps == 1):
         return None
     a = axes[wide[0]]
-    return wide[0] if a.out == a.size and a.pad == a.taps - 1 and a.taps >= a.size else None
+    if a.out != a.size or a.taps < a.size:
+        return None
+    high = a.taps - 1 - a.pad  # (out = size + pad_low + pad_high - taps + 1)
+    return (wide[0], False) if a.pad == a.taps - 1 else (wide[0], True) if high == a.taps - 1 else None
 
 
 def _scan_steps(length: int) -> int:
-    """VPU instructions per block of a prefix scan over ``length`` positions (:meth:`_ReduceWindow._scan`):
+    """VPU instructions per block of a scan over ``length`` positions (:class:`_Scan`):
     the copy in, the running total folded in, two per doubling step, the running total taken out."""
     return 3 + 2 * ceil(log2(length)) if length > 1 else 3
 
@@ -176,7 +180,8 @@ class _ReduceWindow:
     fn: str
     init: Const
     fill: Const  # padding: the exact identity of fn
-    scan: int | None = None  # operand dimension of a prefix scan (:func:`_prefix_axis`)
+    scan: int | None = None  # operand dimension of a scan (:func:`_scan_axis`)
+    reverse: bool = False  # the scan runs from the axis' end
 
     def lower(self) -> None:
         ctx, src = self.ctx, self.src
@@ -202,6 +207,8 @@ class _ReduceWindow:
         ctx, axes, rows, acc_rows = self.ctx, self.axes, self.rows, self.acc_rows
         sizes = block_sizes(axes, cap)
         blocks = list(product(*(spans(a, b) for a, b in zip(axes, sizes))))
+        if self.reverse:  # (a reversed scan takes the blocks along its axis from the end)
+            blocks.reverse()
         stages = [stage(axes, b) for b in blocks]
         rank = len(axes)
         stage_max = [max(s.extent[j] for s in stages) for j in range(rank)]
@@ -274,11 +281,12 @@ class _ReduceWindow:
 
 
 class _Scan:
-    """A prefix scan's blocks (:func:`_prefix_axis`), in order along the scan axis: each block's scan by
-    doubling (Hillis and Steele: after the step of distance ``d``, position ``i`` holds the reduction of the
-    ``2d`` positions up to it), ping-ponging between a scratch block and the output block, with the running
-    total of the blocks before it (per position of the other axes, starting at init) folded into its first
-    position, and its last position kept as the running total of the next. About ``2 log2(n)`` VPU passes
+    """A scan's blocks (:func:`_scan_axis`), in order along the scan axis: each block's scan by doubling
+    (Hillis and Steele: after the step of distance ``d``, position ``i`` holds the reduction of the ``2d``
+    positions up to it), ping-ponging between a scratch block and the output block, with the running total
+    of the blocks before it (per position of the other axes, starting at init) folded into its first
+    position, and its last position kept as the running total of the next. A reversed scan mirrors all of
+    it (blocks from the axis' end, totals folded into their last position). About ``2 log2(n)`` VPU passes
     over the data instead of one per tap; the reduction's association differs from the taps' order (float
     sums then differ by rounding, as XLA:TPU's scans do)."""
 
@@ -312,17 +320,20 @@ class _Scan:
         offsets = tuple(0 if k == j else s.start for k, s in enumerate(block))
         sizes = tuple(1 if k == j else e for k, e in enumerate(extent))
         total = MemRef(self.total.space, self.total.address, self.total.shape, Window(offsets, sizes))
-        head = self._part(cur, extent, 0, 1)
-        ctx.emit(VpuMap, fn=rw.fn, dst=head, srcs=(total, head))
+        back = rw.reverse
+        head = self._part(cur, extent, n - 1, n) if back else self._part(cur, extent, 0, 1)
+        ctx.emit(VpuMap, fn=rw.fn, dst=head, srcs=(head, total) if back else (total, head))
         d = 1
         while d < n:
+            combined, kept = ((0, n - d), (n - d, n)) if back else ((d, n), (0, d))
             ctx.emit(
-                VpuMap, fn=rw.fn, dst=self._part(other, extent, d, n),
+                VpuMap, fn=rw.fn, dst=self._part(other, extent, *combined),
                 srcs=(self._part(cur, extent, 0, n - d), self._part(cur, extent, d, n)),
             )  # fmt: skip
-            ctx.emit(VpuCopy, dst=self._part(other, extent, 0, d), src=self._part(cur, extent, 0, d))
+            ctx.emit(VpuCopy, dst=self._part(other, extent, *kept), src=self._part(cur, extent, *kept))
             cur, other, d = other, cur, 2 * d
-        ctx.emit(VpuCopy, dst=total, src=self._part(cur, extent, n - 1, n))
+        last = self._part(cur, extent, 0, 1) if back else self._part(cur, extent, n - 1, n)
+        ctx.emit(VpuCopy, dst=total, src=last)
         self.outbound.finish(slot, extent, [s.size for s in block])
 
 
