@@ -402,3 +402,18 @@ def test_all_to_all_half_way_round_a_ring_goes_both_ways() -> None:
         ties = {getattr(i, "tie", 1) for s in compiled.program.streams for i in s.instructions}
         assert ties == ({1, -1} if rows == 64 else {1})
         _run(text, chips=4, topology="4", config="tpu_v4")
+
+
+@pytest.mark.parametrize(
+    ("chips", "topology", "groups"),
+    [(4, "4", "{}"), (16, "4x4", "{}"), (16, "4x4", "{{0,1,2,3},{4,5,6,7},{8,9,10,11},{12,13,14,15}}"),
+     (16, "4x4", "{{0,4,8,12},{1,5,9,13},{2,6,10,14},{3,7,11,15}}"), (8, "2x4", "{}")],
+)  # fmt: skip
+def test_a_latency_bound_all_gather_pushed_straight_to_every_partner(chips: int, topology: str, groups: str) -> None:
+    """Shards of 64 bytes (in the rows and in the lanes) go straight to every member of their group: a whole
+    line or ring, a 2-D block, one axis of a 4x4 torus or the other (``replica_groups``)."""
+    n = chips if groups == "{}" else 4
+    for x, dim, y in (("f32[4,4]", 0, f"f32[{4 * n},4]"), ("f32[2,8]", 1, f"f32[2,{8 * n}]")):
+        text = (f"HloModule ag, replica_count={chips}\nENTRY main {{\n  x = {x} parameter(0)\n"
+                f"  ROOT r = {y} all-gather(x), replica_groups={groups}, dimensions={{{dim}}}\n}}\n")  # fmt: skip
+        _run(text, chips=chips, topology=topology)

@@ -1,4 +1,6 @@
-"""Collectives as direct pushes to each partner: all-to-all, collective-permute, collective-broadcast.
+"""Collectives as direct pushes to each partner: all-to-all, collective-permute, collective-broadcast, and
+all-gathers whose shards are so small that the ring's steps would cost more than routes to every partner
+(:func:`direct_gather_pays`).
 
 Each starts with the handshake of :mod:`.collective_sync` (a receiver signals every chip that will push to
 it) and ends when every push to this chip has arrived (one arrival semaphore: within a collective the
@@ -18,7 +20,14 @@ from tpusim.compiler.lowering.control import copy_arrays
 from tpusim.isa import Branch, Const, DmaStart, Jump, MemRef, Reg, SemSignal, SemWait, Space, VpuBroadcast, Window
 from tpusim.memory import Layout, Shape
 
-__all__ = ["all_to_all", "collective_broadcast", "collective_permute", "zero_fill"]
+__all__ = [
+    "all_gather_direct",
+    "all_to_all",
+    "collective_broadcast",
+    "collective_permute",
+    "direct_gather_pays",
+    "zero_fill",
+]
 
 
 def all_to_all(
@@ -114,6 +123,80 @@ def all_to_all(
     ctx.emit(SemWait, sem=bank.arrive[0], count=pushes)
     ctx.emit(SemWait, sem=sem, count=pushes)
     ctx.emit(SemWait, sem=local, count=1)
+
+
+def direct_gather_pays(ctx: Lowering, plan: GroupPlan, shard_bytes: int) -> bool:
+    """Whether an all-gather of ``shard_bytes`` per chip takes less time as direct pushes to every partner
+    than over the group's rings, by the cost model of docs/multichip.md. A ring step costs a hop (two on a
+    line, walked in zigzag), a DMA's set-up and an HBM latency (the step's data lands before it is
+    forwarded), and the rings cross ``sum(L - 1)`` steps after a handshake with the neighbours. Direct pushes
+    pay the farthest partner's hops twice (its handshake, then the data), each push's set-up on the core's
+    DMA engines, and bytes that travel the mean route length over the chip's links. Structured groups on
+    ICI only (a group over slices, or one of arbitrary ranks, keeps its rings)."""
+    if plan.axes is None or any(a.switched for a in plan.axes) or plan.size < 3:
+        return False
+    cfg = ctx.config
+    hop, setup = cfg.cycles(cfg.ici.hop_latency_ns), cfg.dma.setup_cycles
+    step = hop + setup + cfg.cycles(cfg.hbm.latency_ns)
+    links = 2 * len(plan.axes)  # both directions of each axis' ring or line
+    bw = cfg.link_bytes_per_cycle
+    # (a ring walked in zigzag along a line goes two hops a step)
+    per_axis = [(a.length - 1) * (step + (0 if a.wraps else hop)) for a in plan.axes]
+    first = hop if all(a.wraps for a in plan.axes) else 2 * hop
+    ring = first + sum(per_axis) + (plan.size - 1) * shard_bytes / (links * bw)
+    far = sum(a.length // 2 if a.wraps else a.length - 1 for a in plan.axes)
+    mean = sum(_mean_distance(a.length, a.wraps) for a in plan.axes)
+    pushes = plan.size - 1
+    direct = 2 * far * hop + step - hop + pushes * (setup / cfg.dma.engines + shard_bytes * mean / (links * bw))
+    return direct < ring
+
+
+def _mean_distance(length: int, wraps: bool) -> float:
+    """Mean hops from a chip to the others of a ring (``wraps``) or a line of ``length`` chips (averaged over
+    the line's positions)."""
+    if wraps:
+        return sum(min(d, length - d) for d in range(1, length)) / (length - 1)
+    return sum(abs(i - j) for i in range(length) for j in range(length)) / (length * (length - 1))
+
+
+def all_gather_direct(
+    ctx: Lowering, state: CollectiveState, bank: Bank, plan: GroupPlan, x: MemRef, y: MemRef, dim: int
+) -> None:
+    """Every chip pushes its shard ``x`` straight into chunk ``rank`` of every partner's result ``y`` (and
+    copies it into its own), the nearest partners first, both ways round; then waits for the ``S - 1``
+    arrivals."""
+    S = plan.size
+    facts = Facts(ctx, state)
+    rank = facts.rank(plan)
+    j, off_r = facts.reg(), facts.reg()
+    for delta in range(1, S):  # every other member pushes to this chip
+        chip = _peer(facts, plan, rank, j, delta)
+        ctx.emit(SemSignal, sem=bank.ready, count=1, chip=chip)
+        facts.release(chip)
+    ctx.emit(SemWait, sem=bank.ready, count=S - 1)
+    sem, local = ctx.semaphore(), ctx.semaphore()
+    c = x.shape.dimensions[dim]
+    facts.alu("mul", off_r, rank, c)
+    offsets: list[Reg | int] = [0] * y.shape.rank
+    sizes = list(y.shape.dimensions)
+    offsets[dim], sizes[dim] = off_r, c
+    own = MemRef(Space.HBM, y.address, y.shape, Window(tuple(offsets), tuple(sizes)))
+    for delta in _both_ways(S):
+        chip = _peer(facts, plan, rank, j, delta)
+        ctx.emit(DmaStart, src=x, dst=own, chip=chip, dst_sem=bank.arrive[0], sem=sem)
+        facts.release(chip)
+    ctx.emit(DmaStart, src=x, dst=own, sem=local)
+    ctx.emit(SemWait, sem=bank.arrive[0], count=S - 1)
+    ctx.emit(SemWait, sem=sem, count=S - 1)
+    ctx.emit(SemWait, sem=local, count=1)
+    facts.release(j, off_r)
+
+
+def _peer(facts: Facts, plan: GroupPlan, rank: Reg, j: Reg, delta: int) -> Reg:
+    """The chip of rank ``(rank + delta) % S`` of a structured group; also leaves that rank in ``j``."""
+    facts.alu("add", j, rank, delta)
+    facts.alu("rem", j, j, plan.size)
+    return facts.member(plan, rank, j)
 
 
 def _both_ways(size: int) -> list[int]:

@@ -35,7 +35,13 @@ from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.hlo.opcodes import COLLECTIVES
 from tpusim.compiler.hlo.xla_forms import wrapped_collective
-from tpusim.compiler.lowering.collective_direct import all_to_all, collective_broadcast, collective_permute
+from tpusim.compiler.lowering.collective_direct import (
+    all_gather_direct,
+    all_to_all,
+    collective_broadcast,
+    collective_permute,
+    direct_gather_pays,
+)
 from tpusim.compiler.lowering.collective_plan import GroupPlan, plan_groups
 from tpusim.compiler.lowering.collective_ring import (
     Ring,
@@ -755,10 +761,15 @@ def run_collective(ctx: Lowering, instr: Instruction, xs: list[MemRef], ys: list
                 reduce_scatter(ctx, state, bank, plan, x, y, dim, fn)
         elif op == "all-gather":
             (dim,) = instr.attr("dimensions", (0,))
-            split = part == "start" and len(pairs) == 1 and plan.size > 1
             for x, y in pairs:
                 _check_split(instr, y.shape.dimensions, x.shape.dimensions, dim, plan.size, "result", "operand")
-                all_gather(ctx, state, bank, plan, x, y, dim, "start" if split else "all")
+            if part == "all" and pairs and all(direct_gather_pays(ctx, plan, x.shape.byte_size) for x, _ in pairs):
+                for x, y in pairs:  # latency-bound: straight to every partner
+                    all_gather_direct(ctx, state, bank, plan, x, y, dim)
+            else:
+                split = part == "start" and len(pairs) == 1 and plan.size > 1
+                for x, y in pairs:
+                    all_gather(ctx, state, bank, plan, x, y, dim, "start" if split else "all")
         elif op == "all-to-all":
             dims = instr.attr("dimensions")
             if dims:
