@@ -237,3 +237,34 @@ ENTRY main {
 """
     with pytest.raises(EvaluationError, match=r"device-to-device send/recv is not supported"):
         evaluate(parse_module(text), [np.ones(2, np.float32)])
+
+
+X64 = """HloModule x64
+ENTRY e {
+  z = c64[4,8] parameter(0)
+  n = s64[4,8] parameter(1)
+  re = f32[4,8] custom-call(z), custom_call_target="X64SplitLow"
+  im = f32[4,8] custom-call(z), custom_call_target="X64SplitHigh"
+  lo = u32[4,8] custom-call(n), custom_call_target="X64SplitLow"
+  hi = s32[4,8] custom-call(n), custom_call_target="X64SplitHigh"
+  back = c64[4,8] custom-call(im, re), custom_call_target="X64Combine"
+  ROOT t = (f32[4,8], f32[4,8], u32[4,8], s32[4,8], c64[4,8]) tuple(re, im, lo, hi, back)
+}
+"""
+
+
+def test_xla_tpus_64_bit_words() -> None:
+    """XLA:TPU keeps a c64 as two f32 planes and a 64-bit integer as two 32-bit words: ``X64SplitLow`` /
+    ``X64SplitHigh`` take the real and imaginary part (the low and high word), ``X64Combine`` joins them
+    (its modules of complex elementwise math and of an FFT were refused: 'no reference function'); on
+    the device they run as fallbacks."""
+    import tpusim
+
+    rng = np.random.default_rng(0)
+    z = (rng.standard_normal((4, 8)) + 1j * rng.standard_normal((4, 8))).astype(np.complex64)
+    n = rng.integers(-(2**62), 2**62, (4, 8)).astype(np.int64)
+    want = [z.real, z.imag, (n & 0xFFFFFFFF).astype(np.uint32), (n >> 32).astype(np.int32), z.imag + 1j * z.real]
+    module = parse_module(X64)
+    for got in (evaluate(module, [z, n]), tpusim.simulate(module, [z, n]).outputs):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(g), w.astype(np.asarray(g).dtype))

@@ -9,6 +9,9 @@ import pytest
 from heavy_checks import check_hlo, reference_of_text
 from jax_oracle import check_against_jax
 
+from tpusim.compiler.hlo import parse_module
+from tpusim.compiler.hlo.reference import evaluate
+
 ALGORITHMS = [
     jax.lax.RandomAlgorithm.RNG_THREE_FRY,
     jax.lax.RandomAlgorithm.RNG_PHILOX,
@@ -108,3 +111,23 @@ ENTRY e {
 """
     (u,) = reference_of_text(text)
     assert u.dtype == jnp.bfloat16 and float(u.min()) >= 0 and float(u.max()) <= 1
+
+
+def test_the_bits_alone_as_xla_tpu_compiles_an_unused_state() -> None:
+    """XLA:TPU drops an rng-bit-generator's new state when nothing reads it (its module of a JAX ``rbg``
+    dropout: ``u32[128,256] rng-bit-generator(u64[2] state)``); the verifier refused the form. Its bits are
+    those of the tuple form, on the device too."""
+    import tpusim
+
+    def module(result: str, root: str) -> str:
+        return (
+            "HloModule r\nENTRY e {\n  s = u64[2] parameter(0)\n"
+            f"  g = {result} rng-bit-generator(s), algorithm=rng_philox\n{root}}}\n"
+        )
+
+    alone = parse_module(module("u32[16,256]", ""))
+    pair = parse_module(module("(u64[2], u32[16,256])", "  ROOT b = u32[16,256] get-tuple-element(g), index=1\n"))
+    state = np.array([7, 11], np.uint64)
+    want = evaluate(pair, [state])[0]
+    np.testing.assert_array_equal(evaluate(alone, [state])[0], want)
+    np.testing.assert_array_equal(tpusim.simulate(alone, [state]).outputs[0], want)

@@ -22,7 +22,9 @@ Found by lowering JAX 0.10 programs for CPU and TPU (``jax.jit(f).trace(...).low
   ``AsyncCollectiveStart`` / ``AsyncCollectiveDone`` of XLA:TPU's async collective fusions
   (:mod:`tpusim.compiler.hlo.xla_forms`), and ``TopK`` (``jax.lax.top_k`` of a long row: the operand's rows
   sorted by the called comparator, which orders ``(value, index)`` pairs, and the first ``k`` values and
-  their s32 indices kept, ``k`` from the result's shape).
+  their s32 indices kept, ``k`` from the result's shape), and ``X64SplitLow`` / ``X64SplitHigh`` /
+  ``X64Combine`` (XLA:TPU keeps a 64-bit element as two 32-bit words: a c64's real and imaginary parts, a
+  64-bit integer's low and high words; split takes one, combine joins them).
 
 Eigenvectors and singular vectors are unique only up to a sign (a phase for complex) per vector, so they
 match XLA up to that choice; everything else follows LAPACK's conventions. Unknown targets raise
@@ -178,6 +180,29 @@ def _top_k(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
     index = np.broadcast_to(np.arange(x.shape[-1], dtype=np.int32), x.shape)
     values, indices = sort_arrays(ctx, computation(ctx, instr, called[0]), [x, index], x.ndim - 1)
     return values[..., :k].copy(), indices[..., :k].copy()
+
+
+@register_custom_call("X64SplitLow", "X64SplitHigh")
+def _x64_split(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    (x,) = _arrays(instr, args, 1)
+    (dtype,) = _result_dtypes(instr)
+    if x.dtype.kind not in "ciu" or x.dtype.itemsize != 8 or dtype.itemsize != 4:
+        raise EvaluationError(instr, f"splits a c64 or 64-bit integer into 32-bit words, not {x.dtype} into {dtype}")
+    words = np.ascontiguousarray(x).view(np.uint32).reshape(*x.shape, 2)  # (little-endian: the low word first)
+    high = instr.attr("custom_call_target") == "X64SplitHigh"
+    return np.ascontiguousarray(words[..., 1 if high else 0]).view(dtype)
+
+
+@register_custom_call("X64Combine")
+def _x64_combine(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    low, high = _arrays(instr, args, 2)
+    (dtype,) = _result_dtypes(instr)
+    if low.shape != high.shape or low.dtype.itemsize != 4 or high.dtype.itemsize != 4 or dtype.itemsize != 8:
+        raise EvaluationError(
+            instr, f"joins two 32-bit words of one shape into a 64-bit type, not {low.dtype}, {high.dtype}"
+        )
+    words = np.stack([np.ascontiguousarray(low).view(np.uint32), np.ascontiguousarray(high).view(np.uint32)], -1)
+    return words.view(dtype).reshape(low.shape)
 
 
 @register_custom_call("AllocateBuffer")

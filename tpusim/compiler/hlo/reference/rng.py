@@ -1,6 +1,7 @@
 """rng-bit-generator (bit-exact with XLA for ThreeFry and Philox) and rng (deterministic, not bit-exact).
 
-``rng-bit-generator(state), algorithm=...`` returns ``(new_state, bits)``. XLA specifies the bits of its
+``rng-bit-generator(state), algorithm=...`` returns ``(new_state, bits)`` (or the bits alone, XLA:TPU's
+compiled form when the new state is unused). XLA specifies the bits of its
 two algorithms (Operation Semantics, "RngBitGenerator"; the expansion is XLA's ``RngBitGeneratorExpander``
 over ``prng.cc``, Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011):
 
@@ -31,6 +32,7 @@ import numpy as np
 
 from tpusim.compiler.hlo.ir import Instruction
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value, register
+from tpusim.memory import Shape
 
 __all__ = ["philox4x32", "philox_bits", "rng_bit_generator", "threefry2x32", "threefry_bits"]
 
@@ -177,15 +179,16 @@ def _rng_bit_generator(ctx: EvalContext, instr: Instruction, args: Sequence[Valu
     (state,) = args
     shape = instr.shape
     elems = getattr(shape, "elements", None)
-    if not isinstance(state, np.ndarray) or state.dtype != np.uint64 or state.ndim != 1 or not elems or len(elems) != 2:
-        raise EvaluationError(instr, "takes a u64[N] state and returns (u64[N], bits)")
-    out = elems[1]
+    out = shape if isinstance(shape, Shape) else elems[1] if elems and len(elems) == 2 else None
+    dtype = out.element_type.dtype if isinstance(out, Shape) else None
+    if not isinstance(state, np.ndarray) or state.dtype != np.uint64 or state.ndim != 1 or dtype is None:
+        raise EvaluationError(instr, "takes a u64[N] state and returns (u64[N], bits), or the bits alone")
     try:
         algorithm = str(instr.attr("algorithm", "rng_default"))
-        new, bits = rng_bit_generator(state, algorithm, out.dimensions, out.element_type.dtype)
+        new, bits = rng_bit_generator(state, algorithm, out.dimensions, dtype)  # type: ignore[union-attr]
     except ValueError as exc:
         raise EvaluationError(instr, str(exc)) from None
-    return new, bits
+    return bits if isinstance(shape, Shape) else (new, bits)
 
 
 # ---------------------------------------------------------------------------------------------
