@@ -317,3 +317,23 @@ def test_gather_time_follows_the_dma_rule() -> None:
     # Overlap matters: one DMA at a time would take setup + data + latency per row.
     serial = n * (cfg.dma.setup_cycles + row / flow + cfg.cycles(cfg.hbm.latency_ns))
     assert measured < serial / 10
+
+
+def test_a_gather_of_too_many_slices_costs_what_its_slices_do() -> None:
+    """Past ``MAX_SLICES`` a gather falls back (its slices would be that many straight-line instructions);
+    the fallback declared only its bytes, so ``take_along_axis`` of 24,576 slices took 2 us where 16,384
+    lowered ones take about 45 and XLA:TPU estimates 88. It now declares the cheapest plan's moves too, so
+    the time keeps growing with the slices across the limit."""
+
+    def seconds(rows: int) -> tuple[float, bool]:
+        text = (f"HloModule g\nENTRY e {{\n  x = bf16[{rows},384] parameter(0)\n"
+                f"  i = s32[{rows},384,1] parameter(1)\n"
+                f"  ROOT g = bf16[{rows},384] gather(x, i), offset_dims={{}}, collapsed_slice_dims={{0}},"
+                " start_index_map={0}, operand_batching_dims={1}, start_indices_batching_dims={1},"
+                " index_vector_dim=2, slice_sizes={1,1}\n}\n")  # fmt: skip
+        result = tpusim.simulate(text, config="tpu_v5e", timing_only=True)
+        return result.seconds, bool(result.fallbacks)
+
+    (lowered, fell), (past, fell_past) = seconds(MAX_SLICES // 384), seconds(64)
+    assert not fell and fell_past and MAX_SLICES < 64 * 384
+    assert 0.8 * 64 / (MAX_SLICES // 384) < past / lowered < 2.0 * 64 / (MAX_SLICES // 384), (lowered, past)

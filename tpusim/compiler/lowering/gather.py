@@ -66,7 +66,7 @@ from tpusim.isa import (
 )
 from tpusim.memory import ElementType, Layout, Shape, Tile, element_type, geometry
 
-__all__ = ["chunk_rows", "lower_gather", "vreg_pieces"]
+__all__ = ["chunk_rows", "gather_cycles", "lower_gather", "vreg_pieces"]
 
 S32, PRED = element_type("s32"), element_type("pred")
 
@@ -226,6 +226,21 @@ def _estimate(ctx: Lowering, sl: Slices, plan: str) -> float:
     copy = max(1, ceil(v_in / cfg.vmem.load_vregs_per_cycle), ceil(v_out / cfg.vmem.store_vregs_per_cycle))
     load = sl.operand.byte_size / cfg.hbm_bytes_per_cycle + latency
     return load + n * max(copy, scalar)
+
+
+def gather_cycles(ctx: Lowering, comp: Computation, instr: Instruction) -> float | None:
+    """The estimated cycles of the gather ``instr``'s cheapest plan (:func:`_estimate`), whether or not it can
+    be lowered (a gather of more than :data:`.indexed.MAX_SLICES` slices falls back, and its fallback declares
+    what its slices would cost moved one by one); None for element or index types no plan handles."""
+    if not isinstance(instr.shape, Shape) or len(instr.operands) != 2:
+        return None
+    operand, indices = (ctx.home(comp.name, o).shape for o in instr.operands)
+    sl = gather_slices(instr, operand, indices, ctx.home(comp.name, instr.name).shape)
+    et, it = sl.operand.element_type, sl.indices.element_type
+    if et.dtype is None or et.is_complex or et.bits < 8 or not it.is_integer or sl.operand.rank == 0:
+        return None
+    candidates = ("dma", "vmem", "packed") if packing(sl) is not None else ("dma", "vmem")
+    return min(_estimate(ctx, sl, plan) for plan in candidates)
 
 
 @lowering("gather")
