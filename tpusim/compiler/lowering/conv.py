@@ -43,6 +43,7 @@ from tpusim.compiler.dot_dims import convolution_dims
 from tpusim.compiler.hlo.ir import Computation, ConvDims, Instruction
 from tpusim.compiler.hlo.ir import Window as HloWindow
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
+from tpusim.compiler.lowering.conv_vpu import lower_filter_gradient
 from tpusim.compiler.lowering.dot import emit_taking_prologue, matmul_precision
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.staging import (
@@ -214,6 +215,8 @@ def lower_convolution(ctx: Lowering, comp: Computation, instr: Instruction) -> N
     product = convolution_dims(instr, lhs.dims, rhs.dims, out.dims)
     if product is not None:  # a matrix product written as a convolution (XLA:TPU's form of most dots)
         emit_taking_prologue(ctx, comp, instr, product, lhs, rhs, out)
+        return
+    if lower_filter_gradient(ctx, comp, instr, lhs, rhs, out):  # a depthwise weight gradient, on the VPU
         return
     lt, rt, ot = lhs.element_type.name, rhs.element_type.name, out.element_type
     floats = {lt, rt} <= {"bf16", "f32"}  # a bf16 operand times an f32 one: the f32 side sets the passes
