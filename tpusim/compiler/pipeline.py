@@ -24,7 +24,7 @@ from tpusim.compiler.lowering import lower_module, megacore_cores
 from tpusim.compiler.lowering.collective_sync import LOCAL_SEMAPHORES, reserved_semaphores
 from tpusim.compiler.lowering.epilogue import find_epilogues
 from tpusim.compiler.lowering.prologue import find_prologues
-from tpusim.compiler.memory_spaces import keep_on_chip
+from tpusim.compiler.memory_spaces import keep_on_chip, scalar_parameters_in_smem
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.passes import prepare_module
 from tpusim.compiler.precision import normalize_precision
@@ -113,6 +113,7 @@ def _compile(module: Module, config: ChipConfig, options: CompileOptions | None)
     single = megacore_cores(module, config, options) == 1 and not talks_to_other_devices(module)
     if laid_out.chosen:  # tpusim laid the module out: it also decides what stays in VMEM (XLA's MSA)
         module = keep_on_chip(module, loop_state=single)
+    module = scalar_parameters_in_smem(module)  # scalar arguments read from SMEM by the scalar unit
     _debug("layout assignment", lambda: print_module(module))
     if checking:
         verify_module(module)
