@@ -340,14 +340,14 @@ def inline_calls(module: Module) -> Module:
 
 
 def unfuse(module: Module) -> Module:
-    """Dissolve fusions that hold operations without a vector block rule, or bitcasts that move bytes (XLA's
-    fused bitcast between tiled layouts that order the elements differently); their intermediates stay in
-    VMEM."""
+    """Dissolve fusions that hold operations without a vector block rule, bitcasts that move bytes (XLA's
+    fused bitcast between tiled layouts that order the elements differently) or pads with interior padding;
+    their intermediates stay in VMEM."""
 
     def computable(i: Instruction, fused: Computation) -> bool:
         if i.opcode == "bitcast":
             return _reshaping_bitcast(i, fused)
-        return i.opcode in FUSIBLE or i.opcode == "parameter"
+        return (i.opcode in FUSIBLE and not _interior_pad(i)) or i.opcode == "parameter"
 
     def target(instr: Instruction) -> str | None:
         if instr.opcode != "fusion":
@@ -661,6 +661,8 @@ def _fusible(instr: Instruction, comp: Computation) -> bool:
         operand = comp[instr.operands[0]].shape
         if not (isinstance(operand, Shape) and not _tiled_text(operand) and _reshaping_bitcast(instr, comp)):
             return False
+    if _interior_pad(instr):
+        return False  # (a kernel's blocks hold no gaps between elements; lowering/movement.py pads in VMEM)
     # Integer scalars stay outside fusions: they run on the scalar unit (lowering/scalar.py).
     integer_scalar = instr.shape.rank == 0 and (
         instr.shape.element_type.is_integer or instr.shape.element_type.name == "pred"
@@ -673,6 +675,11 @@ def _reshaping_bitcast(instr: Instruction, comp: Computation) -> bool:
     other shares its operand's buffer or moves its bytes outside kernels (lowering/movement.py)."""
     operand = comp[instr.operands[0]].shape
     return isinstance(operand, Shape) and isinstance(instr.shape, Shape) and bitcast_is_reshape(operand, instr.shape)
+
+
+def _interior_pad(instr: Instruction) -> bool:
+    """A pad with gaps between the operand's elements (``jax.lax.associative_scan``'s interleaving)."""
+    return instr.opcode == "pad" and any(p.interior for p in instr.attr("padding", ()))
 
 
 def _tiled_text(shape: Shape) -> bool:
