@@ -412,20 +412,23 @@ def test_xla_tpu_products_written_as_convolutions_run_on_the_mxu_as_products(
     assert int(trace.flops[mxu].sum()) == useful
 
 
-@pytest.mark.parametrize(("dtype", "size"), [(np.float32, 5), (BF16, 3)])
-def test_a_depthwise_filter_gradient_runs_on_the_vpu(dtype: Any, size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("dtype", "size", "stride"), [(np.float32, 5, 1), (BF16, 3, 1), (BF16, 3, 2)])
+def test_a_depthwise_filter_gradient_runs_on_the_vpu(
+    dtype: Any, size: int, stride: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The gradient of a depthwise convolution with respect to its kernel is a convolution whose 64 batch
     groups each multiply one channel of the input by the same channel of the output gradient: no channel is
     contracted, so the MXU lowering multiplied one column per pass (the 5x5 filter gradient of [4,24,24,64]
     took 380,000 cycles, XLA:TPU estimates 5,300). On the VPU (channels in the lanes, one multiply and one
-    reduce per output position) it matches the reference (one bf16 pass for f32, as the MXU rounds) with no
-    matmul, in at most half the program's time."""
+    reduce per output position; a strided copy first for a strided convolution's dilated window) it matches
+    the reference (one bf16 pass for f32, as the MXU rounds) with no matmul, in at most half the program's
+    time."""
     import tpusim.compiler.lowering.conv as lowering
 
     x, w = data((4, 24, 24, 64), dtype), data((size, size, 1, 64), dtype, 1)
 
-    def depthwise(x: Any, w: Any) -> Any:
-        return conv(x, w, fg=64)
+    def depthwise(x: Any, w: Any) -> Any:  # (stride 2: the gradient's window is dilated 2x2)
+        return conv(x, w, (stride, stride), fg=64)
 
     m = jax_module(jax.grad(lambda w, x: jnp.sum(depthwise(x, w) ** 2).astype(jnp.float32)), w, x)
     grads = [i.name for c in m.computations for i in c.instructions if i.attr("batch_group_count", 1) == 64]

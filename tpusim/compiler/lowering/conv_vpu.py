@@ -12,8 +12,10 @@ computes), and for each output position one ``vpu.fused`` multiplies the input's
 by the gradient (in f32) and one ``vpu.reduce`` sums it over the batch and the window into the position's
 row of an f32 accumulator (adding to the previous chunks'). f32 operands at one bf16 pass (XLA's DEFAULT on
 TPU) are rounded to bf16 first, as the MXU would round them. The accumulator goes out converted to the
-result's type. Declined (the MXU lowering runs): strides, dilations, reversal, negative padding, feature
-groups, other types than f32 and bf16, and more output positions than :data:`MAX_POSITIONS`.
+result's type. A dilated window (the filter gradient of a strided convolution: ``rhs_dilate`` = its
+stride) is gathered by a strided copy first. Declined (the MXU lowering runs): strides, base dilation,
+reversal, feature groups, other types than f32 and bf16, and more output positions than
+:data:`MAX_POSITIONS`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.dot import matmul_precision
 from tpusim.compiler.lowering.staging import Inbound, Outbound, Rows
 from tpusim.compiler.lowering.windowed import MAX_TAPS
-from tpusim.isa import Const, FusedOp, MemRef, SemWait, VpuFused, VpuReduce, Window
+from tpusim.isa import Const, FusedOp, MemRef, SemWait, VpuCopy, VpuFused, VpuReduce, Window
 from tpusim.memory import element_type
 
 __all__ = ["MAX_POSITIONS", "lower_filter_gradient"]
@@ -58,9 +60,7 @@ def lower_filter_gradient(ctx: Lowering, comp: Computation, instr: Instruction, 
         or rs[dims.kernel_input_feature] != k
     ):
         return False
-    if any(d.stride != 1 or d.lhs_dilate != 1 or d.rhs_dilate != 1 or d.reversal for d in window.dims):
-        return False
-    if any(d.pad_low < 0 or d.pad_high < 0 for d in window.dims):
+    if any(d.stride != 1 or d.lhs_dilate != 1 or d.reversal for d in window.dims):
         return False
     types = {lhs.element_type.name, rhs.element_type.name, out.element_type.name}
     positions = [os[d] for d in dims.output_spatial]
@@ -68,7 +68,7 @@ def lower_filter_gradient(ctx: Lowering, comp: Computation, instr: Instruction, 
         return False
     # f32 operands at one bf16 pass (XLA's DEFAULT on TPU) are rounded to bf16 first, as the MXU would
     one_pass = "f32" in types and matmul_precision(instr, ctx.options.matmul_precision, "f32") == "bf16"
-    taps = [(d.pad_low, d.size) for d in window.dims]
+    taps = [(d.pad_low, d.size, d.rhs_dilate) for d in window.dims]
     gradient = _FilterGradient(ctx, dims, taps, lhs, rhs, out, k, positions, one_pass)
     chunk = k
     mark = ctx.checkpoint()
@@ -88,7 +88,7 @@ class _FilterGradient:
         self,
         ctx: Lowering,
         dims: ConvDims,
-        taps: list[tuple[int, int]],
+        taps: list[tuple[int, int, int]],
         lhs: MemRef,
         rhs: MemRef,
         out: MemRef,
@@ -121,8 +121,10 @@ class _FilterGradient:
 
     def emit(self, chunk: int) -> None:
         ctx = self.ctx
-        sizes = [t for _, t in self.taps]
-        padded = [p + t - 1 for p, t in zip(self.positions, sizes)]  # (the padded input the windows cover)
+        sizes = [t for _, t, _ in self.taps]
+        spans = [(t - 1) * d + 1 for _, t, d in self.taps]  # a window's extent in the input
+        strides = [d for _, _, d in self.taps]
+        padded = [p + n - 1 for p, n in zip(self.positions, spans)]  # (the padded input the windows cover)
         outbound = Outbound(ctx, self.out, self.acc_rows, self.out_order, [1, *self.positions, self.groups])
         staged_l = Inbound(ctx, self.lhs, self.rows_l, self.lhs_order, [chunk, *padded, self.groups],
                            [chunk, *self.spatial, self.groups])  # fmt: skip
@@ -132,15 +134,22 @@ class _FilterGradient:
         acc = outbound.blocks[0]
         starts = list(range(0, self.k, chunk))
         sems = [ctx.semaphore(), ctx.semaphore()]
-        fill = Const(0, self.lhs.element_type)
-        lows = [lo for lo, _ in self.taps]
+        # per spatial dimension, the input's part inside the padded region (negative padding crops it) and
+        # where that part sits in the region; the rest of the region is zeros
+        inside = [(max(0, -lo), max(0, min(e, lo + n) - max(0, lo)), max(0, lo))
+                  for (lo, _, _), n, e in zip(self.taps, self.spatial, padded)]  # fmt: skip
+        padding = any(at > 0 or at + m < e for (_, m, at), e in zip(inside, padded))
+        fill = Const(0, self.lhs.element_type) if padding else None
+        # a dilated window (the filter gradient of a strided convolution) is gathered into a block first
+        gathered = ctx.vmem(self.rows_l.shape([chunk, *sizes, self.groups])) if max(strides) > 1 else None
 
         def load(i: int) -> int:
             k0 = starts[i]
             kc = min(chunk, self.k - k0)
             slot, sem = i % 2, sems[i % 2]
-            n = staged_l.load(slot, sem, [k0, *[0] * len(padded), 0], [kc, *self.spatial, self.groups],
-                              [0, *lows, 0], [kc, *padded, self.groups], fill)  # fmt: skip
+            first, size = [k0, *(a for a, _, _ in inside), 0], [kc, *(m for _, m, _ in inside), self.groups]
+            local = [0, *(at for _, _, at in inside), 0]
+            n = staged_l.load(slot, sem, first, size, local, [kc, *padded, self.groups], fill)
             n += staged_r.load(slot, sem, [k0, *[0] * len(sizes), 0], [kc, *sizes, self.groups],
                                [0] * (len(sizes) + 2), [kc, *sizes, self.groups], None)  # fmt: skip
             return n
@@ -158,7 +167,11 @@ class _FilterGradient:
             flat = self.acc_rows.ref(product, [1, kc, *sizes, self.groups])  # (the same bytes, a unit axis added)
             for p in range(prod(self.positions)):
                 at = _unravel(p, self.positions)
-                xw = MemRef(xs.space, xs.address, xs.shape, Window((0, *at, 0), (kc, *sizes, self.groups)))
+                xw = MemRef(xs.space, xs.address, xs.shape, Window((0, *at, 0), (kc, *spans, self.groups)))
+                if gathered is not None:
+                    block = self.rows_l.ref(gathered, [kc, *sizes, self.groups])
+                    ctx.emit(VpuCopy, dst=block, src=xw, strides=(1, *strides, 1))
+                    xw = block
                 ctx.emit(VpuFused, dst=tmp, srcs=(xw, ys), ops=self.steps)
                 row = self.acc_rows.ref(acc, [1, *self.positions, self.groups])
                 dst = MemRef(row.space, row.address, row.shape, Window((0, *at, 0), (1, *[1] * len(at), self.groups)))
