@@ -19,6 +19,7 @@ from tpusim.compiler.hlo.opcodes import talks_to_other_devices
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.registry import LOWERINGS, NotLowerable, lowering
 from tpusim.compiler.lowering.sequential import lower_computation
+from tpusim.compiler.lowering.wait_sinking import sink_waits
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.tiling_rules import TilingRules
 from tpusim.config import ChipConfig
@@ -74,5 +75,6 @@ def lower_module(
     for b in ctx.streams:
         if not b.sequencer:
             b.emit(Halt())
-    program = Program(tuple(b.build() for b in ctx.streams), (), tuple(ctx.kernels), name=module.name)
+    # (waits of synchronous DMAs deferred to where their data is needed: see wait_sinking)
+    program = Program(tuple(sink_waits(b.build()) for b in ctx.streams), (), tuple(ctx.kernels), name=module.name)
     return Lowered(program, tuple(ctx.fallen_back), ctx.hbm_peak + ctx.async_hbm_used, tuple(ctx.constants))

@@ -1,0 +1,138 @@
+"""Waits for synchronous DMAs moved down to where their data is needed.
+
+Many lowerings move data with ``dma.start ...; sem.wait`` (a slice, a dynamic slice, a copy): a wait right
+after the DMAs it counts. Consecutive such moves then pay their latencies one after the other (a scan body's
+dynamic slices of its stacked inputs: an HBM latency each, in series), where a kernel writer has them in
+flight together. This pass defers such a wait until an instruction touches one of its DMAs' destinations
+(or writes a source), or until the straight-line region ends (a label, a branch, a jump, a halt, a barrier
+or a signal, which may announce the data).
+
+A semaphore only counts completions, so a deferred wait stands for every DMA outstanding on its semaphore:
+it is deferred only when it drains the semaphore (its count is all the DMAs started on it since the region
+began or the semaphore last drained), DMAs started on the semaphore meanwhile join it, and when it is
+emitted it waits for all of them; a later wait of the original program on that semaphore is then reduced by
+what was already waited for (dropped when nothing is left). Semaphores another core or chip signals (any
+``sem.signal`` or DMA ``dst_sem`` in the stream), and those a region waits on before it starts a DMA on them,
+are left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tpusim.compiler.verify import accesses
+from tpusim.isa import Barrier, Branch, DmaStart, Halt, Jump, MemRef, SemSignal, SemWait, Stream
+
+__all__ = ["sink_waits"]
+
+_STOPS = (Barrier, Branch, Halt, Jump, SemSignal)
+
+
+@dataclass
+class _Deferred:
+    """The waits deferred on one semaphore: how many completions they owe, the DMAs they cover, and the first
+    deferred wait (its HLO name and control flag go to the wait emitted for them)."""
+
+    first: SemWait
+    count: int = 0
+    dmas: list[DmaStart] = field(default_factory=list)
+
+
+def sink_waits(stream: Stream) -> Stream:
+    """``stream`` with the waits of synchronous DMAs deferred as the module docstring says."""
+    ins = stream.instructions
+    remote = {i.sem for i in ins if isinstance(i, SemSignal)} | {
+        i.dst_sem for i in ins if isinstance(i, DmaStart) and i.dst_sem is not None
+    }
+    draining = _draining_waits(stream, remote)
+    if not draining:
+        return stream
+    names: dict[int, list[str]] = {}
+    for name, index in stream.labels:
+        names.setdefault(index, []).append(name)
+    out: list[Any] = []
+    labels: list[tuple[str, int]] = []
+    deferred: dict[int, _Deferred] = {}
+    prepaid: dict[int, int] = {}  # completions already waited for ahead of the program's own waits
+
+    def flush(sem: int) -> None:
+        d = deferred.pop(sem)
+        if d.count:
+            out.append(replace(d.first, count=d.count))
+
+    for k, x in enumerate(ins):
+        if k in names or isinstance(x, _STOPS):
+            for sem in list(deferred):
+                flush(sem)
+            prepaid.clear()  # (every semaphore is settled here: the program verifier's rule)
+        labels += [(name, len(out)) for name in names.get(k, ())]
+        if isinstance(x, SemWait) and (k in draining or x.sem in deferred or prepaid.get(x.sem)):
+            paid = min(x.count, prepaid.get(x.sem, 0))
+            prepaid[x.sem] = prepaid.get(x.sem, 0) - paid
+            owed = x.count - paid
+            if k in draining:
+                d = deferred.setdefault(x.sem, _Deferred(x))
+                d.count += owed
+                d.dmas += draining[k]
+            else:
+                if x.sem in deferred:
+                    flush(x.sem)
+                if owed:
+                    out.append(replace(x, count=owed))
+            continue
+        if deferred and not isinstance(x, SemWait):
+            reads, writes, _, _ = accesses(x)
+            for sem in list(deferred):
+                d = deferred[sem]
+                if _overlap([m.dst for m in d.dmas], reads + writes) or _overlap([m.src for m in d.dmas], writes):
+                    flush(sem)
+        if isinstance(x, DmaStart) and x.sem in deferred:  # (joins the deferred wait: it drains them all)
+            deferred[x.sem].dmas.append(x)
+            deferred[x.sem].count += 1
+            prepaid[x.sem] = prepaid.get(x.sem, 0) + 1
+        out.append(x)
+    for sem in list(deferred):
+        flush(sem)
+    labels += [(name, len(out)) for name in names.get(len(ins), ())]
+    return Stream(stream.core, tuple(out), tuple(labels), stream.chip, stream.sequencer)
+
+
+def _draining_waits(stream: Stream, remote: set[int]) -> dict[int, list[DmaStart]]:
+    """Index of every wait that drains its semaphore right after the local DMAs it counts -> those DMAs."""
+    bounds = {index for _, index in stream.labels}
+    out: dict[int, list[DmaStart]] = {}
+    outstanding: dict[int, list[DmaStart]] = {}
+    untracked: set[int] = set(remote)
+    for k, x in enumerate(stream.instructions):
+        if k in bounds or isinstance(x, _STOPS):
+            outstanding.clear()
+            untracked = set(remote)
+        if isinstance(x, DmaStart) and x.sem is not None and x.sem not in untracked:
+            local = x.chip is None and x.dst_sem is None and x.dst_core is None
+            if local:
+                outstanding.setdefault(x.sem, []).append(x)
+            else:
+                untracked.add(x.sem)
+        elif isinstance(x, SemWait) and x.sem not in untracked:
+            pending = outstanding.get(x.sem, [])
+            if x.count == len(pending) and pending:
+                out[k] = list(pending)
+                outstanding[x.sem] = []
+            else:
+                untracked.add(x.sem)  # (waited before any DMA here, or part of them: which ones is unknown)
+    return out
+
+
+def _overlap(pending: list[MemRef], refs: list[MemRef]) -> bool:
+    """Whether any of ``refs`` may touch bytes of a pending DMA's array (whole arrays; any ``base`` register
+    makes the address unknown)."""
+    for p in pending:
+        for r in refs:
+            if p.space is not r.space:
+                continue
+            if p.base is not None or r.base is not None:
+                return True
+            if p.address < r.address + r.shape.byte_size and r.address < p.address + p.shape.byte_size:
+                return True
+    return False
