@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpusim.compiler.verify import accesses
-from tpusim.isa import Barrier, Branch, DmaStart, Halt, Jump, MemRef, SemSignal, SemWait, Stream
+from tpusim.isa import Barrier, Branch, DmaStart, Halt, Jump, MemRef, ScalarAlu, ScalarLoad, SemSignal, SemWait, Stream
 
 __all__ = ["sink_waits"]
 
@@ -48,6 +48,7 @@ def sink_waits(stream: Stream) -> Stream:
     draining = _draining_waits(stream, remote)
     if not draining:
         return stream
+    joining = {at for dmas in draining.values() for at, _ in dmas}  # (the DMAs of synchronous moves)
     names: dict[int, list[str]] = {}
     for name, index in stream.labels:
         names.setdefault(index, []).append(name)
@@ -74,7 +75,7 @@ def sink_waits(stream: Stream) -> Stream:
             if k in draining:
                 d = deferred.setdefault(x.sem, _Deferred(x))
                 d.count += owed
-                d.dmas += draining[k]
+                d.dmas += [dma for _, dma in draining[k]]
             else:
                 if x.sem in deferred:
                     flush(x.sem)
@@ -87,10 +88,13 @@ def sink_waits(stream: Stream) -> Stream:
                 d = deferred[sem]
                 if _overlap([m.dst for m in d.dmas], reads + writes) or _overlap([m.src for m in d.dmas], writes):
                     flush(sem)
-        if isinstance(x, DmaStart) and x.sem in deferred:  # (joins the deferred wait: it drains them all)
-            deferred[x.sem].dmas.append(x)
-            deferred[x.sem].count += 1
-            prepaid[x.sem] = prepaid.get(x.sem, 0) + 1
+        if isinstance(x, DmaStart) and x.sem in deferred:
+            if k in joining:  # another synchronous move: joins the deferred wait, which drains them all
+                deferred[x.sem].dmas.append(x)
+                deferred[x.sem].count += 1
+                prepaid[x.sem] = prepaid.get(x.sem, 0) + 1
+            else:  # (a prefetch whose wait comes later: the deferred wait must not wait for it too)
+                flush(x.sem)
         out.append(x)
     for sem in list(deferred):
         flush(sem)
@@ -98,11 +102,12 @@ def sink_waits(stream: Stream) -> Stream:
     return Stream(stream.core, tuple(out), tuple(labels), stream.chip, stream.sequencer)
 
 
-def _draining_waits(stream: Stream, remote: set[int]) -> dict[int, list[DmaStart]]:
-    """Index of every wait that drains its semaphore right after the local DMAs it counts -> those DMAs."""
+def _draining_waits(stream: Stream, remote: set[int]) -> dict[int, list[tuple[int, DmaStart]]]:
+    """Index of every wait that drains its semaphore right after the local DMAs it counts (only scalar address
+    arithmetic and other DMAs between them: a synchronous move) -> those DMAs, with their indices."""
     bounds = {index for _, index in stream.labels}
-    out: dict[int, list[DmaStart]] = {}
-    outstanding: dict[int, list[DmaStart]] = {}
+    out: dict[int, list[tuple[int, DmaStart]]] = {}
+    outstanding: dict[int, list[tuple[int, DmaStart]]] = {}
     untracked: set[int] = set(remote)
     for k, x in enumerate(stream.instructions):
         if k in bounds or isinstance(x, _STOPS):
@@ -111,17 +116,24 @@ def _draining_waits(stream: Stream, remote: set[int]) -> dict[int, list[DmaStart
         if isinstance(x, DmaStart) and x.sem is not None and x.sem not in untracked:
             local = x.chip is None and x.dst_sem is None and x.dst_core is None
             if local:
-                outstanding.setdefault(x.sem, []).append(x)
+                outstanding.setdefault(x.sem, []).append((k, x))
             else:
                 untracked.add(x.sem)
         elif isinstance(x, SemWait) and x.sem not in untracked:
             pending = outstanding.get(x.sem, [])
-            if x.count == len(pending) and pending:
+            if x.count == len(pending) and pending and _adjacent(stream, pending[0][0], k):
                 out[k] = list(pending)
                 outstanding[x.sem] = []
+            elif x.count == len(pending):
+                outstanding[x.sem] = []  # (drained, but not right after its DMAs: stays where it is)
             else:
                 untracked.add(x.sem)  # (waited before any DMA here, or part of them: which ones is unknown)
     return out
+
+
+def _adjacent(stream: Stream, first: int, wait: int) -> bool:
+    """Whether only DMAs and scalar address arithmetic lie between the DMA at ``first`` and the wait."""
+    return all(isinstance(x, (DmaStart, ScalarAlu, ScalarLoad)) for x in stream.instructions[first + 1 : wait])
 
 
 def _overlap(pending: list[MemRef], refs: list[MemRef]) -> bool:
