@@ -62,20 +62,37 @@ def sink_waits(stream: Stream) -> Stream:
         if d.count:
             out.append(replace(d.first, count=d.count))
 
-    for k, x in enumerate(ins):
-        if k in names or isinstance(x, _STOPS):
+    candidates = sorted(draining)
+    following = 0  # the first candidate at or after k
+    k = 0
+    while k < len(ins):
+        if not deferred and not any(prepaid.values()):
+            # nothing is deferred or owed: up to the next candidate wait the stream is copied as it is
+            while following < len(candidates) and candidates[following] < k:
+                following += 1
+            end = candidates[following] if following < len(candidates) else len(ins)
+            if end > k:
+                shift = len(out) - k
+                labels += [(name, at + shift) for at in range(k, end) for name in names.get(at, ())]
+                out += ins[k:end]
+                k = end
+                continue
+        x = ins[k]
+        k += 1
+        if k - 1 in names or isinstance(x, _STOPS):
             for sem in list(deferred):
                 flush(sem)
             prepaid.clear()  # (every semaphore is settled here: the program verifier's rule)
-        labels += [(name, len(out)) for name in names.get(k, ())]
-        if isinstance(x, SemWait) and (k in draining or x.sem in deferred or prepaid.get(x.sem)):
+        at = k - 1
+        labels += [(name, len(out)) for name in names.get(at, ())]
+        if isinstance(x, SemWait) and (at in draining or x.sem in deferred or prepaid.get(x.sem)):
             paid = min(x.count, prepaid.get(x.sem, 0))
             prepaid[x.sem] = prepaid.get(x.sem, 0) - paid
             owed = x.count - paid
-            if k in draining:
+            if at in draining:
                 d = deferred.setdefault(x.sem, _Deferred(x))
                 d.count += owed
-                d.dmas += [dma for _, dma in draining[k]]
+                d.dmas += [dma for _, dma in draining[at]]
             else:
                 if x.sem in deferred:
                     flush(x.sem)
@@ -89,7 +106,7 @@ def sink_waits(stream: Stream) -> Stream:
                 if _overlap([m.dst for m in d.dmas], reads + writes) or _overlap([m.src for m in d.dmas], writes):
                     flush(sem)
         if isinstance(x, DmaStart) and x.sem in deferred:
-            if k in joining:  # another synchronous move: joins the deferred wait, which drains them all
+            if at in joining:  # another synchronous move: joins the deferred wait, which drains them all
                 deferred[x.sem].dmas.append(x)
                 deferred[x.sem].count += 1
                 prepaid[x.sem] = prepaid.get(x.sem, 0) + 1
