@@ -337,7 +337,7 @@ def _prefer_tiled(header: AnyShape, text: AnyShape) -> AnyShape:
     """The header's shape where it carries tiles, else the instruction's own."""
     if isinstance(header, TupleShape) and isinstance(text, TupleShape):
         return TupleShape(tuple(_prefer_tiled(h, t) for h, t in zip(header.elements, text.elements)))
-    if isinstance(header, Shape) and header.layout is not None and header.layout.tiles:
+    if isinstance(header, Shape) and header.has_tiles:
         return header
     return text
 
@@ -351,7 +351,7 @@ def _fresh(base: str, taken: dict[str, AnyShape]) -> str:
 
 
 def _tiled(shape: AnyShape) -> bool:
-    return isinstance(shape, Shape) and shape.layout is not None and bool(shape.layout.tiles)
+    return isinstance(shape, Shape) and shape.has_tiles
 
 
 def assign_layouts(module: Module, rules: TilingRules, config: ChipConfig) -> LayoutAssignment:

@@ -33,7 +33,7 @@ from tpusim.compiler.passes import on_chip_shape
 from tpusim.compiler.rewrite import unique_name
 from tpusim.memory import AnyShape, Shape, TupleShape
 
-__all__ = ["keep_on_chip", "scalar_parameters_in_smem"]
+__all__ = ["keep_on_chip", "scalar_parameters_in_smem", "scalar_word"]
 
 _NOT_RESIDENT = frozenset(
     {"parameter", "constant", "tuple", "get-tuple-element", "while", "conditional", "call", "opt-barrier"}
@@ -72,7 +72,7 @@ def scalar_parameters_in_smem(module: Module) -> Module:
     for instr in entry.instructions:
         for o in instr.operands:
             users[o] += 1
-    words = [p for p in entry.parameters if users[p.name] and _scalar_word(p.shape)]
+    words = [p for p in entry.parameters if users[p.name] and scalar_word(p.shape)]
     if not words:
         return module
     taken = {i.name for c in module.computations for i in c.instructions}
@@ -87,8 +87,8 @@ def scalar_parameters_in_smem(module: Module) -> Module:
     return replace(module, computations=tuple(entry if c.is_entry else c for c in module.computations))
 
 
-def _scalar_word(shape: AnyShape) -> bool:
-    """A shape the scalar unit computes on: a 32-bit integer or a pred scalar."""
+def scalar_word(shape: object) -> bool:
+    """A shape the scalar unit computes on: a 32-bit integer or a pred scalar (SMEM words)."""
     if not isinstance(shape, Shape) or shape.rank:
         return False
     et = shape.element_type

@@ -659,7 +659,7 @@ def _fusible(instr: Instruction, comp: Computation) -> bool:
         # A bitcast joins a new kernel only as a row-major reshape of layouts the text left untiled; one between
         # tiled layouts (XLA:TPU's) means its bytes and costs nothing outside (it shares its operand's buffer).
         operand = comp[instr.operands[0]].shape
-        if not (isinstance(operand, Shape) and not _tiled_text(operand) and _reshaping_bitcast(instr, comp)):
+        if not (isinstance(operand, Shape) and not operand.has_tiles and _reshaping_bitcast(instr, comp)):
             return False
     if _interior_pad(instr):
         return False  # (a kernel's blocks hold no gaps between elements; lowering/movement.py pads in VMEM)
@@ -680,10 +680,6 @@ def _reshaping_bitcast(instr: Instruction, comp: Computation) -> bool:
 def _interior_pad(instr: Instruction) -> bool:
     """A pad with gaps between the operand's elements (``jax.lax.associative_scan``'s interleaving)."""
     return instr.opcode == "pad" and any(p.interior for p in instr.attr("padding", ()))
-
-
-def _tiled_text(shape: Shape) -> bool:
-    return shape.layout is not None and bool(shape.layout.tiles)
 
 
 def _make_fusion(

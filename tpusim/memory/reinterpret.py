@@ -168,7 +168,7 @@ def bitcast_is_reshape(src: Shape, dst: Shape) -> bool:
     row-major order (:func:`bytes_agree`); ``s32[8,256]{1,0:T(8,128)}`` to ``s32[1,2,8,128]{3,2,1,0:T(8,128)}``
     is not one (column block ``b`` is tile ``b``). Otherwise it reads the elements in each layout's physical
     order: a reshape when both orders are the logical ones (:func:`physical_is_logical`)."""
-    if src.layout is not None and src.layout.tiles and dst.layout is not None and dst.layout.tiles:
+    if src.has_tiles and dst.has_tiles:
         return bytes_agree(src, dst, row_major=True) is True
     return physical_is_logical(src) and physical_is_logical(dst)
 

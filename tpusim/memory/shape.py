@@ -249,6 +249,11 @@ class Shape(_CachedHash):
         """The layout, or the default major-to-minor layout when none was given."""
         return self.layout if self.layout is not None else Layout.default(self.rank)
 
+    @property
+    def has_tiles(self) -> bool:
+        """Whether the layout given (not the default one) is tiled: a value of a module laid out already."""
+        return self.layout is not None and bool(self.layout.tiles)
+
     def with_layout(self, layout: Layout | None) -> Shape:
         return replace(self, layout=layout)
 

@@ -339,7 +339,7 @@ def has_tiled_layouts(module: Module) -> bool:
 def _tiled(shape: AnyShape) -> bool:
     if isinstance(shape, TupleShape):
         return any(_tiled(e) for e in shape.elements)
-    return shape.layout is not None and bool(shape.layout.tiles)
+    return shape.has_tiles
 
 
 def custom_call_target(instr: Instruction) -> str:

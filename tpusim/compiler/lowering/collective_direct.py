@@ -10,6 +10,8 @@ the torus by the device model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Instruction
 from tpusim.compiler.lowering.collective_plan import GroupPlan, permute_pairs
@@ -45,24 +47,14 @@ def all_to_all(
         copy_arrays(ctx, list(zip(xs, ys)))
         return
     facts = Facts(ctx, state)
-    n = state.who.devices
     rank_of = plan.rank_of()
     rank = facts.rank(plan)
     j, off_j, off_r = facts.reg(), facts.reg(), facts.reg()
 
     def peer(delta: int) -> Reg:
-        """The chip of rank ``(rank + delta) % S``; also leaves that rank in ``j``."""
-        facts.alu("add", j, rank, delta)
-        facts.alu("rem", j, j, S)
-        if plan.axes is not None:
-            return facts.member(plan, rank, j)
-        return facts.table([plan.member(d, (rank_of[d] + delta) % S) for d in range(n)])
+        return _peer(facts, plan, rank_of, rank, j, delta)
 
-    for delta in range(1, S):  # every other member pushes to this chip
-        chip = peer(delta)
-        ctx.emit(SemSignal, sem=bank.ready, count=1, chip=chip)
-        facts.release(chip)
-    ctx.emit(SemWait, sem=bank.ready, count=S - 1)
+    _ready(facts, bank, peer, S)
     if ctx.on_async:  # (the async sequencer takes no scoped semaphore: its bank's and a reserved load's)
         assert bank.local is not None and state.async_loads, "an async all-to-all's bank and loads are reserved"
         sem, local = bank.local, state.async_loads[0]
@@ -167,13 +159,14 @@ def all_gather_direct(
     arrivals."""
     S = plan.size
     facts = Facts(ctx, state)
+    rank_of = plan.rank_of()
     rank = facts.rank(plan)
     j, off_r = facts.reg(), facts.reg()
-    for delta in range(1, S):  # every other member pushes to this chip
-        chip = _peer(facts, plan, rank, j, delta)
-        ctx.emit(SemSignal, sem=bank.ready, count=1, chip=chip)
-        facts.release(chip)
-    ctx.emit(SemWait, sem=bank.ready, count=S - 1)
+
+    def peer(delta: int) -> Reg:
+        return _peer(facts, plan, rank_of, rank, j, delta)
+
+    _ready(facts, bank, peer, S)
     sem, local = ctx.semaphore(), ctx.semaphore()
     c = x.shape.dimensions[dim]
     facts.alu("mul", off_r, rank, c)
@@ -182,7 +175,7 @@ def all_gather_direct(
     offsets[dim], sizes[dim] = off_r, c
     own = MemRef(Space.HBM, y.address, y.shape, Window(tuple(offsets), tuple(sizes)))
     for delta in _both_ways(S):
-        chip = _peer(facts, plan, rank, j, delta)
+        chip = peer(delta)
         ctx.emit(DmaStart, src=x, dst=own, chip=chip, dst_sem=bank.arrive[0], sem=sem)
         facts.release(chip)
     ctx.emit(DmaStart, src=x, dst=own, sem=local)
@@ -192,11 +185,25 @@ def all_gather_direct(
     facts.release(j, off_r)
 
 
-def _peer(facts: Facts, plan: GroupPlan, rank: Reg, j: Reg, delta: int) -> Reg:
-    """The chip of rank ``(rank + delta) % S`` of a structured group; also leaves that rank in ``j``."""
+def _peer(facts: Facts, plan: GroupPlan, rank_of: list[int], rank: Reg, j: Reg, delta: int) -> Reg:
+    """The chip of rank ``(rank + delta) % S`` (``rank_of``: each device's rank, :meth:`GroupPlan.rank_of`);
+    also leaves that rank in ``j``."""
+    S = plan.size
     facts.alu("add", j, rank, delta)
-    facts.alu("rem", j, j, plan.size)
-    return facts.member(plan, rank, j)
+    facts.alu("rem", j, j, S)
+    if plan.axes is not None:
+        return facts.member(plan, rank, j)
+    return facts.table([plan.member(d, (rank_of[d] + delta) % S) for d in range(facts.state.who.devices)])
+
+
+def _ready(facts: Facts, bank: Bank, peer: Callable[[int], Reg], size: int) -> None:
+    """The handshake of direct pushes: tell every other member of the group (``peer(delta)``, ``delta`` in
+    ``1 .. size-1``) that this chip is ready to receive, and wait until all of them are."""
+    for delta in range(1, size):
+        chip = peer(delta)
+        facts.ctx.emit(SemSignal, sem=bank.ready, count=1, chip=chip)
+        facts.release(chip)
+    facts.ctx.emit(SemWait, sem=bank.ready, count=size - 1)
 
 
 def _both_ways(size: int) -> list[int]:

@@ -20,6 +20,7 @@ reversal, feature groups, other types than f32 and bf16, and more output positio
 
 from __future__ import annotations
 
+from itertools import product
 from math import prod
 
 from tpusim.compiler.hlo.ir import Computation, ConvDims, Instruction
@@ -130,8 +131,9 @@ class _FilterGradient:
                            [chunk, *self.spatial, self.groups])  # fmt: skip
         staged_r = Inbound(ctx, self.rhs, self.rows_r, self.rhs_order, [chunk, *sizes, self.groups],
                            [chunk, *sizes, self.groups])  # fmt: skip
-        product = ctx.vmem(self.acc_rows.shape([chunk, *sizes, self.groups]))
+        products = ctx.vmem(self.acc_rows.shape([chunk, *sizes, self.groups]))
         acc = outbound.blocks[0]
+        rows = self.acc_rows.ref(acc, [prod(self.positions), self.groups])  # (the accumulator, a row per position)
         starts = list(range(0, self.k, chunk))
         sems = [ctx.semaphore(), ctx.semaphore()]
         # per spatial dimension, the input's part inside the padded region (negative padding crops it) and
@@ -163,42 +165,19 @@ class _FilterGradient:
             ctx.emit(SemWait, sem=sems[i % 2], count=loaded[i])
             xs = self.rows_l.ref(staged_l.stage(i % 2), [kc, *padded, self.groups])
             ys = self.rows_r.ref(staged_r.stage(i % 2), [kc, *sizes, self.groups])
-            tmp = self.acc_rows.ref(product, [kc, *sizes, self.groups])
-            flat = self.acc_rows.ref(product, [1, kc, *sizes, self.groups])  # (the same bytes, a unit axis added)
-            for p in range(prod(self.positions)):
-                at = _unravel(p, self.positions)
+            tmp = self.acc_rows.ref(products, [kc, *sizes, self.groups])
+            flat = self.acc_rows.ref(products, [1, kc, *sizes, self.groups])  # (the same bytes, a unit axis added)
+            block = self.rows_l.ref(gathered, [kc, *sizes, self.groups]) if gathered is not None else None
+            summed = tuple(range(1, len(sizes) + 2))
+            for p, at in enumerate(product(*(range(n) for n in self.positions))):  # (row-major: p is at's row)
                 xw = MemRef(xs.space, xs.address, xs.shape, Window((0, *at, 0), (kc, *spans, self.groups)))
-                if gathered is not None:
-                    block = self.rows_l.ref(gathered, [kc, *sizes, self.groups])
+                if block is not None:
                     ctx.emit(VpuCopy, dst=block, src=xw, strides=(1, *strides, 1))
                     xw = block
                 ctx.emit(VpuFused, dst=tmp, srcs=(xw, ys), ops=self.steps)
-                row = self.acc_rows.ref(acc, [1, *self.positions, self.groups])
-                dst = MemRef(row.space, row.address, row.shape, Window((0, *at, 0), (1, *[1] * len(at), self.groups)))
-                ctx.emit(VpuReduce, fn="add", dst=_squeeze(self.acc_rows, dst, len(at)), src=flat,
-                         dims=tuple(range(1, len(at) + 2)), accumulate=i > 0)  # fmt: skip
+                dst = MemRef(rows.space, rows.address, rows.shape, Window((p, 0), (1, self.groups)))
+                ctx.emit(VpuReduce, fn="add", dst=dst, src=flat, dims=summed, accumulate=i > 0)
         extent = [1, *self.positions, self.groups]
         outbound.finish(0, extent, extent)
         sem = ctx.semaphore()
         ctx.emit(SemWait, sem=sem, count=outbound.store(0, sem, extent, [0] * len(extent), extent))
-
-
-def _unravel(p: int, shape: list[int]) -> tuple[int, ...]:
-    out = []
-    for n in reversed(shape):
-        out.append(p % n)
-        p //= n
-    return tuple(reversed(out))
-
-
-def _squeeze(rows: Rows, ref: MemRef, spatial: int) -> MemRef:
-    """The accumulator row ``ref`` (``[1, 1.., g]`` at a position) as ``[1, g]``: the reduce's destination."""
-    assert ref.window is not None
-    flat = [p for p in ref.window.offsets[1:-1]]
-    extent = ref.shape.dimensions
-    index = 0
-    for o, n in zip(flat, extent[1:-1]):
-        assert isinstance(o, int)
-        index = index * n + o
-    view = rows.ref(ref, [prod(extent[:-1]), extent[-1]])
-    return MemRef(view.space, view.address, view.shape, Window((index, 0), (1, extent[-1])))

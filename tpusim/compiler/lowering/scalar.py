@@ -12,8 +12,8 @@ from __future__ import annotations
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.registry import lowering
+from tpusim.compiler.memory_spaces import scalar_word
 from tpusim.isa import Reg, Scalar, ScalarAlu, ScalarLoad, ScalarStore, Space
-from tpusim.memory import Shape
 
 __all__: list[str] = []
 
@@ -23,27 +23,17 @@ _SIGNED_ONLY = frozenset({"maximum", "minimum", "compare"})
 _OPCODES = (*_ALU, "compare", "select", "not", "negate", "convert", "copy")
 
 
-def _word(shape: object) -> bool:
-    return (
-        isinstance(shape, Shape)
-        and shape.rank == 0
-        and shape.element_type.bits <= 32
-        and (shape.element_type.name == "pred" or shape.element_type.bits == 32)
-        and (shape.element_type.is_integer or shape.element_type.name == "pred")
-    )
-
-
 def _immediate(instr: Instruction) -> int:
     value = int(instr.attr("literal").value)
     return value - (1 << 32) if value >= 1 << 31 else value  # a u32 constant as the 32-bit word it is
 
 
 def _applies(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
-    if not _word(instr.shape) or ctx.home(comp.name, instr.name).space is not Space.SMEM:
+    if not scalar_word(instr.shape) or ctx.home(comp.name, instr.name).space is not Space.SMEM:
         return False
     for o in instr.operands:
         operand = comp[o]
-        if not _word(operand.shape):
+        if not scalar_word(operand.shape):
             return False
         if operand.opcode != "constant" and ctx.home(comp.name, o).space is not Space.SMEM:
             return False

@@ -9,11 +9,12 @@ or a signal, which may announce the data).
 
 A semaphore only counts completions, so a deferred wait stands for every DMA outstanding on its semaphore:
 it is deferred only when it drains the semaphore (its count is all the DMAs started on it since the region
-began or the semaphore last drained), DMAs started on the semaphore meanwhile join it, and when it is
-emitted it waits for all of them; a later wait of the original program on that semaphore is then reduced by
-what was already waited for (dropped when nothing is left). Semaphores another core or chip signals (any
-``sem.signal`` or DMA ``dst_sem`` in the stream), and those a region waits on before it starts a DMA on them,
-are left alone.
+began or the semaphore last drained) right after them. The DMAs of later synchronous moves on the semaphore
+join it, and when it is emitted it waits for all of them; the program's own waits for those are then
+reduced by what was already waited for (dropped when nothing is left). Any other DMA on the semaphore (a
+kernel's prefetch, whose wait comes later) emits the deferred wait first, so it never waits for a prefetch.
+Semaphores another core or chip signals (any ``sem.signal`` or DMA ``dst_sem`` in the stream), and those a
+region waits on before it starts a DMA on them, are left alone.
 """
 
 from __future__ import annotations

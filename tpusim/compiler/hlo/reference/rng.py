@@ -180,12 +180,17 @@ def _rng_bit_generator(ctx: EvalContext, instr: Instruction, args: Sequence[Valu
     shape = instr.shape
     elems = getattr(shape, "elements", None)
     out = shape if isinstance(shape, Shape) else elems[1] if elems and len(elems) == 2 else None
-    dtype = out.element_type.dtype if isinstance(out, Shape) else None
-    if not isinstance(state, np.ndarray) or state.dtype != np.uint64 or state.ndim != 1 or dtype is None:
+    if (
+        not isinstance(out, Shape)
+        or out.element_type.dtype is None
+        or not isinstance(state, np.ndarray)
+        or state.dtype != np.uint64
+        or state.ndim != 1
+    ):
         raise EvaluationError(instr, "takes a u64[N] state and returns (u64[N], bits), or the bits alone")
     try:
         algorithm = str(instr.attr("algorithm", "rng_default"))
-        new, bits = rng_bit_generator(state, algorithm, out.dimensions, dtype)  # type: ignore[union-attr]
+        new, bits = rng_bit_generator(state, algorithm, out.dimensions, out.element_type.dtype)
     except ValueError as exc:
         raise EvaluationError(instr, str(exc)) from None
     return bits if isinstance(shape, Shape) else (new, bits)
