@@ -370,7 +370,10 @@ class _Planner:
             if self.uf.find(operand) == self.uf.find(state):
                 continue
             unchanged = _passed_on(body, path) and self.shapes.get(operand) == self.shapes.get(state)
-            if self._overwritable(c, operand, here) or unchanged:
+            # (an operand in another memory would take the state there: in HBM, read and copied back there
+            # every iteration, where one copy into VMEM before the loop does)
+            dies = _same_memory(self, operand, state) and self._overwritable(c, operand, here)
+            if dies or unchanged:
                 self.uf.union(state, operand)
             else:
                 self.copy_in.add(state)
@@ -544,9 +547,7 @@ class _Planner:
         limit = self.smem_capacity // 2
         at = 0
         for cls in classes.values():
-            et = cls.shape.element_type
-            scalar = all(self.shapes[m].rank == 0 for m in cls.members) and (et.is_integer or et.name == "pred")
-            scalar = scalar and et.bits <= 32
+            scalar = all(_smem_word(self.shapes[m]) for m in cls.members)
             if not scalar or cls.kind not in ("temporary", "loop-state") or cls.buffer is not None or at + 4 > limit:
                 continue
             first = cls.members[0]
@@ -822,9 +823,28 @@ def _tuple(p: _Planner, comp: Computation, instr: Instruction) -> None:
             p.uf.union((comp.name, o, path), (comp.name, instr.name, (i, *path)))
 
 
+def _to_word(comp: Computation, instr: Instruction) -> bool:
+    """Whether ``instr`` takes the one element of an array (``u32[1]``, a slice of a key or a rotation table)
+    as an integer scalar: the scalar is an SMEM word of its own (buffer assignment's SMEM rule), so the
+    scalar arithmetic on it runs on the scalar unit, where sharing the array's buffer put it in HBM, each
+    operation a DMA round trip (threefry's rotation amounts: 2,400 cycles per round)."""
+    return _smem_word(instr.shape) and comp[instr.operands[0]].array_shape.rank > 0
+
+
+def _smem_word(shape: AnyShape) -> bool:
+    """An integer or pred scalar of at most 32 bits: what SMEM holds (one word)."""
+    if not isinstance(shape, Shape) or shape.rank:
+        return False
+    et = shape.element_type
+    return (et.is_integer or et.name == "pred") and et.bits <= 32
+
+
 @_aliases("reshape")
 def _reshape(p: _Planner, comp: Computation, instr: Instruction) -> None:
-    # A reshape that moves no byte (its layouts' digit forms agree, tpusim.memory.digits): one buffer.
+    # A reshape that moves no byte (its layouts' digit forms agree, tpusim.memory.digits): one buffer; but not
+    # an array's one element taken as a scalar the scalar unit computes on (an SMEM word of its own).
+    if _to_word(comp, instr):
+        return
     if bytes_agree(comp[instr.operands[0]].array_shape, instr.array_shape, row_major=True):
         _one_buffer(p, comp, instr)
 
@@ -836,6 +856,8 @@ def _bitcast(p: _Planner, comp: Computation, instr: Instruction) -> None:
     # padding as elements, which XLA's programs only slice away.
     # A bitcast of tiled text layouts means the bytes themselves (XLA's), whatever the types and tiles.
     src, dst = comp[instr.operands[0]].array_shape, instr.array_shape
+    if _to_word(comp, instr):
+        return
     if ((comp.name, instr.name) in p.byte_bitcasts and src.byte_size == dst.byte_size) or bytes_in_place(src, dst):
         _one_buffer(p, comp, instr)
 
@@ -872,6 +894,12 @@ def _opt_barrier(p: _Planner, comp: Computation, instr: Instruction) -> None:
         if _bytes_layout(have) != _bytes_layout(shape):
             raise CompileError(f"internal: {instr.name} element {list(path)} is {shape} but its operand's is {have}")
         p.uf.union(source, (comp.name, instr.name, path))
+
+
+def _same_memory(p: _Planner, a: Key, b: Key) -> bool:
+    """Whether two values' layouts put them in one memory space (``S(n)``)."""
+    x, y = p.shapes.get(a), p.shapes.get(b)
+    return x is not None and y is not None and x.effective_layout.memory_space == y.effective_layout.memory_space
 
 
 def _bytes_layout(shape: Shape) -> Layout:
