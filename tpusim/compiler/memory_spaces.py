@@ -105,6 +105,8 @@ def _forwarded(body: list[Instruction], root: str) -> list[Instruction]:
         if instr.opcode == "tuple" and instr.name != root and all(o in shapes for o in instr.operands):
             made = tuples[instr.name] = TupleShape(tuple(shapes[o] for o in instr.operands))
             instr = replace(instr, shape=made)
+        elif instr.opcode == "fusion" and isinstance(instr.shape, TupleShape):
+            tuples[instr.name] = instr.shape  # (a multi-output fusion's elements, in the memories _resident says)
         elif instr.opcode == "get-tuple-element" and instr.operands[0] in tuples:
             instr = replace(instr, shape=tuples[instr.operands[0]].elements[instr.attr("index")])
         shapes[instr.name] = instr.shape
@@ -199,6 +201,14 @@ def _state_shape(shape: AnyShape, kept: frozenset[int]) -> AnyShape:
 
 def _resident(instr: Instruction, returned: set[str]) -> Instruction:
     shape = instr.shape
+    if instr.opcode == "fusion" and isinstance(shape, TupleShape) and instr.name not in returned:
+        # a multi-output fusion's results, each an intermediate like a single result (its elements are
+        # taken out by get-tuple-elements, which forward them: _forwarded)
+        elements = tuple(
+            on_chip_shape(e) if isinstance(e, Shape) and e.rank and e.element_type.kind != "token" else e
+            for e in shape.elements
+        )
+        return replace(instr, shape=replace(shape, elements=elements))
     if (
         instr.opcode in _NOT_RESIDENT
         or instr.opcode.endswith(("-start", "-done", "-update"))

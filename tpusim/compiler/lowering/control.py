@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.compiler.lowering.context import Lowering
+from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.registry import lowering
 from tpusim.compiler.lowering.sequential import lower_computation
 from tpusim.isa import Branch, DmaStart, Jump, MemRef, Reg, ScalarAlu, ScalarLoad, SemWait, Space
@@ -49,7 +49,7 @@ def copy_arrays(ctx: Lowering, copies: Sequence[Copy | tuple[MemRef, MemRef]]) -
         ready = [c for c in pending if not any(o is not c and _overlap(c.dst, o.src) for o in pending)]
         if not ready:  # every destination is still to be read: break a cycle through a temporary
             first = pending[0]
-            keep = ctx.smem(first.dst.shape) if first.dst.space is Space.SMEM else ctx.scratch(first.dst.shape)
+            keep = _temporary(ctx, first.dst)
             _copy_round(ctx, [Copy(first.dst, keep, first.control)])
             for c in pending:
                 if c is not first and _overlap(first.dst, c.src):
@@ -61,6 +61,19 @@ def copy_arrays(ctx: Lowering, copies: Sequence[Copy | tuple[MemRef, MemRef]]) -
             continue
         _copy_round(ctx, ready)
         pending = [c for c in pending if all(c is not r for r in ready)]
+
+
+def _temporary(ctx: Lowering, like: MemRef) -> MemRef:
+    """Room for a copy of ``like`` in its own memory where it fits (a rotated loop state in VMEM is saved in
+    VMEM, not through HBM: two HBM latencies per iteration of threefry's loop), else in HBM."""
+    if like.space is Space.SMEM:
+        return ctx.smem(like.shape)
+    if like.space is Space.VMEM:
+        try:
+            return ctx.vmem(like.shape)
+        except VmemExhausted:
+            pass
+    return ctx.scratch(like.shape)
 
 
 def _copy_round(ctx: Lowering, copies: list[Copy]) -> None:
