@@ -608,3 +608,33 @@ ENTRY main {
     inputs = [rng.standard_normal((8, 128)).astype(np.float32) for _ in range(2)]
     got = tpusim.simulate(compiled, inputs).outputs[0]
     np.testing.assert_array_equal(got, evaluate(module, inputs)[0])
+
+
+def test_a_result_kept_in_vmem_is_computed_where_it_lives() -> None:
+    """A vector kernel whose result is resident in VMEM stores its blocks there, as a kernel's output block
+    is the next kernel's input: it computed them into a buffer of its own and copied that by DMA, a copy as
+    long as the computation (each threefry round's results). Outputs as the reference interpreter's."""
+    import tpusim
+    from tpusim.api import compile_checked
+    from tpusim.compiler.hlo.reference import evaluate
+    from tpusim.compiler.options import CompileOptions
+    from tpusim.isa import DmaStart, VpuMap
+
+    text = """HloModule resident
+ENTRY main {
+  a = f32[64,512] parameter(0)
+  b = f32[64,512] negate(a)
+  c = f32[64,512] exponential(b)
+  ROOT d = f32[64,512] add(b, c)
+}
+"""
+    module = parse_module(text)
+    compiled = compile_checked(module, V5E, options=CompileOptions(fuse=False))
+    home = compiled.buffers.buffer("main", "c")
+    assert home.space == "vmem"
+    code = compiled.program.streams[0].instructions
+    assert not [i for i in code if isinstance(i, DmaStart) and i.hlo == "c"]
+    assert [i.dst.address for i in code if isinstance(i, VpuMap) and i.hlo == "c"] == [home.offset]
+    inputs = [np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)]
+    got = tpusim.simulate(compiled, inputs).outputs[0]
+    np.testing.assert_allclose(got, evaluate(module, inputs)[0], rtol=1e-6)

@@ -192,6 +192,14 @@ class MemRef:
             regs += [o for o in self.window.offsets if isinstance(o, Reg)]
         return tuple(regs)
 
+    def shares_bytes(self, other: MemRef) -> bool:
+        """Whether the two whole arrays (windows aside; static addresses) share a byte of one memory."""
+        return (
+            self.space == other.space
+            and self.address < other.address + other.shape.byte_size
+            and other.address < self.address + self.shape.byte_size
+        )
+
     def __str__(self) -> str:
         base = f"{self.base}+" if self.base is not None else ""
         text = f"{self.space.value}[{base}{self.address:#x}] {self.shape}"

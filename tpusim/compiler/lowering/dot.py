@@ -376,7 +376,7 @@ def absorbs(ctx: Lowering, comp: Computation, fusion: str, dot: str) -> bool:
     user = ctx.epilogues.get((comp.name, dot))
     if user is not None:
         writes.append(ctx.home(comp.name, user))
-    if any(_overlap(w, r) for w in writes for r in (prologue.source, *prologue.sides)):
+    if any(w.shares_bytes(r) for w in writes for r in (prologue.source, *prologue.sides)):
         return False
     dims = _product_dims(instr, lhs, rhs, out)
     if dims is None:
@@ -437,16 +437,9 @@ def _epilogue(ctx: Lowering, comp: Computation, dot: str, user: str) -> Epilogue
                 sides.append(view_ref(ref, s.order))
             except (NotLowerable, ValueError):
                 return None
-    if any(_overlap(home, r) for r in read):
+    if any(home.shares_bytes(r) for r in read):
         return None
     return Epilogue(user, home, chain, tuple(sides))
-
-
-def _overlap(a: MemRef, b: MemRef) -> bool:
-    """Two whole arrays share a byte."""
-    return (
-        a.space == b.space and a.address < b.address + b.shape.byte_size and b.address < a.address + a.shape.byte_size
-    )
 
 
 def emit_product(

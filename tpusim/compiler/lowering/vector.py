@@ -124,10 +124,37 @@ class _Emitter:
     # Megacore, an accumulating reduction split across the cores: (this core, HBM homes of the partial
     # results of cores 1.., filled by them) while a core emits its share; None otherwise.
     partials: tuple[int, list[MemRef]] | None = None
+    homes: dict[str, MemRef] = field(default_factory=dict)  # results computed where they live (_written_home)
 
     def __post_init__(self) -> None:
         self.inlined = self._chains()
         self.windows = {n: ds for n in self.inputs if (ds := self._dynamic_window(n)) is not None}
+        self.homes = self._written_home()
+
+    def _written_home(self) -> dict[str, MemRef]:
+        """The results computed straight into their home in VMEM (a resident value, as a kernel stores its
+        output block where the next kernel reads it), by root: those whose blocks have the home's layout
+        and whose home shares no byte with an input or another output. The others are computed into
+        block buffers and copied to their homes by DMA (a copy as long as the computation for a VMEM home:
+        each threefry round's results)."""
+        if self.plan.accumulate is not None or self.ctx.share is not None:
+            return {}
+        found = {}
+        for k, (root, home) in enumerate(self.outputs):
+            others = [*self.inputs.values(), *(ref for j, (_, ref) in enumerate(self.outputs) if j != k)]
+            instr = self.comp[root]
+            if home.space is not Space.VMEM or instr.opcode in ("parameter", "constant") or root in self.scalars:
+                continue
+            a, b = home.shape.effective_layout, instr.array_shape.effective_layout
+            if home.element_type != instr.array_shape.element_type or (a.minor_to_major, a.tiles) != (
+                b.minor_to_major,
+                b.tiles,
+            ):
+                continue
+            if any(o.shares_bytes(home) for o in others):
+                continue
+            found[root] = home
+        return found
 
     def _chains(self) -> frozenset[str]:
         """Elementwise values folded into their one elementwise user's ``vpu.fused`` chain (kept in vector
@@ -209,7 +236,7 @@ class _Emitter:
         roots = {r for r, _ in self.outputs}
         for name in self.plan.order:
             instr = self.comp[name]
-            if name in self.scalars or name in self.inlined or self._in_place(name):
+            if name in self.scalars or name in self.inlined or self._in_place(name) or name in self.homes:
                 continue
             if self._constant_scalar(name) is not None and name not in roots:
                 continue
@@ -280,8 +307,10 @@ class _Emitter:
                 if not isinstance(src, MemRef):
                     src = self._materialize(root, buffers, start, size, src)
                 dst = self._window(hbm, (self.plan.tiled, 0), start, size)
+                if src == dst:  # (computed where it lives)
+                    continue
                 ctx.emit(DmaStart, src=src, dst=dst, sem=sem_out[r])
-            pending_out[r] += len(self.outputs)
+                pending_out[r] += 1
         for i in range(ring):
             if pending_out[i]:
                 ctx.emit(SemWait, sem=sem_out[i], count=pending_out[i])
@@ -454,7 +483,11 @@ class _Emitter:
                 whole = name in self.windows  # (its buffer holds the window alone)
                 values[name] = buffers[name] if whole else self._loaded_block(buffers[name], name, start, size)[1]
                 continue
-            dst = self._block_ref(buffers[name], name, start, size)
+            home = self.homes.get(name)
+            if home is not None:
+                dst = self._window(home, (self.plan.tiled, 0), start, size)
+            else:
+                dst = self._block_ref(buffers[name], name, start, size)
             if any(o in self.inlined for o in instr.operands):
                 self._emit_chain(name, dst, values)
             else:
