@@ -638,3 +638,32 @@ ENTRY main {
     inputs = [np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)]
     got = tpusim.simulate(compiled, inputs).outputs[0]
     np.testing.assert_allclose(got, evaluate(module, inputs)[0], rtol=1e-6)
+
+
+def test_an_element_taken_as_a_scalar_is_one_dma() -> None:
+    """XLA's modules take threefry's rotation amounts as ``bitcast``s of ``u32[1]{0:T(128)}`` arrays in HBM;
+    the SMEM word of such a scalar is one DMA of the element's bytes (it went through an untiled HBM scratch
+    buffer: two dependent DMAs, an HBM latency each)."""
+    import tpusim
+    from tpusim.api import compile_checked
+    from tpusim.compiler.hlo.reference import evaluate
+    from tpusim.isa import DmaStart, Space
+
+    text = """HloModule taken
+ENTRY main {
+  x = u32[8,128]{1,0:T(8,128)} parameter(0)
+  k = u32[1]{0:T(128)} parameter(1)
+  r = u32[]{:T(128)} bitcast(k)
+  c = u32[]{:T(128)} constant(32)
+  l = u32[]{:T(128)} subtract(c, r)
+  lb = u32[8,128]{1,0:T(8,128)} broadcast(l), dimensions={}
+  ROOT o = u32[8,128]{1,0:T(8,128)} shift-right-logical(x, lb)
+}
+"""
+    module = parse_module(text)
+    compiled = compile_checked(module, V5E)
+    moves = [i for i in compiled.program.streams[0].instructions if i.hlo == "r"]
+    assert len(moves) == 2 and isinstance(moves[0], DmaStart) and moves[0].dst.space is Space.SMEM, moves
+    inputs = [np.arange(1024, dtype=np.uint32).reshape(8, 128) * 77777, np.array([19], np.uint32)]
+    got = tpusim.simulate(compiled, inputs).outputs[0]
+    np.testing.assert_array_equal(got, evaluate(module, inputs)[0])

@@ -246,7 +246,7 @@ def lower_bitcast(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     transposing bitcast), else two DMAs through an untiled HBM scratch buffer (write the source in its
     physical order, read it back as the result)."""
     src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
-    if _same_buffer(ctx, comp.name, instr.operands[0], instr.name):
+    if _same_buffer(ctx, comp.name, instr.operands[0], instr.name) or _element_taken(ctx, src, dst):
         return
     agree = bytes_agree(src.shape, dst.shape)
     from_text = (comp.name, instr.name) in ctx.buffers.byte_bitcasts
@@ -266,13 +266,23 @@ def lower_bitcast(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     _issue(ctx, [(MemRef(Space.HBM, scratch.address, ud), dst)])
 
 
+def _element_taken(ctx: Lowering, src: MemRef, dst: MemRef) -> bool:
+    """The one element of ``src`` taken as the scalar ``dst`` (an SMEM word: buffer assignment's ``_to_word``):
+    element 0 of any layout is its first bytes, so one DMA of them (True), not a relayout through a scratch
+    buffer."""
+    if dst.shape.rank or src.shape.element_count != 1 or src.element_type != dst.element_type:
+        return False
+    _issue(ctx, [(MemRef(src.space, src.address, dst.shape), dst)])
+    return True
+
+
 @lowering("reshape")
 def lower_reshape(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     """A reshape whose two tiled layouts hold the elements at the same bytes (``f32[8,128] -> f32[1,8,128]``,
     merging dimensions above the tiles) is a byte copy; otherwise the vector path (VMEM, ``vpu.reshape``),
     or when it declines, two DMAs through a row-major HBM scratch buffer."""
     src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
-    if _same_buffer(ctx, comp.name, instr.operands[0], instr.name):
+    if _same_buffer(ctx, comp.name, instr.operands[0], instr.name) or _element_taken(ctx, src, dst):
         return
     if bytes_agree(src.shape, dst.shape, row_major=True):
         _issue(ctx, [(src, MemRef(dst.space, dst.address, src.shape))])
