@@ -41,7 +41,7 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Issued:
             (wl if is_write else rl).append((key, a + lo, a + hi))
         rr, rw, cost = tuple(rl), tuple(wl), d.cost
     else:
-        i = d.index
+        i = core.pc
         cost = d.cost
         need_access = cost is None or numeric
         rl = []
@@ -72,7 +72,7 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Issued:
         q = units.mxu_queues[ins.mxu]
         if len(q) == q.maxlen and q[0] > t:
             t = q[0]
-        start, end, flops = units.mxus[ins.mxu].schedule(ins, t, need, cost, core, d.index)
+        start, end, flops = units.mxus[ins.mxu].schedule(ins, t, need, cost, core, core.pc)
         unit = units.mxu_units[ins.mxu]
     else:
         q = units.queues[kind]
@@ -97,10 +97,10 @@ def issue_compute(core: Core, d: Decoded, t: int) -> Issued:
     if end > core.max_end:
         core.max_end = end
     core.scoreboard.add(rr, rw, end)
-    core.records.extend((core.stream_id, d.index, unit, core.first_try, start, end, cost.nbytes, flops))
+    core.records.extend((core.stream_id, core.pc, unit, core.first_try, start, end, cost.nbytes, flops))
     if numeric:
         d.spec.execute(core, ins, reads, writes)  # type: ignore[union-attr]
-    core.pc = d.index + 1
+    core.pc = core.pc + 1
     return t + 1
 
 
@@ -140,7 +140,7 @@ def issue_mxu_fast(core: Core, d: Decoded, t: int) -> Issued:
     if len(q) == depth and q[0] > t:
         t = q[0]
     cost = d.cost
-    index = d.index
+    index = core.pc
     start, end, flops = d.sched(mxu, d.mx, t, need, cost, core, index)
     q.append(start)
     if end > core.max_end:
@@ -207,7 +207,7 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Issued:
     core.records.extend(
         (
             core.stream_id,
-            d.index,
+            core.pc,
             units.vpu_unit,
             core.first_try,
             start,
@@ -219,5 +219,5 @@ def issue_vpu_static(core: Core, d: Decoded, t: int) -> Issued:
     if d.numeric:
         reads, writes = core.bind(d)
         d.spec.execute(core, d.ins, reads, writes)  # type: ignore[union-attr]
-    core.pc = d.index + 1
+    core.pc = core.pc + 1
     return t + 1

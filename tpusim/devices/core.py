@@ -228,7 +228,7 @@ class Core:
     def resolve_all(self, d: Decoded) -> None:
         """Resolve every operand of ``d`` (raises the first addressing error)."""
         for p in d.plans_r + d.plans_w:
-            self.resolve(p, d.index)
+            self.resolve(p, self.pc)
 
     def access(self, ref: MemRef, index: int, store: Any = None) -> Access:
         """Resolve a memory operand into an :class:`Access` (see :meth:`resolve`)."""
@@ -238,12 +238,12 @@ class Core:
 
     def bind(self, d: Decoded) -> tuple[tuple[Access, ...], tuple[Access, ...]]:
         """The static operands of ``d`` as Accesses into this core's memories (for numeric effects)."""
-        b = self.bound.get(d.index)
+        b = self.bound.get(self.pc)
         if b is None:
             stores = self.stores
             r = [a.at(stores[a.space]) for a in d.reads] if d.reads else ()
             w = [a.at(stores[a.space]) for a in d.writes] if d.writes else ()
-            b = self.bound[d.index] = (tuple(r), tuple(w))
+            b = self.bound[self.pc] = (tuple(r), tuple(w))
         return b
 
     # ------------------------------------------------------------------ the sequencer process
@@ -276,7 +276,7 @@ class Core:
         """Record why the sequencer waits (for deadlock reports) and return the event to wait for.
 
         ``reason`` is a ``str.format`` template of ``args`` (formatted only for a report: most waits end)."""
-        self.blocked = (d.index, reason, args)
+        self.blocked = (self.pc, reason, args)
         return event
 
     def blocked_reason(self) -> tuple[int, str]:

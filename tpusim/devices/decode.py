@@ -50,7 +50,8 @@ class Decoded:
     """One instruction prepared for issue: its handler and whatever can be computed before the run.
 
     Attributes:
-        ins, index: the instruction and its index in the stream.
+        ins, index: the instruction and its index in the stream (the first of them for a compute or DMA
+            instruction equal instructions share: issue handlers take the index from the core's pc).
         handler: the issue handler ``(core, decoded, t) -> next cycle | event``.
         spec: the compute spec (None for scalar, sync and DMA instructions).
         static: every operand is fixed (no base register, no register offset).
@@ -114,34 +115,6 @@ class Decoded:
         self.mx: Any = None
         self.fast: Any = None
         self.numeric = False  # the instruction's numeric effect is applied (a numeric run, or control)
-
-    def at(self, index: int) -> Decoded:
-        """The same decoding for an equal instruction at ``index`` (its facts are functions of the
-        instruction's value; only the index differs)."""
-        twin = object.__new__(Decoded)
-        twin.index = index
-        twin.box = self.box
-        twin.cost = self.cost
-        twin.cost_fn = self.cost_fn
-        twin.extra = self.extra
-        twin.fast = self.fast
-        twin.handler = self.handler
-        twin.ins = self.ins
-        twin.mx = self.mx
-        twin.mxu = self.mxu
-        twin.numeric = self.numeric
-        twin.plans_r = self.plans_r
-        twin.plans_w = self.plans_w
-        twin.read_refs = self.read_refs
-        twin.reads = self.reads
-        twin.rr = self.rr
-        twin.rw = self.rw
-        twin.sched = self.sched
-        twin.spec = self.spec
-        twin.static = self.static
-        twin.write_refs = self.write_refs
-        twin.writes = self.writes
-        return twin
 
 
 class OperandPlan:
@@ -289,7 +262,7 @@ def _decode_stream(core: Core, program: Program, stream: Stream, cfg: ChipConfig
                 decoded.append(seen)
                 continue
             same_object[id(ins)] = seen
-        decoded.append(seen.at(i))
+        decoded.append(seen)
     return ds
 
 

@@ -597,7 +597,7 @@ def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core
     solo, sig = Flow.shape_of(uses, cap)  # (of the sides; the route's part is kept with the route)
     if remote:
         links, network, fastest, link_ids = machine.route_uses(
-            chips[0], chips[1], d.ins.route, d.ins.tie, d.index, core
+            chips[0], chips[1], d.ins.route, d.ins.tie, core.pc, core
         )
         uses += links
         latency += network
@@ -631,7 +631,7 @@ def issue_dma(core: Core, d: Decoded, t: int) -> Issued:
     keeps its scoreboard ranges there too.
     """
     ins = d.ins
-    i = d.index
+    i = core.pc
     fixed = d.extra.get(core.place) if d.static else None
     if fixed is not None:
         # NOTE: speed. Fixed windows (the common case): everything but the memories is known.
@@ -673,7 +673,7 @@ def _prepare(core: Core, d: Decoded) -> tuple[TransferFacts, tuple[Any, ...], tu
     """Resolve the operands of ``d``: ``(facts, read range, write range, destination chip and core, what
     copying needs or None)``; keeps the first four on ``d`` for fixed windows into the core's memories."""
     ins = d.ins
-    i = d.index
+    i = core.pc
     sp, dp = d.plans_r[0], d.plans_w[0]
     dest = core.cache.get(i) if ins.chip is None else None
     if dest is None:
@@ -710,7 +710,7 @@ def _slot_shifts(sp: OperandPlan, dp: OperandPlan, s_shift: int, d_shift: int) -
 
 def _destination(core: Core, d: Decoded) -> tuple[Any, int, Any, Any, dict[Any, TransferFacts]]:
     """``(chip, core, memory, scoreboard key, facts cache)`` of the destination of ``d``."""
-    ins, i = d.ins, d.index
+    ins, i = d.ins, core.pc
     system = core.machine
     if ins.chip is None:
         dst_chip = core.chip
