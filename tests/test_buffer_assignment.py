@@ -566,7 +566,8 @@ ENTRY main {
 def test_a_loop_state_kept_in_vmem_is_rotated_through_vmem() -> None:
     """``(i, a, b) -> (i + 1, b, a)`` with ``a`` and ``b`` kept in VMEM: the end of each iteration saves one
     of them before the swap; the temporary was in HBM (two HBM latencies per iteration of threefry's loop,
-    which rotates two u32[4] tables), and is now in VMEM. Outputs as the reference interpreter's."""
+    which rotates two u32[4] tables), and is now in VMEM. After the loop its elements were copied out to HBM
+    and read back from there. Outputs as the reference interpreter's."""
     import tpusim
     from tpusim.api import compile_checked
     from tpusim.compiler.hlo.reference import evaluate
@@ -602,6 +603,9 @@ ENTRY main {
     module = parse_module(text)
     compiled = compile_checked(module, V5E)
     assert [compiled.buffers.buffer("main", "w", (k,)).space for k in (1, 2)] == ["vmem", "vmem"]
+    # (the elements read after the loop, not program results, are read where the loop left them: no copy out)
+    assert [compiled.module.entry_computation[v].opcode for v in "xy"] == ["get-tuple-element"] * 2
+    assert [compiled.buffers.buffer("main", v).space for v in "xy"] == ["vmem", "vmem"]
     swaps = [i for i in compiled.program.streams[0].instructions if isinstance(i, DmaStart) and i.hlo == "w"]
     assert swaps and all(Space.HBM not in (i.src.space, i.dst.space) for i in swaps[-3:]), swaps
     rng = np.random.default_rng(0)

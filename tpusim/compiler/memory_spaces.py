@@ -10,8 +10,9 @@ first, :func:`tpusim.compiler.buffer_assignment.assign_buffers`).
 A ``while`` loop's state is one buffer across the loop, its body and its condition. Its array elements are
 kept on chip too, as XLA:TPU keeps a scan's state in VMEM (its compiled scans' ``while`` tuples are ``S(1)``):
 their layouts say ``S(1)`` in the loop's, the body's and the condition's views of the state, buffer
-assignment copies them in once before the first iteration, and an element read after the loop is copied out
-once to a value with its old name and memory (often a program result, in HBM).
+assignment copies them in once before the first iteration, and an element read after the loop is read where
+the loop left it, or, when the computation returns it (a program result), copied out once to a value with its
+old name and memory.
 
 Integer and pred scalar entry parameters (an index, a position, a step count) arrive in HBM like every
 parameter; one the program reads is copied into SMEM once, where the scalar unit reads it
@@ -56,7 +57,7 @@ def keep_on_chip(module: Module, loop_state: bool = True) -> Module:
         kept = state.get(comp.name, frozenset())
         returned = _returned(comp, kept)
         body = [_with_state(_resident(i, returned), comp, kept, state) for i in comp.instructions]
-        body = _forwarded(_copied_out(body, comp, state), comp.root)
+        body = _forwarded(_copied_out(body, comp, state, returned), comp.root)
         comps.append(replace(comp, instructions=tuple(body)))
     return replace(module, computations=tuple(comps))
 
@@ -114,10 +115,13 @@ def _forwarded(body: list[Instruction], root: str) -> list[Instruction]:
     return out
 
 
-def _copied_out(body: list[Instruction], comp: Computation, state: dict[str, frozenset[int]]) -> list[Instruction]:
+def _copied_out(
+    body: list[Instruction], comp: Computation, state: dict[str, frozenset[int]], returned: set[str]
+) -> list[Instruction]:
     """``body`` with each element of a loop's on-chip state that is read after the loop taken as the state's
-    element (``S(1)``, renamed) and copied out to a value of its old name, shape and memory: the loop keeps
-    its state on chip, the program's results (and anything else after the loop) stay where they were."""
+    element (``S(1)``): the element the computation returns (a program result) under a new name, copied out
+    to a value of its old name, shape and memory; any other is read where the loop left it (it was copied
+    out to HBM too, and its readers loaded it back)."""
     loops = {i.name: state[f"{comp.name}/{i.name}"] for i in body if f"{comp.name}/{i.name}" in state}
     if not loops:
         return body
@@ -127,6 +131,9 @@ def _copied_out(body: list[Instruction], comp: Computation, state: dict[str, fro
         kept = loops.get(instr.operands[0]) if instr.opcode == "get-tuple-element" else None
         if kept is None or instr.attr("index") not in kept or not isinstance(instr.shape, Shape):
             out.append(instr)
+            continue
+        if instr.name not in returned:
+            out.append(replace(instr, shape=on_chip_shape(instr.shape)))
             continue
         element = unique_name(f"{instr.name}.state", taken)
         out.append(replace(instr, name=element, shape=on_chip_shape(instr.shape)))
