@@ -25,7 +25,7 @@ from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import evaluate
 from tpusim.compiler.lowering.indexed import MAX_SLICES
 from tpusim.config import load_config
-from tpusim.isa import DmaStart
+from tpusim.isa import DmaStart, Space
 
 RNG = np.random.default_rng(20240611)  # reseeded for every test (conftest.py)
 
@@ -337,3 +337,40 @@ def test_a_gather_of_too_many_slices_costs_what_its_slices_do() -> None:
     (lowered, fell), (past, fell_past) = seconds(MAX_SLICES // 384), seconds(64)
     assert not fell and fell_past and MAX_SLICES < 64 * 384
     assert 0.8 * 64 / (MAX_SLICES // 384) < past / lowered < 2.0 * 64 / (MAX_SLICES // 384), (lowered, past)
+
+
+def test_a_scatter_into_a_transposed_layout_lays_its_result_out_on_the_vector_unit() -> None:
+    """The gradient of a tied embedding (JAX's transpose of ``take``): a scatter-add of 512 rows into
+    ``f32[1000,128]``, its operand row-major and its result column-major (the layout the head product's
+    gradient is added in). Its result was stored by one DMA whose every element was a run of its own (128,000
+    cycles); the vector unit transposes it across lanes into a block in the result's layout that one DMA stores.
+    Outputs as the reference interpreter's."""
+    text = """HloModule s
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  t = f32[1000,128]{1,0:T(8,128)} parameter(0)
+  i = s32[512,1]{1,0:T(8,128)} parameter(1)
+  u = f32[512,128]{1,0:T(8,128)} parameter(2)
+  ROOT s = f32[1000,128]{0,1:T(8,128)} scatter(t, i, u), update_window_dims={1}, inserted_window_dims={0},
+      scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add
+}
+"""
+    module = parse_module(text)
+    rng = np.random.default_rng(0)
+    inputs = [
+        rng.standard_normal((1000, 128)).astype(np.float32),
+        rng.integers(0, 1000, (512, 1)).astype(np.int32),
+        rng.standard_normal((512, 128)).astype(np.float32),
+    ]
+    result = tpusim.simulate(module, inputs)
+    np.testing.assert_allclose(result.outputs[0], evaluate(module, inputs)[0], rtol=1e-6, atol=1e-6)
+    code = result.compiled.program.streams[0].instructions
+    stores = [i for i in code if isinstance(i, DmaStart) and i.dst.space is Space.HBM]
+    assert stores and all(i.src.shape.layout.minor_to_major == i.dst.shape.layout.minor_to_major for i in stores)
+    assert result.cycles < 20_000, result.cycles  # (133,191 cycles with the relayout DMA)

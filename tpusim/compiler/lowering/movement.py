@@ -24,6 +24,7 @@ from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
+from tpusim.compiler.lowering.relayout import store
 from tpusim.compiler.lowering.vector import lower_vector
 from tpusim.compiler.lowering.views import DmaSide, dma_cycles, view_shape
 from tpusim.isa import (
@@ -212,13 +213,16 @@ def lower_dynamic_update_slice(ctx: Lowering, comp: Computation, instr: Instruct
     sizes = upd.shape.dimensions
     offsets = _static_clamp(read_indices(ctx, comp, instr.operands[2:]), sizes, dst.shape.dimensions)
     clamp = any(isinstance(o, Reg) for o in offsets)
-    pairs = []
+    sem, started = ctx.semaphore(), 0
     if not _same_buffer(ctx, comp.name, operand, instr.name):
-        # Not updated in place: the result starts as a copy of the operand (the update DMA below writes
-        # into the same buffer, so the scoreboard makes it wait for this copy).
-        pairs.append((ctx.home(comp.name, operand), dst))
-    pairs.append((upd, _window(dst, offsets, sizes, clamp)))
-    _issue(ctx, pairs)
+        # Not updated in place: the result starts as a copy of the operand (the update below writes into the
+        # same buffer, so the scoreboard makes it wait for this copy).
+        ctx.emit(DmaStart, src=ctx.home(comp.name, operand), dst=dst, sem=sem)
+        started += 1
+    if prod(sizes):  # (a KV cache with the sequence in lanes takes its new position through the vector unit)
+        started += store(ctx, upd, _window(dst, offsets, sizes, clamp), sem)
+    if started:
+        ctx.emit(SemWait, sem=sem, count=started)
 
 
 # --------------------------------------------------------------------------------------------- copy, bitcast

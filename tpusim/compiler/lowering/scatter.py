@@ -45,6 +45,7 @@ from tpusim.compiler.lowering.indexed import (
     windowed,
 )
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
+from tpusim.compiler.lowering.relayout import store
 from tpusim.compiler.lowering.vector import combiner
 from tpusim.compiler.lowering.views import view_shape
 from tpusim.isa import Const, DmaStart, FusedOp, MemRef, Reg, ScalarAlu, SemWait, Space, VpuCopy, VpuFused, VpuMap
@@ -256,6 +257,6 @@ def _emit(ctx: Lowering, sl: Slices, kind: str, operand: MemRef, indices: MemRef
         combine(s, w)
         if k == len(chunks) - 1:
             _, dst = block_ref(b)
-            ctx.emit(DmaStart, src=w, dst=dst, sem=sem_w)
-            stores += 1
-    ctx.emit(SemWait, sem=sem_w, count=stores)
+            stores += store(ctx, w, dst, sem_w)
+    if stores:
+        ctx.emit(SemWait, sem=sem_w, count=stores)

@@ -1,0 +1,66 @@
+"""Storing a VMEM block where its home lays the elements out differently.
+
+A DMA between two layouts moves a run of elements contiguous in both at a time (``docs/isa.md``,
+``dma.start``): between layouts that put different dimensions in the lanes (``f32[1000,128]{1,0}`` stored as
+``{0,1}``) every run is one element. A kernel lays such a block out in registers instead, crossing lanes on
+an XLU (``vpu.copy``), and stores whole tiles. :func:`store` takes whichever of the two is estimated cheaper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import ceil
+
+from tpusim.compiler.lowering.context import Lowering, VmemExhausted
+from tpusim.compiler.lowering.views import DmaSide, dma_cycles
+from tpusim.isa import DmaStart, MemRef, Space, VpuCopy
+from tpusim.memory import Shape
+
+__all__ = ["store"]
+
+
+def store(ctx: Lowering, src: MemRef, dst: MemRef, sem: int) -> int:
+    """Write ``src`` to ``dst`` (memory references of the same dimensions, any memories and layouts); returns
+    how many DMAs it started on ``sem`` (0 or 1). A block in VMEM may take the vector path: into ``dst``
+    itself when it is in VMEM, else into a VMEM buffer in ``dst``'s layout that one DMA then stores."""
+    if src.space is not Space.VMEM or _lanes(src.shape) == _lanes(dst.shape):
+        ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
+        return 1
+    cfg = ctx.config
+    vregs = ceil(src.shape.byte_size / ctx.vreg_bytes)
+    crossing = vregs * cfg.xlu.transpose_cycles_per_vreg / cfg.xlu.count
+    staged = None
+    if dst.space is not Space.VMEM:
+        like = Shape(dst.element_type, src.dims, layout=replace(dst.shape.effective_layout, memory_space=1))
+        try:
+            staged = ctx.vmem(like)
+        except VmemExhausted:
+            ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
+            return 1
+        crossing += _dma(ctx, staged, dst)
+    if _dma(ctx, src, dst) <= crossing:
+        ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
+        return 1
+    if staged is None:
+        ctx.emit(VpuCopy, dst=dst, src=src)
+        return 0
+    ctx.emit(VpuCopy, dst=staged, src=src)
+    ctx.emit(DmaStart, src=staged, dst=dst, sem=sem)
+    return 1
+
+
+def _lanes(shape: Shape) -> int | None:
+    m2m = shape.effective_layout.minor_to_major
+    return m2m[0] if m2m else None
+
+
+def _dma(ctx: Lowering, src: MemRef, dst: MemRef) -> float:
+    """The data phase of a DMA from ``src`` to ``dst`` (register offsets taken as 0)."""
+    sides = [DmaSide(r.space, r.shape, _offsets(r)) for r in (src, dst)]
+    return dma_cycles(ctx.config, sides[0], sides[1], tuple(src.dims))
+
+
+def _offsets(ref: MemRef) -> tuple[int, ...] | None:
+    if ref.window is None:
+        return None
+    return tuple(o if isinstance(o, int) else 0 for o in ref.window.offsets)
