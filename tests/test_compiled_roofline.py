@@ -63,3 +63,27 @@ def test_sibling_reductions_become_one_multi_output_fusion() -> None:
     fused = program.module[fusions[0].attr("calls")]
     assert fused.root_instruction.opcode == "tuple"
     assert sorted(i.opcode for i in fused.instructions if i.opcode == "reduce") == ["reduce", "reduce"]
+
+
+ACTIVATIONS = """HloModule activations
+ENTRY main {
+  x = f32[2048,1024]{1,0} parameter(0)
+  a = f32[2048,1024]{1,0} exponential(x)
+  b = f32[2048,1024]{1,0} tanh(x)
+  c = f32[2048,1024]{1,0} logistic(x)
+  d = f32[2048,1024]{1,0} negate(x)
+  ROOT t = (f32[2048,1024]{1,0}, f32[2048,1024]{1,0}, f32[2048,1024]{1,0}, f32[2048,1024]{1,0}) tuple(a, b, c, d)
+}
+"""
+
+
+def test_several_sibling_kernels_become_one_multi_output_fusion() -> None:
+    """Four functions of one array (a zoo of activations, the two halves of a GLU): one kernel reads it once
+    and writes the four results, near the floor of five array's bytes; in pairs it was read twice (and four
+    times before the pairs)."""
+    program = tpusim.compile_program(ACTIVATIONS, config="tpu_v5e")
+    entry = program.module[program.module.entry]
+    fusions = [i for i in entry.instructions if i.opcode == "fusion"]
+    assert len(fusions) == 1 and len(fusions[0].shape.elements) == 4
+    ratio = _ratio(ACTIVATIONS, "tpu_v5e", 5 * 2048 * 1024 * 4)
+    assert 1.0 <= ratio <= 1.10, f"{ratio:.3f}x the HBM floor"

@@ -429,14 +429,15 @@ def _fuse_computation(comp: Computation, taken: set[str]) -> tuple[Computation, 
     drop: set[str] = set()
     siblings = _siblings(comp, members, users)
     for leader, names in members.items():
-        partner = siblings.get(leader)
-        if partner is not None:
-            if partner in replaced:
-                continue  # (made with its partner)
-            instrs, fused = _make_sibling_fusion(comp, (leader, partner), members, taken)
+        kin = siblings.get(leader)
+        if kin is not None:
+            if kin[0] != leader:
+                continue  # (made with its first)
+            instrs, fused = _make_sibling_fusion(comp, kin, members, taken)
             made.append(fused)
-            replaced[leader], replaced[partner] = instrs, []
-            drop.update(n for n in names + members[partner] if n not in (leader, partner))
+            replaced[leader] = instrs
+            replaced.update((other, []) for other in kin[1:])
+            drop.update(n for g in kin for n in members[g] if n not in kin)
             continue
         if len(names) < 2:
             continue
@@ -534,13 +535,19 @@ def _broadcast_inside(inner: Computation, inlined: list[tuple[Instruction, Instr
 _SIBLING_BYTES = 1 << 16
 """A shared operand must be at least this big for two kernels to become one multi-output fusion."""
 
+_SIBLING_OUTPUTS = 8
+"""The most sibling kernels one multi-output fusion takes (its blocks hold every result's)."""
 
-def _siblings(comp: Computation, members: dict[str, list[str]], users: dict[str, list[str]]) -> dict[str, str]:
-    """Pairs of fusions (by leader, both ways) to make one multi-output fusion, as XLA's multi-output fusion
-    does for siblings: both read the same large array, neither needs the other's result, their results have
-    the same dimensions (so one blocking serves both) cut into more than one block, and the pair still
-    plans. One kernel then reads the shared array once (a row sum and a row maximum of ``x`` stream ``x``
-    once, not twice)."""
+
+def _siblings(
+    comp: Computation, members: dict[str, list[str]], users: dict[str, list[str]]
+) -> dict[str, tuple[str, ...]]:
+    """Groups of fusions (each member's leader -> the group, in program order) to make one multi-output
+    fusion, as XLA's multi-output fusion does for siblings: each reads a large array another member reads,
+    none needs another's result, their results have the same dimensions (so one blocking serves them all)
+    cut into more than one block, and the group still plans; at most :data:`_SIBLING_OUTPUTS` of them. One
+    kernel then reads the shared array once (a row sum and a row maximum of ``x`` stream ``x`` once, not
+    twice; seven activations of one input, once instead of four times in pairs)."""
     group = {n: leader for leader, names in members.items() for n in names}
     reads: dict[str, set[str]] = {}  # leader -> arrays its fusion reads from outside
     for leader, names in members.items():
@@ -548,22 +555,29 @@ def _siblings(comp: Computation, members: dict[str, list[str]], users: dict[str,
         reads[leader] = {o for n in names for o in comp[n].operands if o not in inside}
     order = {i.name: k for k, i in enumerate(comp.instructions)}
     depends = _dependencies(comp, group)
-    pairs: dict[str, str] = {}
-    for a in sorted(members, key=order.__getitem__):
-        if a in pairs or not _multi_output_candidate(comp, a):
+    leaders = sorted(members, key=order.__getitem__)
+    out: dict[str, tuple[str, ...]] = {}
+    for a in leaders:
+        if a in out or not _multi_output_candidate(comp, a):
             continue
-        for b in sorted(members, key=order.__getitem__):
-            if b == a or b in pairs or not _multi_output_candidate(comp, b):
+        chosen, shared_reads = [a], set(reads[a])
+        for b in leaders:
+            if len(chosen) == _SIBLING_OUTPUTS:
+                break
+            if b in chosen or b in out or not _multi_output_candidate(comp, b):
                 continue
-            shared = [o for o in reads[a] & reads[b] if _byte_size(comp[o].shape) >= _SIBLING_BYTES]
-            if not shared or a in depends[b] or b in depends[a]:
+            shared = [o for o in reads[b] & shared_reads if _byte_size(comp[o].shape) >= _SIBLING_BYTES]
+            if not shared or any(b in depends[c] or c in depends[b] for c in chosen):
                 continue
             if comp[a].array_shape.dimensions != comp[b].array_shape.dimensions:
                 continue
-            if _plannable_pair(comp, members, (a, b)):
-                pairs[a], pairs[b] = b, a
-                break
-    return pairs
+            if _plannable_group(comp, members, (*chosen, b)):
+                chosen.append(b)
+                shared_reads |= reads[b]
+        if len(chosen) > 1:
+            ordered = tuple(sorted(chosen, key=order.__getitem__))
+            out.update((c, ordered) for c in ordered)
+    return out
 
 
 def _byte_size(shape: Shape | TupleShape) -> int:
@@ -591,9 +605,9 @@ def _dependencies(comp: Computation, group: dict[str, str]) -> dict[str, set[str
     return out
 
 
-def _plannable_pair(comp: Computation, members: dict[str, list[str]], pair: tuple[str, str]) -> bool:
-    _, fused = _make_fusion(comp, pair[0], members[pair[0]] + members[pair[1]])
-    roots = list(pair)
+def _plannable_group(comp: Computation, members: dict[str, list[str]], group: tuple[str, ...]) -> bool:
+    _, fused = _make_fusion(comp, group[0], [n for g in group for n in members[g]])
+    roots = list(group)
     first = fused[roots[0]].array_shape
     tiled = next((d for d in reversed(first.effective_layout.minor_to_major) if first.dimensions[d] > 1), None)
     try:
@@ -604,16 +618,16 @@ def _plannable_pair(comp: Computation, members: dict[str, list[str]], pair: tupl
 
 
 def _make_sibling_fusion(
-    comp: Computation, pair: tuple[str, str], members: dict[str, list[str]], taken: set[str]
+    comp: Computation, group: tuple[str, ...], members: dict[str, list[str]], taken: set[str]
 ) -> tuple[list[Instruction], Computation]:
-    """One fusion computing both leaders of ``pair`` (a tuple of their results), and each leader's name
+    """One fusion computing every leader of ``group`` (a tuple of their results), and each leader's name
     given to the get-tuple-element of its result (its users need no change)."""
-    name = unique_name(f"fusion.{pair[0]}", taken)
+    name = unique_name(f"fusion.{group[0]}", taken)
     fusion, fused = _make_fusion(
-        comp, pair[0], members[pair[0]] + members[pair[1]], unique_name(f"fused.{name}", taken)
+        comp, group[0], [n for g in group for n in members[g]], unique_name(f"fused.{name}", taken)
     )
     root = Instruction(
-        unique_name(f"{name}.tuple", taken), "tuple", TupleShape((comp[pair[0]].shape, comp[pair[1]].shape)), pair
+        unique_name(f"{name}.tuple", taken), "tuple", TupleShape(tuple(comp[g].shape for g in group)), group
     )
     fused = replace(fused, instructions=(*fused.instructions, root), root=root.name)
     fusion = replace(fusion, name=name, shape=root.shape)
@@ -621,7 +635,7 @@ def _make_sibling_fusion(
         Instruction(
             leader, "get-tuple-element", comp[leader].shape, (name,), Attributes({"index": k}), comp[leader].loc
         )
-        for k, leader in enumerate(pair)
+        for k, leader in enumerate(group)
     ]
     return [fusion, *gtes], fused
 
