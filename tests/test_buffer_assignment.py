@@ -671,3 +671,27 @@ ENTRY main {
     inputs = [np.arange(1024, dtype=np.uint32).reshape(8, 128) * 77777, np.array([19], np.uint32)]
     got = tpusim.simulate(compiled, inputs).outputs[0]
     np.testing.assert_array_equal(got, evaluate(module, inputs)[0])
+
+
+def test_values_an_optimization_barrier_passes_stay_in_vmem() -> None:
+    """``jax.checkpoint`` puts its saved values through an ``opt-barrier``: the barrier forwards them (one
+    buffer), so it takes their memory; it kept the default memory and took them to HBM (each layer's
+    activation of a rematerialised MLP's gradient written there and read back)."""
+    from tpusim.api import compile_checked
+
+    text = """HloModule barrier
+ENTRY main {
+  a = f32[64,128] parameter(0)
+  b = f32[64,128] exponential(a)
+  t = (f32[64,128], f32[64,128]) tuple(a, b)
+  o = (f32[64,128], f32[64,128]) opt-barrier(t)
+  g = f32[64,128] get-tuple-element(o), index=1
+  ROOT r = f32[64,128] negate(g)
+}
+"""
+    compiled = compile_checked(parse_module(text), V5E)
+    assert {v: compiled.buffers.buffer("main", v).space for v in ("b", "g", "r")} == {
+        "b": "vmem",
+        "g": "vmem",
+        "r": "hbm",
+    }

@@ -97,8 +97,8 @@ def scalar_word(shape: object) -> bool:
 
 
 def _forwarded(body: list[Instruction], root: str) -> list[Instruction]:
-    """``body`` with each tuple (but the root) and each element taken from one in its values' memories: they
-    forward their operands' buffers (an inlined call's results), which one memory must hold."""
+    """``body`` with each tuple (but the root), optimization barrier and element taken from one in its values'
+    memories: they forward their operands' buffers (an inlined call's results), which one memory must hold."""
     shapes: dict[str, AnyShape] = {}
     tuples: dict[str, TupleShape] = {}  # the tuples made here (not parameters' or loops')
     out = []
@@ -108,6 +108,11 @@ def _forwarded(body: list[Instruction], root: str) -> list[Instruction]:
             instr = replace(instr, shape=made)
         elif instr.opcode == "fusion" and isinstance(instr.shape, TupleShape):
             tuples[instr.name] = instr.shape  # (a multi-output fusion's elements, in the memories _resident says)
+        elif instr.opcode == "opt-barrier" and instr.operands[0] in shapes:
+            # (its operand's bytes: jax.checkpoint's barriers kept the values they pass in HBM)
+            instr = replace(instr, shape=shapes[instr.operands[0]])
+            if isinstance(instr.shape, TupleShape):
+                tuples[instr.name] = instr.shape
         elif instr.opcode == "get-tuple-element" and instr.operands[0] in tuples:
             instr = replace(instr, shape=tuples[instr.operands[0]].elements[instr.attr("index")])
         shapes[instr.name] = instr.shape
