@@ -20,6 +20,7 @@ from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import evaluate
 from tpusim.compiler.hlo.reference.io import random_inputs
 from tpusim.compiler.options import CompileOptions
+from tpusim.config import load_config
 from tpusim.isa import DmaStart, MxuMatmul, MxuPop
 
 CHIPS = ("tpu_v5e", "teaching")
@@ -114,15 +115,20 @@ def test_a_product_reads_a_compact_parameter_relaid_out_and_writes_its_result_in
     operand is stored with least padding, ``{0,3,2,1}`` (the 64 in the lanes, as XLA:TPU stores it), and the
     result row-major; the product then took the 32 as M and loaded each 64-slice of its operand a lane at a
     time (210.8 us). Layout choice may now relay parameters out and compute the result in another order
-    (copies at the program's boundary, kept only where they pay): within 0.67x-1.5x of XLA:TPU's estimate
-    for the program, 47.45 us (``cost_analysis()["optimal_seconds"]`` of its v5e compile, libtpu with jax
-    0.10.2)."""
+    (copies at the program's boundary, kept only where they pay): at most 1.5x XLA:TPU's estimate for the
+    program, 47.45 us (``cost_analysis()["optimal_seconds"]`` of its v5e compile, libtpu with jax 0.10.2),
+    and above the hardware's floor (its MXU work at peak, its bytes at HBM bandwidth). Since its two
+    contracting dimensions fold into one contraction of 768 (as XLA merges them) it takes 25.9 us, below
+    XLA's estimate, whose own contraction is merged too."""
     dims = "lhs_contracting_dims={2,3}, rhs_contracting_dims={0,1}"
     text = dot("bf16[64,32,16,48]", "bf16[16,48,256]", "bf16[64,32,256]", dims)
     m = parse_module(text)
     checked = run_checked(m, random_inputs(m, 4)[0], config="tpu_v5e")
     checked.assert_ok("relaid out")
-    assert 0.67 <= checked.result.seconds / 47.45e-6 <= 1.5, checked.result.seconds
+    cfg = load_config("tpu_v5e")
+    mxu = 2 * 64 * 32 * 768 * 256 / (cfg.mxu.count * cfg.mxu.rows * cfg.mxu.cols * 2 * cfg.clock_hz)
+    hbm = 2 * (64 * 32 * 768 + 768 * 256 + 64 * 32 * 256) / cfg.hbm.bandwidth_bytes_per_s
+    assert max(mxu, hbm) <= checked.result.seconds <= 1.5 * 47.45e-6, checked.result.seconds
 
 
 def test_near_ties_go_to_taller_blocks() -> None:
@@ -457,3 +463,33 @@ def test_a_weight_every_product_shares_is_read_once() -> None:
         if isinstance(i, DmaStart) and i.src.address == w.address and i.src.space == w.space
     ]
     assert len(loads) == len(set(loads)) > 1
+
+
+def test_contracting_dimensions_held_as_one_fold_into_one_contraction() -> None:
+    """A weight gradient contracts batch and sequence (``[4,65,192] x [4,65,768] -> [192,768]``). Laid out
+    sequence-major with the batch in the sublane tiles, both operands hold the pair as one dimension of 260:
+    the product compiles to the same MXU passes as the flat ``[260,192] x [260,768]`` one, where it issued 65
+    passes 4 rows deep (each padded to the MXU's 128 rows: 520 weight loads for 48). Outputs as the reference
+    interpreter's."""
+
+    def program(lhs: str, rhs: str, contracting: str) -> str:
+        return f"""HloModule wgrad
+ENTRY main {{
+  a = {lhs} parameter(0)
+  b = {rhs} parameter(1)
+  ROOT d = f32[192,768]{{1,0:T(8,128)}} dot(a, b),
+      lhs_contracting_dims={contracting}, rhs_contracting_dims={contracting}
+}}
+"""
+
+    folded = parse_module(program("f32[4,65,192]{2,0,1:T(4,128)}", "f32[4,65,768]{2,0,1:T(4,128)}", "{0,1}"))
+    flat = parse_module(program("f32[260,192]{1,0:T(8,128)}", "f32[260,768]{1,0:T(8,128)}", "{0}"))
+    checked = run_checked(folded, random_inputs(folded, 5)[0])
+    checked.assert_ok("weight gradient")
+
+    def passes(result: tpusim.SimulationResult) -> list[tuple[int, ...]]:
+        return sorted(i.lhs.dims for i in result.compiled.program.streams[0].instructions if isinstance(i, MxuMatmul))
+
+    reference = tpusim.simulate(flat, timing_only=True)
+    assert passes(checked.result) == passes(reference)
+    assert checked.result.cycles == reference.cycles

@@ -210,7 +210,32 @@ def _folded(
             rhs = ref
             a = {f: _drop(getattr(d, f), gone) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
         d = replace(d, **a, **o)
+    d, lhs, rhs = _contraction_folded(d, lhs, rhs)
     return d, lhs, rhs, out, None if kept is None else tuple(kept)
+
+
+def _contraction_folded(d: DotDims, lhs: MemRef, rhs: MemRef) -> tuple[DotDims, MemRef, MemRef]:
+    """The product with pairs of contracting dimensions folded into one wherever both operands hold the pair
+    as one dimension, in the same order (:func:`~tpusim.memory.reinterpret.merged_shape`): a weight gradient
+    contracting batch and sequence ``[4,65,192] x [4,65,768]`` laid out sequence-major is one contraction of
+    260, not 65 MXU passes 4 rows deep (each padded to the MXU's 128). The arrays are the same bytes."""
+    while len(d.lhs_contracting) >= 2 and lhs.window is None and rhs.window is None:
+        lc, rc = d.lhs_contracting, d.rhs_contracting
+        found = None
+        for j, k in itertools.permutations(range(len(lc)), 2):  # (fold pair j into pair k, in both operands)
+            ls, rs = merged_shape(lhs.shape, lc[j], lc[k]), merged_shape(rhs.shape, rc[j], rc[k])
+            if ls is not None and rs is not None:
+                found = j, ls, rs
+                break
+        if found is None:
+            break
+        j, ls, rs = found
+        gone_l, gone_r = lc[j], rc[j]
+        lhs, rhs = MemRef(lhs.space, lhs.address, ls, base=lhs.base), MemRef(rhs.space, rhs.address, rs, base=rhs.base)
+        a = {f: _drop(getattr(d, f), gone_l) for f in ("lhs_batch", "lhs_contracting", "lhs_free", "lhs_units")}
+        b = {f: _drop(getattr(d, f), gone_r) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
+        d = replace(d, **a, **b)
+    return d, lhs, rhs
 
 
 def _drop(dims: tuple[int, ...], gone: int) -> tuple[int, ...]:
