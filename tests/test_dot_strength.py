@@ -20,7 +20,7 @@ FORMS = {
     "bij,bij->b": ((8, 16, 64), (8, 16, 64)),
     "ib,bi->b": ((64, 32), (32, 64)),
     "ebd,be->bd": ((4, 64, 128), (64, 4)),  # a mixture of experts' outputs weighted by their gates
-    "ij,j->i": ((96, 200), (200,)),
+    "ij,j->i": ((4, 200), (200,)),
 }
 
 
@@ -62,11 +62,12 @@ def test_products_with_free_dimensions_on_both_sides_and_laid_out_modules_are_le
         "rhs_contracting_dims={1}\n}\n"
     )
     assert reduce_vector_dots(tiled) is tiled
-    big = parse_module(  # (4 MB to transpose for a contraction along its major dimension: the MXU keeps it)
-        "HloModule m\nENTRY e {\n  a = f32[1024] parameter(0)\n  b = f32[1024,1024] parameter(1)\n"
-        "  ROOT d = f32[1024] dot(a, b), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n}\n"
+    long = parse_module(  # (a contraction of 64 into 256 columns: MXU tiles worth latching)
+        "HloModule m\nENTRY e {\n  a = f32[32,64] parameter(0)\n  b = f32[32,256,64] parameter(1)\n"
+        "  ROOT d = f32[32,256] dot(a, b), lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={1}, "
+        "rhs_contracting_dims={2}\n}\n"
     )
-    assert reduce_vector_dots(big) is big
+    assert reduce_vector_dots(long) is long
 
 
 def test_a_gated_sum_of_expert_outputs_runs_on_the_vector_unit() -> None:

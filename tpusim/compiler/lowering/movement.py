@@ -26,7 +26,7 @@ from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.registry import NotLowerable, lowering
 from tpusim.compiler.lowering.relayout import store
 from tpusim.compiler.lowering.vector import lower_vector
-from tpusim.compiler.lowering.views import DmaSide, dma_cycles, view_shape
+from tpusim.compiler.lowering.views import ref_dma_cycles, static_offsets, view_shape
 from tpusim.isa import (
     Const,
     DmaStart,
@@ -80,17 +80,9 @@ def dma_pieces(ctx: Lowering, pairs: list[tuple[MemRef, MemRef]]) -> float:
     cfg = ctx.config
     data = 0.0
     for src, dst in pairs:
-        sides = [DmaSide(r.space, r.shape, _static_offsets(r)) for r in (src, dst)]
-        data += dma_cycles(cfg, sides[0], sides[1], tuple(src.dims))
+        data += ref_dma_cycles(cfg, src, dst)
     rounds = -(-len(pairs) // cfg.dma.engines)
     return data + rounds * cfg.dma.setup_cycles + cfg.cycles(cfg.hbm.latency_ns)
-
-
-def _static_offsets(ref: MemRef) -> tuple[int, ...] | None:
-    """A window's offsets, with register offsets estimated at 0 (None: the whole array)."""
-    if ref.window is None:
-        return None
-    return tuple(o if isinstance(o, int) else 0 for o in ref.window.offsets)
 
 
 def _vector_estimate(ctx: Lowering, operands: list[MemRef], result: MemRef) -> float:
@@ -414,7 +406,7 @@ def lower_slice(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
 def _serial_pieces(ctx: Lowering, pairs: list[tuple[MemRef, MemRef]]) -> float:
     """:func:`dma_pieces`, or, when the destination windows' byte extents overlap (rows that share tiles: the
     scoreboard orders such writes one after the other), every piece's latency and set-up in turn."""
-    extents = sorted(window_extent(d.shape, _static_offsets(d), tuple(d.dims)) for _, d in pairs)
+    extents = sorted(window_extent(d.shape, static_offsets(d), tuple(d.dims)) for _, d in pairs)
     if all(a[1] <= b[0] for a, b in itertools.pairwise(extents)):
         return dma_pieces(ctx, pairs)
     cfg = ctx.config

@@ -9,12 +9,12 @@ an XLU (``vpu.copy``), and stores whole tiles. :func:`store` takes whichever of 
 from __future__ import annotations
 
 from dataclasses import replace
-from math import ceil
 
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
-from tpusim.compiler.lowering.views import DmaSide, dma_cycles
+from tpusim.compiler.lowering.views import ref_dma_cycles, static_offsets
 from tpusim.isa import DmaStart, MemRef, Space, VpuCopy
 from tpusim.memory import Shape
+from tpusim.memory.windows import window_vregs
 
 __all__ = ["store"]
 
@@ -27,7 +27,8 @@ def store(ctx: Lowering, src: MemRef, dst: MemRef, sem: int) -> int:
         ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
         return 1
     cfg = ctx.config
-    vregs = ceil(src.shape.byte_size / ctx.vreg_bytes)
+    # (the vector copy's cost: the registers it crosses lanes for, or stores where the window is narrow)
+    vregs = max(window_vregs(r.shape, static_offsets(r), tuple(r.dims), ctx.vreg_bytes) for r in (src, dst))
     crossing = vregs * cfg.xlu.transpose_cycles_per_vreg / cfg.xlu.count
     staged = None
     if dst.space is not Space.VMEM:
@@ -37,8 +38,8 @@ def store(ctx: Lowering, src: MemRef, dst: MemRef, sem: int) -> int:
         except VmemExhausted:
             ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
             return 1
-        crossing += _dma(ctx, staged, dst)
-    if _dma(ctx, src, dst) <= crossing:
+        crossing += ref_dma_cycles(cfg, staged, dst)
+    if ref_dma_cycles(cfg, src, dst) <= crossing:
         ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
         return 1
     if staged is None:
@@ -52,15 +53,3 @@ def store(ctx: Lowering, src: MemRef, dst: MemRef, sem: int) -> int:
 def _lanes(shape: Shape) -> int | None:
     m2m = shape.effective_layout.minor_to_major
     return m2m[0] if m2m else None
-
-
-def _dma(ctx: Lowering, src: MemRef, dst: MemRef) -> float:
-    """The data phase of a DMA from ``src`` to ``dst`` (register offsets taken as 0)."""
-    sides = [DmaSide(r.space, r.shape, _offsets(r)) for r in (src, dst)]
-    return dma_cycles(ctx.config, sides[0], sides[1], tuple(src.dims))
-
-
-def _offsets(ref: MemRef) -> tuple[int, ...] | None:
-    if ref.window is None:
-        return None
-    return tuple(o if isinstance(o, int) else 0 for o in ref.window.offsets)

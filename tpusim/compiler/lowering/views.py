@@ -23,7 +23,7 @@ from tpusim.config import ChipConfig
 from tpusim.isa import MemRef, Space
 from tpusim.memory import Shape, geometry, reinterpret
 
-__all__ = ["DmaSide", "dma_cycles", "joint_runs", "view_ref", "view_shape"]
+__all__ = ["DmaSide", "dma_cycles", "joint_runs", "ref_dma_cycles", "static_offsets", "view_ref", "view_shape"]
 
 _SAMPLE_ELEMENTS = 1 << 16
 """Run counts of bigger transfers are measured on a slab of about this many elements and scaled."""
@@ -84,6 +84,19 @@ class DmaSide:
         self.space = space
         self.shape = shape
         self.offsets = offsets if offsets is not None else (0,) * shape.rank
+
+
+def static_offsets(ref: MemRef) -> tuple[int, ...] | None:
+    """A window's offsets, with register offsets estimated at 0 (None: the whole array)."""
+    if ref.window is None:
+        return None
+    return tuple(o if isinstance(o, int) else 0 for o in ref.window.offsets)
+
+
+def ref_dma_cycles(config: ChipConfig, src: MemRef, dst: MemRef) -> float:
+    """:func:`dma_cycles` of a DMA from ``src`` to ``dst`` (register offsets estimated at 0)."""
+    sides = [DmaSide(r.space, r.shape, static_offsets(r)) for r in (src, dst)]
+    return dma_cycles(config, sides[0], sides[1], tuple(src.dims))
 
 
 def dma_cycles(config: ChipConfig, src: DmaSide, dst: DmaSide, sizes: tuple[int, ...]) -> float:
