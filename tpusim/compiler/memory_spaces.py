@@ -120,24 +120,36 @@ def _forwarded(body: list[Instruction], root: str) -> list[Instruction]:
     return out
 
 
+_SHARING = frozenset(
+    {"tuple", "get-tuple-element", "bitcast", "reshape", "transpose", "copy", "opt-barrier", "while", "call"}
+    | {"conditional", "dynamic-update-slice", "bitcast-convert", "add-dependency", "domain", "copy-start"}
+)
+"""Instructions whose result may share their operand's buffer (and so put it where their own value lives)."""
+
+
 def _copied_out(
     body: list[Instruction], comp: Computation, state: dict[str, frozenset[int]], returned: set[str]
 ) -> list[Instruction]:
     """``body`` with each element of a loop's on-chip state that is read after the loop taken as the state's
     element (``S(1)``): the element the computation returns (a program result) under a new name, copied out
-    to a value of its old name, shape and memory; any other is read where the loop left it (it was copied
-    out to HBM too, and its readers loaded it back)."""
+    to a value of its old name, shape and memory, as is one that an instruction that may share its buffer
+    reads (:data:`_SHARING`: a bitcast of it may be a result); any other is read where the loop left it (it
+    was copied out to HBM too, and its readers loaded it back)."""
     loops = {i.name: state[f"{comp.name}/{i.name}"] for i in body if f"{comp.name}/{i.name}" in state}
     if not loops:
         return body
     taken = {i.name for i in comp.instructions}
+    readers: dict[str, set[str]] = {}
+    for instr in comp.instructions:
+        for o in instr.operands:
+            readers.setdefault(o, set()).add(instr.opcode)
     out: list[Instruction] = []
     for instr in body:
         kept = loops.get(instr.operands[0]) if instr.opcode == "get-tuple-element" else None
         if kept is None or instr.attr("index") not in kept or not isinstance(instr.shape, Shape):
             out.append(instr)
             continue
-        if instr.name not in returned:
+        if instr.name not in returned and not readers.get(instr.name, set()) & _SHARING:
             out.append(replace(instr, shape=on_chip_shape(instr.shape)))
             continue
         element = unique_name(f"{instr.name}.state", taken)
