@@ -25,13 +25,15 @@ Anything else (a real sliding window, feature or batch groups) is a convolution,
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpusim.compiler.hlo.ir import ConvDims, Instruction, Window, WindowDim
 from tpusim.memory import Shape
+from tpusim.memory.reinterpret import merged_shape
 
-__all__ = ["DotDims", "convolution_dims", "dot_dims", "oriented"]
+__all__ = ["DotDims", "convolution_dims", "dot_dims", "folded_contraction", "oriented", "without_dim"]
 
 
 @dataclass(frozen=True)
@@ -231,3 +233,32 @@ def _spatial_role(w: WindowDim, n_in: int, n_k: int, n_out: int) -> str | None:
     if n_in == n_k == n_out and triples == {(o, o, o) for o in range(n_out)}:
         return "batch"
     return None
+
+
+def folded_contraction(d: DotDims, lhs: Shape, rhs: Shape) -> tuple[DotDims, Shape, Shape]:
+    """The product with pairs of contracting dimensions folded into one wherever both operands hold the pair
+    as one dimension, in the same order (:func:`~tpusim.memory.reinterpret.merged_shape`; the shapes are
+    the same bytes): a weight gradient contracting batch and sequence ``[4,65,192] x [4,65,768]`` laid out
+    sequence-major is one contraction of 260, not 65 contractions of 4 (the MXU lowering and the layout
+    choice's cost of a product both see it so)."""
+    while len(d.lhs_contracting) >= 2:
+        lc, rc = d.lhs_contracting, d.rhs_contracting
+        found = None
+        for j, k in itertools.permutations(range(len(lc)), 2):  # (fold pair j into pair k, in both operands)
+            ls, rs = merged_shape(lhs, lc[j], lc[k]), merged_shape(rhs, rc[j], rc[k])
+            if ls is not None and rs is not None:
+                found = j, ls, rs
+                break
+        if found is None:
+            break
+        j, lhs, rhs = found
+        gone_l, gone_r = lc[j], rc[j]
+        a = {f: without_dim(getattr(d, f), gone_l) for f in ("lhs_batch", "lhs_contracting", "lhs_free", "lhs_units")}
+        b = {f: without_dim(getattr(d, f), gone_r) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
+        d = replace(d, **a, **b)
+    return d, lhs, rhs
+
+
+def without_dim(dims: tuple[int, ...], gone: int) -> tuple[int, ...]:
+    """``dims`` without dimension ``gone``, the later ones renumbered as in a shape without it."""
+    return tuple(x - (x > gone) for x in dims if x != gone)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from tpusim.compiler.dot_dims import DotDims, convolution_dims, dot_dims, oriented
+from tpusim.compiler.dot_dims import DotDims, convolution_dims, dot_dims, folded_contraction, oriented, without_dim
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
@@ -202,45 +202,30 @@ def _folded(
             kept = [MemRef(r.space, r.address, m, base=r.base) for r, m in zip(kept, merged) if m is not None]
             if len(kept) != len(merged):
                 kept = None
-        o = {f: _drop(getattr(d, f), out_gone) for f in ("out_batch", "out_lhs_free", "out_rhs_free", "out_units")}
+        o = {
+            f: without_dim(getattr(d, f), out_gone) for f in ("out_batch", "out_lhs_free", "out_rhs_free", "out_units")
+        }
         if side == 0:
             lhs = ref
-            a = {f: _drop(getattr(d, f), gone) for f in ("lhs_batch", "lhs_contracting", "lhs_free", "lhs_units")}
+            a = {f: without_dim(getattr(d, f), gone) for f in ("lhs_batch", "lhs_contracting", "lhs_free", "lhs_units")}
         else:
             rhs = ref
-            a = {f: _drop(getattr(d, f), gone) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
+            a = {f: without_dim(getattr(d, f), gone) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
         d = replace(d, **a, **o)
     d, lhs, rhs = _contraction_folded(d, lhs, rhs)
     return d, lhs, rhs, out, None if kept is None else tuple(kept)
 
 
 def _contraction_folded(d: DotDims, lhs: MemRef, rhs: MemRef) -> tuple[DotDims, MemRef, MemRef]:
-    """The product with pairs of contracting dimensions folded into one wherever both operands hold the pair
-    as one dimension, in the same order (:func:`~tpusim.memory.reinterpret.merged_shape`): a weight gradient
-    contracting batch and sequence ``[4,65,192] x [4,65,768]`` laid out sequence-major is one contraction of
-    260, not 65 MXU passes 4 rows deep (each padded to the MXU's 128). The arrays are the same bytes."""
-    while len(d.lhs_contracting) >= 2 and lhs.window is None and rhs.window is None:
-        lc, rc = d.lhs_contracting, d.rhs_contracting
-        found = None
-        for j, k in itertools.permutations(range(len(lc)), 2):  # (fold pair j into pair k, in both operands)
-            ls, rs = merged_shape(lhs.shape, lc[j], lc[k]), merged_shape(rhs.shape, rc[j], rc[k])
-            if ls is not None and rs is not None:
-                found = j, ls, rs
-                break
-        if found is None:
-            break
-        j, ls, rs = found
-        gone_l, gone_r = lc[j], rc[j]
-        lhs, rhs = MemRef(lhs.space, lhs.address, ls, base=lhs.base), MemRef(rhs.space, rhs.address, rs, base=rhs.base)
-        a = {f: _drop(getattr(d, f), gone_l) for f in ("lhs_batch", "lhs_contracting", "lhs_free", "lhs_units")}
-        b = {f: _drop(getattr(d, f), gone_r) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
-        d = replace(d, **a, **b)
+    """The product with the contracting dimensions both operands hold as one folded into one contraction
+    (:func:`~tpusim.compiler.dot_dims.folded_contraction`): the arrays seen with fewer dimensions."""
+    if lhs.window is not None or rhs.window is not None:
+        return d, lhs, rhs
+    d, ls, rs = folded_contraction(d, lhs.shape, rhs.shape)
+    if ls is not lhs.shape:
+        lhs = MemRef(lhs.space, lhs.address, ls, base=lhs.base)
+        rhs = MemRef(rhs.space, rhs.address, rs, base=rhs.base)
     return d, lhs, rhs
-
-
-def _drop(dims: tuple[int, ...], gone: int) -> tuple[int, ...]:
-    """``dims`` without dimension ``gone``, the later ones renumbered as in a shape without it."""
-    return tuple(x - (x > gone) for x in dims if x != gone)
 
 
 # --------------------------------------------------------------------------------------------- helpers
