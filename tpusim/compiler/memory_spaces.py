@@ -11,8 +11,8 @@ A ``while`` loop's state is one buffer across the loop, its body and its conditi
 kept on chip too, as XLA:TPU keeps a scan's state in VMEM (its compiled scans' ``while`` tuples are ``S(1)``):
 their layouts say ``S(1)`` in the loop's, the body's and the condition's views of the state, buffer
 assignment copies them in once before the first iteration, and an element read after the loop is read where
-the loop left it, or, when the computation returns it (a program result), copied out once to a value with its
-old name and memory.
+the loop left it, or, when the computation returns it (a program result) or an instruction that may share its
+buffer reads it, copied out once to a value with its old name and memory.
 
 Integer and pred scalar entry parameters (an index, a position, a step count) arrive in HBM like every
 parameter; one the program reads is copied into SMEM once, where the scalar unit reads it
