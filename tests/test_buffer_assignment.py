@@ -736,3 +736,27 @@ ENTRY main {
     compiled = compile_checked(parse_module(text), V5E)
     assert compiled.buffers.buffer("main", "w", (1,)).space == "vmem"
     assert compiled.buffers.buffer("main", "r").space == "hbm"
+
+
+def test_scalar_arguments_are_copied_into_smem_together() -> None:
+    """JAX declares each parameter where it is first used, so a scalar argument's SMEM copy was waited for
+    (its user came next) before the next argument's started: one HBM latency per scalar argument, in series
+    (``lax.switch`` on one and ``lax.cond`` on another: 4.68 -> 4.28 us on v5e). The parameters come first
+    and their copies' DMAs are in flight together, one wait for both."""
+    from tpusim.api import compile_checked
+    from tpusim.isa import DmaStart, SemWait
+
+    text = """HloModule two_scalars
+ENTRY main {
+  a = s32[] parameter(0)
+  z = s32[] constant(0)
+  p = pred[] compare(a, z), direction=GT
+  q = s32[] convert(p)
+  b = s32[] parameter(1)
+  ROOT s = s32[] add(q, b)
+}
+"""
+    compiled = compile_checked(parse_module(text), V5E)
+    code = compiled.program.streams[0].instructions
+    first_wait = next(k for k, i in enumerate(code) if isinstance(i, SemWait))
+    assert sum(isinstance(i, DmaStart) for i in code[:first_wait]) == 2
