@@ -254,6 +254,12 @@ class Shape(_CachedHash):
         """Whether the layout given (not the default one) is tiled: a value of a module laid out already."""
         return self.layout is not None and bool(self.layout.tiles)
 
+    def lays_out_like(self, other: Shape) -> bool:
+        """Whether ``other`` has this element type and places elements as this layout does (the same order and
+        tiles, whatever the dimensions and memory space): a block of one can be written as a block of the other."""
+        a, b = self.effective_layout, other.effective_layout
+        return self.element_type == other.element_type and (a.minor_to_major, a.tiles) == (b.minor_to_major, b.tiles)
+
     def with_layout(self, layout: Layout | None) -> Shape:
         return replace(self, layout=layout)
 

@@ -625,8 +625,7 @@ class _DotEmitter:
         if self.epilogue is not None:
             epi, *sides = self.v.riders
             last = shapes.get("store") or shapes.get("convert") or shapes["pop"]
-            a, b = last.effective_layout, epi.shape.effective_layout
-            if last.element_type != epi.element_type or (a.minor_to_major, a.tiles) != (b.minor_to_major, b.tiles):
+            if not last.lays_out_like(epi.shape):
                 shapes["epilogue"] = Shape(epi.element_type, c_dims, layout=epi.shape.layout)
             # (else the epilogue overwrites the block it reads: no buffers of its own)
             for k, side in enumerate(sides):  # whole, or the block's window (size 1 where broadcast), as stored

@@ -145,11 +145,7 @@ class _Emitter:
             instr = self.comp[root]
             if home.space is not Space.VMEM or instr.opcode in ("parameter", "constant") or root in self.scalars:
                 continue
-            a, b = home.shape.effective_layout, instr.array_shape.effective_layout
-            if home.element_type != instr.array_shape.element_type or (a.minor_to_major, a.tiles) != (
-                b.minor_to_major,
-                b.tiles,
-            ):
+            if not home.shape.lays_out_like(instr.array_shape):
                 continue
             if any(o.shares_bytes(home) for o in others):
                 continue

@@ -161,8 +161,6 @@ def _overlap(pending: list[MemRef], refs: list[MemRef]) -> bool:
         for r in refs:
             if p.space is not r.space:
                 continue
-            if p.base is not None or r.base is not None:
-                return True
-            if p.address < r.address + r.shape.byte_size and r.address < p.address + p.shape.byte_size:
+            if p.base is not None or r.base is not None or p.shares_bytes(r):
                 return True
     return False
