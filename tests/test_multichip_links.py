@@ -12,7 +12,9 @@ from tpusim.compiler.hlo import parse_module
 from tpusim.compiler.hlo.reference import evaluate_spmd
 from tpusim.compiler.hlo.reference.io import random_inputs
 from tpusim.compiler.options import CompileOptions
+from tpusim.report.analysis import analyse
 from tpusim.report.links import collective_time, format_links, link_trace_events, link_usage, remote_targets
+from tpusim.report.summary_json import summary_from_analysis
 
 SUM = "sum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n"
 
@@ -139,3 +141,26 @@ def test_command_line_runs_many_chips(tmp_path: Path, capsys: object) -> None:
             np.testing.assert_allclose(data[f"out{j}"], np.stack([w[j] for w in want]), rtol=1e-6, atol=1e-6)
     assert main(["run", *argv[:-2], "--topology", "3x3"]) == 1
     assert "topology 3x3 holds 9 chips, not the 8 chips of the run" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+def test_pushes_to_other_chips_show_as_ici_queues_in_the_report() -> None:
+    """A core's local transfers take its ``dma.engines``, its pushes to other chips its ICI queues (one per
+    link): the report rebuilds both pools per core (rows ``dma.engineK`` and ``dma.iciK``), never more of
+    either than the config has, and every DMA is on exactly one row."""
+    chips = 4
+    text = (f"HloModule ar, replica_count={chips}\n{SUM}ENTRY main {{\n  x = f32[512,1024] parameter(0)\n"
+            f"  ROOT r = f32[512,1024] all-reduce(x), replica_groups={{}}, to_apply=sum\n}}\n")  # fmt: skip
+    result = tpusim.simulate(text, chips=chips, config="tpu_v4", timing_only=True)
+    a = analyse(result)
+    cfg = result.compiled.config
+    rows = [u for u in a.units if u["kind"] == "dma_engine"]
+    ici = [u for u in rows if ".dma.ici" in u["name"]]
+    local = [u for u in rows if ".dma.engine" in u["name"]]
+    assert ici and local and not a.notes
+    for chip in range(chips):
+        assert 0 < sum(u["chip"] == chip for u in ici) <= cfg.ici.links_per_chip
+        assert 0 < sum(u["chip"] == chip for u in local) <= cfg.dma.engines
+    dmas = next(u for u in a.units if u["kind"] == "dma" and u["chip"] == 0)["instructions"]
+    assert sum(u["instructions"] for u in rows if u["chip"] == 0) == dmas
+    series = summary_from_analysis(a)["series"]["utilisation"]
+    assert all(u["name"] in series for u in rows)

@@ -332,7 +332,7 @@ class HbmConfig:
 class DmaConfig:
     """The DMA engines of one TensorCore."""
 
-    engines: int = 4  # transfers in flight at once per core
+    engines: int = 4  # local transfers in flight at once per core (pushes to other chips: one ICI queue per link)
     queue_depth: int = 16  # issued transfers waiting for an engine before the sequencer stalls
     setup_cycles: int = 32  # per-transfer descriptor work before the first byte moves
     burst_bytes: int = 32  # HBM access granule: each contiguous run is charged whole bursts

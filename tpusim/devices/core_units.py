@@ -33,7 +33,8 @@ class CoreUnits:
             ``core.instruction_queue_depth`` instructions (a full FIFO holds back issue).
         vpu_free, xlu_free, fallback_free: next free cycle of the vector unit, of each XLU, of the fallback unit.
         mxus, mxu_queues: each MXU's state and FIFO; ``mxu_ctx`` zips them with the lane ids and depth.
-        dma: the DMA engines.
+        dma: the DMA engines (transfers within the chip).
+        ici_dma: the ICI queues, one per link (pushes to other chips).
         vpu_unit, fallback_unit, dma_unit, xlu_units, mxu_units: trace lane ids.
     """
 
@@ -42,6 +43,7 @@ class CoreUnits:
         "dma_unit",
         "fallback_free",
         "fallback_unit",
+        "ici_dma",
         "mxu_ctx",
         "mxu_queues",
         "mxu_units",
@@ -73,3 +75,4 @@ class CoreUnits:
         # per MXU: its state, its FIFO of start cycles, its trace lane and the FIFO's depth (issue_mxu_fast)
         self.mxu_ctx = [(m, q, u, depth) for m, q, u in zip(self.mxus, self.mxu_queues, self.mxu_units)]
         self.dma = DmaEngines(cfg, machine.network)
+        self.ici_dma = DmaEngines(cfg, machine.network, max(1, cfg.ici.links_per_chip))

@@ -2,7 +2,9 @@
 
 Cost rule of one transfer (every symbol a config key; derivation in ``docs/model.md``):
 
-1. It waits for one of the core's ``dma.engines`` (FIFO), then spends ``dma.setup_cycles``.
+1. It waits for one of the core's ``dma.engines`` (FIFO), or, when it names a chip (a push through the
+   interconnect), for one of the core's ICI queues (``ici.links_per_chip``, FIFO), then spends
+   ``dma.setup_cycles``.
 2. Its data phase is a flow (:mod:`tpusim.devices.flows`) of ``payload`` bytes (window elements x
    element size; a whole-array copy between identical layouts moves the whole buffer, padding included)
    through: the chip's HBM for every HBM side, at ``hbm.bandwidth_bytes_per_s / clock_hz`` bytes per
@@ -18,7 +20,7 @@ Cost rule of one transfer (every symbol a config key; derivation in ``docs/model
    ``dcn.latency_ns`` per crossing of the data-center network) after its last byte moved; then the bytes
    land, and the semaphores are incremented.
 
-The engine is released when the data phase ends, so latencies of back-to-back transfers overlap.
+The engine (or queue) is released when the data phase ends, so latencies of back-to-back transfers overlap.
 """
 
 from __future__ import annotations
@@ -351,6 +353,7 @@ class Transfer(Flow):
         "dst_bank",
         "dst_sem",
         "end",
+        "engines",
         "event",
         "facts",
         "index",
@@ -391,6 +394,7 @@ class Transfer(Flow):
         self.start = 0
         self.end = 0  # the completion cycle, known when the last byte moved
         self.done = False
+        self.engines: DmaEngines = core.units.dma  # the pool it holds during its data phase (issue_dma sets it)
         self.event: Event | None = None
 
     def wait_event(self) -> Event:
@@ -409,7 +413,7 @@ class Transfer(Flow):
     def finish(self, now: int) -> None:
         """The flow moved its last byte at ``now``: free the engine; complete after the latency."""
         core = self.core
-        engines = core.units.dma
+        engines = self.engines
         if engines.queue:
             engines.release(now)
         else:
@@ -494,19 +498,22 @@ def _copy_runs(s: Access, d: Access, shifts: tuple[int, int], runs: tuple[Any, .
 
 
 class DmaEngines:
-    """The DMA engines of one core: ``count`` transfers in their data phase at once, a FIFO of waiting ones.
+    """A pool of DMA engines of one core: ``count`` transfers in their data phase at once, a FIFO of waiting
+    ones. A core has two: its ``dma.engines`` for transfers within the chip, and one queue per ICI link for
+    pushes to other chips (so a collective's pushes never hold back a kernel's tile loads).
 
     Args:
         cfg: the chip's config (``dma.engines``, ``dma.queue_depth``, ``dma.setup_cycles``).
         network: the flow network a transfer's data phase joins.
+        count: the pool's size (default ``dma.engines``).
     """
 
     __slots__ = ("depth", "free", "network", "queue", "setup", "space_event")
 
-    def __init__(self, cfg: ChipConfig, network: FlowNetwork) -> None:
+    def __init__(self, cfg: ChipConfig, network: FlowNetwork, count: int | None = None) -> None:
         self.network = network
         self.depth = cfg.dma.queue_depth
-        self.free = cfg.dma.engines
+        self.free = cfg.dma.engines if count is None else count
         self.setup = cfg.dma.setup_cycles
         self.queue: list[tuple[Transfer, int]] = []
         self.space_event: Any = None
@@ -650,13 +657,14 @@ def issue_dma(core: Core, d: Decoded, t: int) -> Issued:
     need, busy = sb.check_copy(t, r, w)
     if busy is not None:
         return core.block(d, "waits for {}, which touches the same memory", busy.wait_event(), busy)
-    engines = core.units.dma
+    engines = core.units.dma if ins.chip is None else core.units.ici_dma
     if len(engines.queue) >= engines.depth:
         if engines.space_event is None:
             engines.space_event = Event(core.env)
         return core.block(d, "waits for room in the DMA queue", engines.space_event)
     dst_bank = dst_chip.sems[dst_core] if ins.dst_sem is not None else None
     tr = Transfer(core, i, core.first_try, facts, ins.sem, dst_bank, ins.dst_sem, copy)
+    tr.engines = engines
     sb.add_dma(tr, r, w)
     ready = need if need > t else t
     if engines.free > 0:  # (engines.submit, inlined for the common case)

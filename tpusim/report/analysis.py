@@ -112,31 +112,37 @@ def _place(unit: str) -> tuple[int, int | None]:
 
 
 def _engines(f: TraceFacts, cfg: ChipConfig, total: int) -> tuple[np.ndarray, list[dict[str, Any]], list[str]]:
-    """Which engine carried each DMA: transfers take the lowest free engine in start order, an engine being
-    held from the transfer's start to the end of its data phase (``docs/model.md``: FIFO engines, freed when
-    the last byte moves). Engines are identical, so the numbering is a convention; the count busy at any
-    cycle is exact."""
+    """Which engine carried each DMA: transfers take the lowest free engine of their pool in start order, an
+    engine being held from the transfer's start to the end of its data phase (``docs/model.md``: FIFO
+    engines, freed when the last byte moves). A core's local transfers take its ``dma.engines`` (rows
+    ``dma.engineK``), its pushes to other chips its ICI queues, one per link (rows ``dma.iciK``; an entry's
+    number counts within its pool, ``TraceFacts.remote`` says which). Engines are identical, so the
+    numbering is a convention; the count busy at any cycle is exact."""
     tr = f.trace
     engine = np.full(len(tr), -1, np.int64)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     dma = f.kind == "dma"
+    pools = ((~f.remote, "engine", cfg.dma.engines), (f.remote, "ici", max(1, cfg.ici.links_per_chip)))
     for chip, core in sorted({(int(a), int(b)) for a, b in zip(f.chip[dma], f.core[dma])}):
-        sel = np.flatnonzero(dma & (f.chip == chip) & (f.core == core))
-        lanes = assign_lanes(tr.start[sel], f.data_end[sel], sel)
-        engine[sel] = lanes
-        n = max(cfg.dma.engines, int(lanes.max()) + 1)
-        if n > cfg.dma.engines:
-            notes.append(f"chip{chip}.core{core}: transfers overlap on {n} engines but the config has "
-                         f"{cfg.dma.engines}; the engine rows are a reconstruction")  # fmt: skip
-        for k in range(n):
-            mine = sel[lanes == k]
-            busy = int((f.data_end[mine] - tr.start[mine]).sum())
-            rows.append({
-                "name": f"chip{chip}.core{core}.dma.engine{k}", "kind": "dma_engine", "chip": chip, "core": core,
-                "instructions": len(mine), "busy_cycles": busy, "busy_fraction": _ratio(busy, total),
-                "bytes": int(tr.bytes[mine].sum()), "flops": 0, "critical_path_cycles": None,
-            })  # fmt: skip
+        for which, label, count in pools:
+            sel = np.flatnonzero(dma & which & (f.chip == chip) & (f.core == core))
+            if not sel.size:
+                continue
+            lanes = assign_lanes(tr.start[sel], f.data_end[sel], sel)
+            engine[sel] = lanes
+            n = max(count, int(lanes.max()) + 1)
+            if n > count:
+                notes.append(f"chip{chip}.core{core}: transfers overlap on {n} {label} queues but the config has "
+                             f"{count}; the {label} rows are a reconstruction")  # fmt: skip
+            for k in range(n):
+                mine = sel[lanes == k]
+                busy = int((f.data_end[mine] - tr.start[mine]).sum())
+                rows.append({
+                    "name": f"chip{chip}.core{core}.dma.{label}{k}", "kind": "dma_engine", "chip": chip,
+                    "core": core, "instructions": len(mine), "busy_cycles": busy, "busy_fraction": _ratio(busy, total),
+                    "bytes": int(tr.bytes[mine].sum()), "flops": 0, "critical_path_cycles": None,
+                })  # fmt: skip
     return engine, rows, notes
 
 

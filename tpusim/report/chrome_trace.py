@@ -142,7 +142,7 @@ def trace_events(a: RunAnalysis) -> Iterator[dict[str, Any]]:
             "cycles": e - s,
         }  # fmt: skip
         if a.engine[i] >= 0:
-            args["dma_engine"] = int(a.engine[i])
+            args["ici_queue" if f.remote[i] else "dma_engine"] = int(a.engine[i])
         name = f.hlo[i] or f"({f.mnemonic[i]})"
         ev = {"ph": "X", "name": name, "cat": str(f.kind[i]), "ts": ns_to_us(s_ns), "dur": ns_to_us(e_ns - s_ns),
               "pid": int(pid[i]), "tid": int(tid[i]), "args": args}  # fmt: skip

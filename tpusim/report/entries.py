@@ -67,6 +67,7 @@ class TraceFacts:
         mnemonic: per entry, the instruction's mnemonic (``dma.start``, ``mxu.matmul`` ...).
         hlo: per entry, the HLO instruction name ("" when none).
         fallback: per entry, True for fallback kernels.
+        remote: DMAs that name a chip (pushes: the core's ICI queues carry them, not its DMA engines).
         remote_dmas: DMAs to another chip (their link hops are not in the trace).
     """
 
@@ -86,6 +87,7 @@ class TraceFacts:
     mnemonic: tuple[str, ...]
     hlo: tuple[str, ...]
     fallback: np.ndarray
+    remote: np.ndarray
     remote_dmas: int
 
 
@@ -207,5 +209,6 @@ def decode_trace(trace: Trace, config: ChipConfig, program: Program | None = Non
         mnemonic=tuple(f.mnemonic for f in facts),
         hlo=tuple(hlo_table[i] for i in fid.tolist()),
         fallback=kind == "fallback",
+        remote=np.fromiter((f.remote for f in facts), bool, n),
         remote_dmas=sum(1 for f in facts if f.remote),
     )

@@ -7,6 +7,7 @@ Everything a person reads in ``report.md`` and every plot but the unit timeline 
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -94,8 +95,9 @@ def _series(a: RunAnalysis) -> dict[str, Any]:
     for row in a.units:
         if row["kind"] != "dma_engine":
             continue
-        k = int(row["name"].rsplit("engine", 1)[1])
-        sel = (a.engine == k) & (f.chip == row["chip"]) & (f.core == row["core"])
+        pool, k = re.fullmatch(r".*\.dma\.(engine|ici)(\d+)", row["name"]).groups()  # type: ignore[union-attr]
+        remote = f.remote if pool == "ici" else ~f.remote
+        sel = (a.engine == int(k)) & remote & (f.chip == row["chip"]) & (f.core == row["core"])
         util[row["name"]] = [float(x) for x in binned_busy(tr.start[sel], f.data_end[sel], edges) / width]
     hbm = {m["name"]: _hbm_rate_series(a, m["chip"], edges) for m in a.memories if m["kind"] == "hbm"}
     return {
