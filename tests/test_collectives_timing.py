@@ -378,7 +378,8 @@ def test_a_latency_bound_all_gather_pushes_straight_to_every_partner(
 ) -> None:
     """64 B per chip (issue 16: about 2 us by the scaling book's hop count, 5.7 us over the ring of 4 v4 chips,
     a store-and-forward step per chip): each chip pushes its shard to every partner at once, which beats the
-    rings (v4 ring of 4: 4.5 us against 5.7; 4x4x4: 14.6 against 17.7; v5e 4x4 lines: 12.7 against 17.3).
+    rings (v4 ring of 4: 4.5 us against 5.7; 4x4x4: 14.6 against 16.0, 17.7 before pushes had queues per
+    link; v5e 4x4 lines: 12.7 against 17.3).
     A 4 MiB gather keeps its rings, whose steps are then bandwidth, not latency."""
     import tpusim.compiler.lowering.collectives as lowering
 
@@ -391,5 +392,5 @@ def test_a_latency_bound_all_gather_pushes_straight_to_every_partner(
 
     direct, big = seconds(tiny), seconds(_program("all-gather", 4 * MIB, n))
     monkeypatch.setattr(lowering, "direct_gather_pays", lambda *args: False)
-    assert direct < 0.9 * seconds(tiny)
+    assert direct < 0.95 * seconds(tiny)
     assert big == seconds(_program("all-gather", 4 * MIB, n))

@@ -50,6 +50,7 @@ X_HBM = ref("hbm", 0x0, "f32[16,8]{1,0:T(8,8)}")  # 512 bytes, 2 registers
 X = ref("vmem", 0x0, "f32[16,8]{1,0:T(8,8)}")
 Y = ref("vmem", 0x400, "f32[16,8]{1,0:T(8,8)}")
 Y_HBM = ref("hbm", 0x400, "f32[16,8]{1,0:T(8,8)}")
+LONG = ref("vmem", 0x1000, "f32[64,8]{1,0:T(8,8)}")  # 16 registers
 
 
 def test_exact_timeline_of_a_small_program():
@@ -215,6 +216,31 @@ def test_semaphores_between_cores():
     # core 0 signals at its issue cycle 1 (the signal does not wait for the exponential)
     assert rows[("chip0.core1.sync", "sem.wait")] == (0, 2)
     assert rows[("chip0.core0.sync", "sem.wait")] == (2, 3)
+
+
+def test_a_fenced_signal_leaves_when_the_compute_before_it_has_completed():
+    """``sem.signal fence`` (a ring's credit: the vector unit has read the buffer) leaves when the
+    exponential issued before it ends; the sequencer itself goes on at once (its scalar op issues next)."""
+    for fence in (False, True):
+        prog = Program(
+            (
+                Stream(
+                    0,
+                    (
+                        VpuMap("exponential", LONG, (LONG,)),
+                        SemSignal(2, core=1, fence=fence),
+                        ScalarAlu("mov", Reg(1), 1),
+                    ),
+                ),
+                Stream(1, (SemWait(2),)),
+            )
+        )
+        res = System(TWO_CORES).run(prog, timing_only=True)
+        rows = {(u, text.split()[0]): (s, e) for s, u, text, e, _, _ in res.trace.rows()}
+        leaves = rows[("chip0.core0.vpu", "vpu.exponential")][1] if fence else 1  # (issued at cycle 1)
+        assert leaves > 20 or not fence
+        assert rows[("chip0.core1.sync", "sem.wait")] == (0, leaves + 1)
+        assert rows[("chip0.core0.scalar", "s.mov")][0] == 2
 
 
 def test_the_async_sequencer_moves_data_while_the_main_one_computes():

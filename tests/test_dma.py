@@ -209,6 +209,38 @@ def test_remote_dma_crosses_the_link():
     assert res.cycles == end + 1  # the remote core's wait ends the cycle after the data landed
 
 
+def test_pushes_to_one_semaphore_land_in_the_order_they_were_issued():
+    """A large push then a small one to the same semaphore of another chip: the small one finishes moving
+    first (the two share the link), but lands only after the large one, so a receiver that waits for one
+    arrival and copies the first buffer reads its data, not zeros (a ring's block-by-block waits)."""
+    system = System(TEACH, 2)
+    big, small = "f32[256]{0}", "f32[4]{0}"
+    data = np.arange(256, dtype=np.float32)
+    prog = Program(
+        (
+            Stream(
+                0,
+                (
+                    DmaStart(ref("hbm", 0, big), ref("hbm", 0x1000, big), sem=0, chip=1, dst_sem=1),
+                    DmaStart(ref("hbm", 0x400, small), ref("hbm", 0x1400, small), sem=0, chip=1, dst_sem=1),
+                    SemWait(0, 2),
+                ),
+                chip=0,
+            ),
+            Stream(
+                0,
+                (SemWait(1), DmaStart(ref("hbm", 0x1000, big), ref("hbm", 0x2000, big), sem=2), SemWait(2), SemWait(1)),
+                chip=1,
+            ),
+        ),
+        (Symbol("src", ref("hbm", 0, big), chip=0), Symbol("copy", ref("hbm", 0x2000, big), chip=1)),
+    )
+    res = system.run(prog, {"src": data})
+    np.testing.assert_array_equal(res.read("copy"), data)
+    pushes = sorted((s, e) for s, u, _, e, _, _ in res.trace.rows() if u == "chip0.core0.dma")
+    assert len(pushes) == 2 and pushes[1][1] >= pushes[0][1]  # the small push completes with the large one
+
+
 def test_out_of_range_and_oversized_operands_are_named():
     big = "f32[128,128]{1,0}"  # 64 KiB: fills the teaching chip's VMEM exactly from 0
     with pytest.raises(

@@ -83,6 +83,7 @@ def every_instruction() -> list:
             control=True,
         ),
         SemSignal(2, count=3, core=1, chip=0),
+        SemSignal(4, chip=Reg(3), fence=True),
         SemWait(3, count=2),
         Barrier(id=1, scope="system"),
         MxuLoadWeights(1, VM_B, transpose=True),

@@ -144,9 +144,9 @@ def test_command_line_runs_many_chips(tmp_path: Path, capsys: object) -> None:
 
 
 def test_pushes_to_other_chips_show_as_ici_queues_in_the_report() -> None:
-    """A core's local transfers take its ``dma.engines``, its pushes to other chips its ICI queues (one per
-    link): the report rebuilds both pools per core (rows ``dma.engineK`` and ``dma.iciK``), never more of
-    either than the config has, and every DMA is on exactly one row."""
+    """A core's local transfers take its ``dma.engines``, its pushes to other chips its ICI queues
+    (``ici.pushes_per_link`` per link): the report rebuilds both pools per core (rows ``dma.engineK`` and
+    ``dma.iciK``), never more of either than the config has, and every DMA is on exactly one row."""
     chips = 4
     text = (f"HloModule ar, replica_count={chips}\n{SUM}ENTRY main {{\n  x = f32[512,1024] parameter(0)\n"
             f"  ROOT r = f32[512,1024] all-reduce(x), replica_groups={{}}, to_apply=sum\n}}\n")  # fmt: skip
@@ -158,7 +158,7 @@ def test_pushes_to_other_chips_show_as_ici_queues_in_the_report() -> None:
     local = [u for u in rows if ".dma.engine" in u["name"]]
     assert ici and local and not a.notes
     for chip in range(chips):
-        assert 0 < sum(u["chip"] == chip for u in ici) <= cfg.ici.links_per_chip
+        assert 0 < sum(u["chip"] == chip for u in ici) <= cfg.ici.links_per_chip * cfg.ici.pushes_per_link
         assert 0 < sum(u["chip"] == chip for u in local) <= cfg.dma.engines
     dmas = next(u for u in a.units if u["kind"] == "dma" and u["chip"] == 0)["instructions"]
     assert sum(u["instructions"] for u in rows if u["chip"] == 0) == dmas

@@ -357,6 +357,9 @@ class IciConfig:
     dims: int = 2  # dimensions of the topology (1 = ring or line)
     max_shape: tuple[int, ...] = (16, 16)  # largest slice the chip family builds
     links_per_chip: int = 4  # ICI ports per chip
+    pushes_per_link: int = (
+        2  # pushes to other chips in their data phase at once per first link (later ones wait, in order)
+    )
     link_bandwidth_bytes_per_s: float = 4.5e10  # per link, per direction
     hop_latency_ns: float = 1000.0  # per chip-to-chip hop
     shape: tuple[int, ...] | None = None  # the slice a run uses (chips per axis); None: chosen from the chip count

@@ -10,7 +10,7 @@ scoreboard, its scalar and sync lanes). Sharing is one object, not copied fields
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tpusim.devices.dma import DmaEngines
 from tpusim.devices.mxu import MxuState
@@ -34,16 +34,18 @@ class CoreUnits:
         vpu_free, xlu_free, fallback_free: next free cycle of the vector unit, of each XLU, of the fallback unit.
         mxus, mxu_queues: each MXU's state and FIFO; ``mxu_ctx`` zips them with the lane ids and depth.
         dma: the DMA engines (transfers within the chip).
-        ici_dma: the ICI queues, one per link (pushes to other chips).
+        ici_queues: per link, the queue of the pushes to other chips that start on it.
         vpu_unit, fallback_unit, dma_unit, xlu_units, mxu_units: trace lane ids.
     """
 
     __slots__ = (
+        "_cfg",
+        "_network",
         "dma",
         "dma_unit",
         "fallback_free",
         "fallback_unit",
-        "ici_dma",
+        "ici_queues",
         "mxu_ctx",
         "mxu_queues",
         "mxu_units",
@@ -75,4 +77,14 @@ class CoreUnits:
         # per MXU: its state, its FIFO of start cycles, its trace lane and the FIFO's depth (issue_mxu_fast)
         self.mxu_ctx = [(m, q, u, depth) for m, q, u in zip(self.mxus, self.mxu_queues, self.mxu_units)]
         self.dma = DmaEngines(cfg, machine.network)
-        self.ici_dma = DmaEngines(cfg, machine.network, max(1, cfg.ici.links_per_chip))
+        self._cfg = cfg
+        self.ici_queues: dict[Any, DmaEngines] = {}
+        self._network = machine.network
+
+    def ici_queue(self, port: Any) -> DmaEngines:
+        """The ICI queue of the link ``port``: the pushes that start on it, ``ici.pushes_per_link`` in their data
+        phase at once, the others waiting in issue order (created when first used)."""
+        queue = self.ici_queues.get(port)
+        if queue is None:
+            queue = self.ici_queues[port] = DmaEngines(self._cfg, self._network, self._cfg.ici.pushes_per_link)
+        return queue

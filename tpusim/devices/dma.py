@@ -3,8 +3,8 @@
 Cost rule of one transfer (every symbol a config key; derivation in ``docs/model.md``):
 
 1. It waits for one of the core's ``dma.engines`` (FIFO), or, when it names a chip (a push through the
-   interconnect), for one of the core's ICI queues (``ici.links_per_chip``, FIFO), then spends
-   ``dma.setup_cycles``.
+   interconnect), for the ICI queue of its route's first link (``ici.pushes_per_link`` at once, FIFO), then
+   spends ``dma.setup_cycles``.
 2. Its data phase is a flow (:mod:`tpusim.devices.flows`) of ``payload`` bytes (window elements x
    element size; a whole-array copy between identical layouts moves the whole buffer, padding included)
    through: the chip's HBM for every HBM side, at ``hbm.bandwidth_bytes_per_s / clock_hz`` bytes per
@@ -18,13 +18,17 @@ Cost rule of one transfer (every symbol a config key; derivation in ``docs/model
    elements contiguous in both the source and the destination.
 3. It completes ``hbm.latency_ns`` (if a side is HBM) plus ``ici.hop_latency_ns`` per hop (and
    ``dcn.latency_ns`` per crossing of the data-center network) after its last byte moved; then the bytes
-   land, and the semaphores are incremented.
+   land, and the semaphores are incremented. Pushes a core issues that signal the same semaphore of the
+   same chip land in the order they were issued (a later one that finishes first waits for the earlier
+   ones: ICI routes are fixed and a link delivers in order), so a receiver that counts them on one
+   semaphore knows which have arrived, as a ring's per-block waits need (``docs/multichip.md``).
 
 The engine (or queue) is released when the data phase ends, so latencies of back-to-back transfers overlap.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 from math import ceil, prod
@@ -328,7 +332,7 @@ class TransferFacts:
         shape: :meth:`Flow.shape_of` of them.
     """
 
-    __slots__ = ("arrays", "bytes", "cap", "latency", "payload", "plan", "shape", "uses")
+    __slots__ = ("arrays", "bytes", "cap", "latency", "payload", "plan", "port", "shape", "uses")
 
     def __init__(
         self, plan: TransferPlan, latency: int, uses: list[Any], cap: float, shape: tuple[float, tuple[int, ...]]
@@ -341,6 +345,7 @@ class TransferFacts:
         self.uses = uses
         self.cap = cap
         self.shape = shape
+        self.port: Any = None  # a push's first link (whose ICI queue it takes); None within the chip
 
 
 class Transfer(Flow):
@@ -358,6 +363,8 @@ class Transfer(Flow):
         "facts",
         "index",
         "issue",
+        "landed",
+        "order",
         "sem",
         "start",
     )
@@ -394,6 +401,10 @@ class Transfer(Flow):
         self.start = 0
         self.end = 0  # the completion cycle, known when the last byte moved
         self.done = False
+        self.landed = False
+        # the pushes this core issued to the same semaphore that have not landed, in issue order (None when
+        # it signals no other core's semaphore)
+        self.order: deque[Transfer] | None = None
         self.engines: DmaEngines = core.units.dma  # the pool it holds during its data phase (issue_dma sets it)
         self.event: Event | None = None
 
@@ -426,6 +437,18 @@ class Transfer(Flow):
             self.complete()
 
     def complete(self, _ev: Any = None) -> None:
+        """The transfer arrived: it lands now, or after the earlier pushes to its semaphore (then with them)."""
+        order = self.order
+        if order is None:
+            self.land()
+            return
+        self.landed = True
+        while order and order[0].landed:
+            tr = order.popleft()
+            tr.end = self.end if tr.end < self.end else tr.end
+            tr.land()
+
+    def land(self) -> None:
         """The bytes land (numeric runs), the semaphores count, the trace records the transfer."""
         core = self.core
         if self.copy is not None:
@@ -499,8 +522,9 @@ def _copy_runs(s: Access, d: Access, shifts: tuple[int, int], runs: tuple[Any, .
 
 class DmaEngines:
     """A pool of DMA engines of one core: ``count`` transfers in their data phase at once, a FIFO of waiting
-    ones. A core has two: its ``dma.engines`` for transfers within the chip, and one queue per ICI link for
-    pushes to other chips (so a collective's pushes never hold back a kernel's tile loads).
+    ones. A core has its ``dma.engines`` for transfers within the chip, and a queue of
+    ``ici.pushes_per_link`` per ICI link for pushes to other chips (so a collective's pushes never hold back
+    a kernel's tile loads, nor pushes to one link those to another).
 
     Args:
         cfg: the chip's config (``dma.engines``, ``dma.queue_depth``, ``dma.setup_cycles``).
@@ -609,6 +633,9 @@ def _facts(core: Core, d: Decoded, key: tuple[Any, ...], dst_chip: Any, dst_core
         uses += links
         latency += network
         solo, sig = min(solo, fastest), sig + link_ids
+        facts = TransferFacts(plan, latency, uses, cap, (solo, sig))
+        facts.port = links[0][0] if links else None
+        return facts
     return TransferFacts(plan, latency, uses, cap, (solo, sig))
 
 
@@ -657,7 +684,7 @@ def issue_dma(core: Core, d: Decoded, t: int) -> Issued:
     need, busy = sb.check_copy(t, r, w)
     if busy is not None:
         return core.block(d, "waits for {}, which touches the same memory", busy.wait_event(), busy)
-    engines = core.units.dma if ins.chip is None else core.units.ici_dma
+    engines = core.units.dma if ins.chip is None else core.units.ici_queue(facts.port)
     if len(engines.queue) >= engines.depth:
         if engines.space_event is None:
             engines.space_event = Event(core.env)
@@ -665,6 +692,12 @@ def issue_dma(core: Core, d: Decoded, t: int) -> Issued:
     dst_bank = dst_chip.sems[dst_core] if ins.dst_sem is not None else None
     tr = Transfer(core, i, core.first_try, facts, ins.sem, dst_bank, ins.dst_sem, copy)
     tr.engines = engines
+    if dst_bank is not None:
+        order = core.cache.get((dst_bank, ins.dst_sem))
+        if order is None:
+            order = core.cache[(dst_bank, ins.dst_sem)] = deque()
+        order.append(tr)
+        tr.order = order
     sb.add_dma(tr, r, w)
     ready = need if need > t else t
     if engines.free > 0:  # (engines.submit, inlined for the common case)

@@ -88,10 +88,13 @@ def issue_sem_signal(core: Core, d: Decoded, t: int) -> int:
     if target_core >= core.cfg.core.count:
         raise core.error(d.index, f"core {target_core} does not exist (the chip has {core.cfg.core.count})")
     bank = system.chips[chip_index].sems[target_core]
-    if bank is core.sems:
+    leave = max(t, core.max_end) if ins.fence else t  # (a fenced signal leaves when the compute issued before it ends)
+    if bank is core.sems and leave <= core.env.now:
         bank.signal(ins.sem, ins.count)
     else:
-        arrive = t + core.cfg.network_cycles(*system.topology.crossings(core.chip.index, chip_index))
+        arrive = leave
+        if bank is not core.sems:
+            arrive += core.cfg.network_cycles(*system.topology.crossings(core.chip.index, chip_index))
         delay = arrive - core.env.now
         if delay <= 0:
             bank.signal(ins.sem, ins.count)

@@ -140,12 +140,16 @@ class SemSignal:
 
     Effect: on this core, or on ``core`` of this chip, or on ``core`` of ``chip``. Timing: one issue cycle;
     a signal to another core arrives at the issue cycle (plus ``ici.hop_latency_ns`` per hop when remote).
+    With ``fence`` the signal leaves only when every compute instruction this sequencer issued before it has
+    completed (the sequencer does not wait): "the vector unit has read the buffer" (a ring's credit to the
+    chip that pushes into it).
     """
 
     sem: int
     count: int = 1
     core: int | None = None
     chip: Scalar | None = None
+    fence: bool = False
     control: bool = False
     hlo: str | None = field(default=None, compare=False)
     op: ClassVar[Op] = Op.SEM_SIGNAL

@@ -102,7 +102,7 @@ _PRINTERS: dict[type, Callable[[Any], str]] = {
             tie=None if i.tie == 1 else i.tie,
         )
     ),
-    SemSignal: lambda i: "sem.signal" + _kw(sem=i.sem, count=i.count, core=i.core, chip=i.chip),
+    SemSignal: lambda i: "sem.signal" + _kw(sem=i.sem, count=i.count, core=i.core, chip=i.chip, fence=i.fence),
     SemWait: lambda i: "sem.wait" + _kw(sem=i.sem, count=i.count),
     Barrier: lambda i: "barrier" + _kw(id=i.id, scope=i.scope),
     MxuLoadWeights: lambda i: (
@@ -416,7 +416,7 @@ def _v_float(c: _Cursor, key: str) -> float:
     return float(m.group(0))
 
 
-_FLAGS = {"transpose", "accumulate", "control", "clamp"}
+_FLAGS = {"transpose", "accumulate", "control", "clamp", "fence"}
 
 
 def _keywords(c: _Cursor, allowed: dict[str, Callable[[_Cursor, str], Any]]) -> tuple[dict[str, Any], str | None]:
@@ -557,7 +557,9 @@ def _parse_fallback(c: _Cursor, mnemonic: str) -> dict[str, Any]:
 
 _PARSERS: dict[str, Callable[[_Cursor, str], dict[str, Any]]] = {
     "dma.start": _parse_dma,
-    "sem.signal": _simple(SemSignal, {"sem": _v_int, "count": _v_int, "core": _v_int, "chip": _v_scalar}),
+    "sem.signal": _simple(
+        SemSignal, {"sem": _v_int, "count": _v_int, "core": _v_int, "chip": _v_scalar, "fence": _v_name}
+    ),
     "sem.wait": _simple(SemWait, {"sem": _v_int, "count": _v_int}),
     "barrier": _simple(Barrier, {"id": _v_int, "scope": _v_name}),
     "halt": _simple(Halt, {}),

@@ -123,7 +123,10 @@ def _engines(f: TraceFacts, cfg: ChipConfig, total: int) -> tuple[np.ndarray, li
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     dma = f.kind == "dma"
-    pools = ((~f.remote, "engine", cfg.dma.engines), (f.remote, "ici", max(1, cfg.ici.links_per_chip)))
+    pools = (
+        (~f.remote, "engine", cfg.dma.engines),
+        (f.remote, "ici", cfg.ici.links_per_chip * cfg.ici.pushes_per_link),
+    )
     for chip, core in sorted({(int(a), int(b)) for a, b in zip(f.chip[dma], f.core[dma])}):
         for which, label, count in pools:
             sel = np.flatnonzero(dma & which & (f.chip == chip) & (f.core == core))

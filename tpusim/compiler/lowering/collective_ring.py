@@ -25,7 +25,7 @@ their local completion signal), so a receiver counting arrivals on one semaphore
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from math import ceil, lcm
 
@@ -42,6 +42,8 @@ __all__ = [
     "all_gather_stages",
     "emit",
     "interleave",
+    "locate",
+    "piece_dims",
     "pieces",
     "quanta",
     "reduce_scatter_stages",
@@ -81,6 +83,8 @@ class Ring:
         coord: register holding the index of this chip's own chunk (its coordinate or rank).
         to: per direction (+1 / -1), the register holding the chip pushed to.
         arrive: per direction, the reserved semaphore data of that direction lands on.
+        credit: per direction, the reserved semaphore (on this chip, the sender) the receiver of that direction
+            signals when it frees a landing buffer; empty when the collective has none.
         zigzag: positions run ``0, 2, 4, .., 5, 3, 1`` along a line (no wraparound), so every ring step is
             at most two hops and each directed link carries one step; chunk of position ``q`` is the
             coordinate at ``q``. Otherwise position and chunk index are equal.
@@ -92,6 +96,7 @@ class Ring:
     to: dict[int, Reg]
     arrive: dict[int, int]
     zigzag: bool = False
+    credit: dict[int, int] = field(default_factory=dict)
 
 
 class RingWork:
@@ -302,7 +307,7 @@ def window(
     return MemRef(ref.space, ref.address, ref.shape, Window(tuple(offsets), tuple(sizes)), ref.base)
 
 
-def _piece_dims(dims: Sequence[int], dim: int, size: int, piece: Piece, length: int) -> tuple[int, ...]:
+def piece_dims(dims: Sequence[int], dim: int, size: int, piece: Piece, length: int) -> tuple[int, ...]:
     out = list(dims)
     out[dim] = size
     out[piece.dim] = length
@@ -322,7 +327,7 @@ def _blocks(
         CompileError: VMEM cannot hold even one-row blocks."""
 
     def nbytes(length: int) -> int:
-        dims = _piece_dims(shape.dimensions, dim, size, piece, length)
+        dims = piece_dims(shape.dimensions, dim, size, piece, length)
         return Shape(shape.element_type, dims, layout=shape.layout).byte_size
 
     budget = max(vmem_bytes // sets // align * align, 1)
@@ -349,7 +354,7 @@ def _blocks(
     return out
 
 
-def _locate(
+def locate(
     work: RingWork, ring: Ring, step: int, stage: Reg | int, base: Reg | int, stride: int, plus: int = 0
 ) -> None:
     """``cs[step]`` = the start of the chunk at ring position ``pos - step * (stage + plus)`` (modulo ``L``);
@@ -452,11 +457,11 @@ def reduce_scatter_stages(
     at = arena.address
     for s in steps:
         p = part[s]
-        slot_dims = list(_piece_dims(shape.dimensions, dim, size, p, p.length))
+        slot_dims = list(piece_dims(shape.dimensions, dim, size, p, p.length))
         slot_dims[p.dim] = p.length * (L - 1) * windows
         slot[s] = ctx.scratch(Shape(et, tuple(slot_dims), layout=shape.layout))
         longest = max(lens[s])
-        block_shape = Shape(et, _piece_dims(shape.dimensions, dim, size, p, longest), layout=shape.layout)
+        block_shape = Shape(et, piece_dims(shape.dimensions, dim, size, p, longest), layout=shape.layout)
         step = -(-block_shape.byte_size // ctx.vreg_bytes) * ctx.vreg_bytes
         for j in range(min(sets, len(blocks[s]))):
             for role in ("sum", "own"):
@@ -466,7 +471,7 @@ def reduce_scatter_stages(
 
     def vblock(s: int, role: str, j: int) -> MemRef:
         ref = vm[(s, role, j % sets)]
-        dims = _piece_dims(shape.dimensions, dim, size, part[s], blocks[s][j][2])
+        dims = piece_dims(shape.dimensions, dim, size, part[s], blocks[s][j][2])
         if dims == ref.shape.dimensions:
             return ref
         return MemRef(Space.VMEM, ref.address, Shape(et, dims, layout=shape.layout))
@@ -504,7 +509,7 @@ def reduce_scatter_stages(
 
     # stage 0: push this chip's part of the chunk at position pos - step into slot 0 of the next chip
     for s in steps:
-        _locate(work, ring, s, 0, base, stride, plus=1)
+        locate(work, ring, s, 0, base, stride, plus=1)
     for j in range(count):
         for s in steps:
             if j < len(blocks[s]):
@@ -519,7 +524,7 @@ def reduce_scatter_stages(
             ctx.emit(SemWait, sem=ring.arrive[s], count=len(blocks[s]))
         ctx.emit(SemWait, sem=sent, count=pushes)
         for s in steps:
-            _locate(work, ring, s, stage_reg, base, stride, plus=1)
+            locate(work, ring, s, stage_reg, base, stride, plus=1)
 
         def loads(j: int) -> int:
             n = 0
@@ -607,7 +612,7 @@ def all_gather_stages(
     count = len(offsets)
     assert first is None or count == 1, "a chunk read from elsewhere is one window"
     for s in steps:  # the position whose chunk is pushed at stage lo: pos - lo (+ direction), pos + lo (-)
-        _locate(work, ring, s, lo, base, stride)
+        locate(work, ring, s, lo, base, stride)
 
     def push(first_stage: bool) -> Iterator[None]:
         """A stage's pushes, window by window, both directions in turn (yielding after each window: the DMA
@@ -633,7 +638,7 @@ def all_gather_stages(
     if lo == 0 and hi > 0:
         yield from push(first_stage=True)
         for s in steps:
-            _locate(work, ring, s, 1, base, stride)
+            locate(work, ring, s, 1, base, stride)
         lo = 1
     loop_hi = min(hi, L - 1)
     if unrolled:
@@ -641,7 +646,7 @@ def all_gather_stages(
             wait_previous()
             yield from push(first_stage=False)
             for s in steps:
-                _locate(work, ring, s, t + 1, base, stride)
+                locate(work, ring, s, t + 1, base, stride)
     elif loop_hi > lo:
         k = work.k
         top = ctx.label("ag_stage")
@@ -650,7 +655,7 @@ def all_gather_stages(
         wait_previous()
         yield from push(first_stage=False)
         for s in steps:
-            _locate(work, ring, s, k, base, stride, plus=1)
+            locate(work, ring, s, k, base, stride, plus=1)
         facts.alu("add", k, k, 1)
         ctx.emit(Branch, cond="lt", a=k, b=loop_hi, target=top)
     if hi >= L:

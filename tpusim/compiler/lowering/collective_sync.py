@@ -9,8 +9,11 @@ numbers), in *banks*: one per level of async collectives open at once. A bank ho
   a sender waits for one signal per receiver before its first push. A receiver cannot finish a
   collective without the sender's data, so a signal of a later collective cannot arrive early;
 * ``arrive[2k + (0 | 1)]``: data pushed in the + / - direction of ring axis ``k`` (direct exchanges use
-  channel 0). Each has one sender per collective, which issues a stage only after its previous stage
-  landed, so counts arrive in stage order.
+  channel 0). Each has one sender per collective, whose pushes land in the order it issued them
+  (``tpusim.devices.dma``), so counts arrive in order;
+* ``credit`` (bank 0 only, beside the arrival semaphores of ICI axes run at once): on the sender: a
+  reduce-scatter whose partial sums land in the receiver's VMEM (:mod:`.collective_landing`) pushes into a
+  landing buffer only with a credit the receiver signalled when it freed one.
 
 Per-chip facts (ring position, neighbours, partners) are scalar arithmetic on ``s.chip_id`` for structured
 groups, or a branch-free table select (``v = v0 + sum_c (chip == c) * (v_c - v0)``) otherwise, so every
@@ -60,10 +63,15 @@ class Bank:
 
     ready: int
     arrive: tuple[int, ...]
+    credit: tuple[tuple[int, int], ...]  # (arrival semaphore, the credit semaphore beside it), where there is one
     # completions of this chip's pushes of an async collective (outlive its -start), one per part (PARTS)
     locals: tuple[int, ...] = ()
     # an async collective the async sequencer runs signals it after its last step; the -done waits for it
     done: int | None = None
+
+    def credit_for(self, arrive: int) -> int | None:
+        """The credit semaphore beside arrival semaphore ``arrive`` (None: there is none)."""
+        return dict(self.credit).get(arrive)
 
     @property
     def local(self) -> int | None:
@@ -173,15 +181,27 @@ LOCAL_SEMAPHORES = 4
 """Semaphores a program with collectives keeps for its local transfers at least."""
 
 
-def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, bool]:
-    """(banks, ring axes with arrival semaphores, whether any collective is async) for ``module``'s
-    collectives on ``config``'s system."""
+def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, bool, list[int]]:
+    """(banks, ring axes with arrival semaphores, whether any collective is async, the arrival channels that
+    have a credit beside them) for ``module``'s collectives on ``config``'s system."""
     topology = system_topology(config, participants(module, config).devices)
     axes = max(1, sum(1 for n in topology.shape if n > 1))
     if topology.slices > 1:  # the slices' ring: its own arrival semaphores for every part but the first
         axes += PARTS - 1
     banks, any_async = _banks_needed(module)
-    return banks, axes, any_async
+    return banks, axes, any_async, _credit_channels(topology)
+
+
+def _credit_channels(topology: Topology) -> list[int]:
+    """The arrival channels (:meth:`CollectiveState.channel` of part 0) with a credit semaphore beside them in
+    bank 0: both directions of every ICI axis when two or more run at once (only rings run at once land
+    partial sums in VMEM, :mod:`.collective_landing`; a ring over the data-center network keeps HBM slots,
+    as a credit would cross the network again; deeper banks' collectives keep HBM slots too)."""
+    axes = [a for a, n in enumerate(topology.shape) if n > 1] or [0]
+    ici = [a for a in axes if not topology.switched[a]]
+    if len(ici) < 2:
+        return []
+    return [2 * axes.index(a) + d for a in ici for d in (0, 1)]
 
 
 def _per_bank(axes: int, any_async: bool) -> int:
@@ -198,11 +218,12 @@ requests signal."""
 
 def reserved_semaphores(module: Module, config: ChipConfig) -> int:
     """How many semaphores ``module``'s collectives reserve on ``config``'s system."""
-    return _reserved(*_bank_layout(module, config))
+    banks, axes, any_async, credits = _bank_layout(module, config)
+    return _reserved(banks, axes, any_async, len(credits))
 
 
-def _reserved(banks: int, axes: int, any_async: bool) -> int:
-    return banks * _per_bank(axes, any_async) + (ASYNC_LOADS + 1 if any_async else 0)
+def _reserved(banks: int, axes: int, any_async: bool, credits: int) -> int:
+    return banks * _per_bank(axes, any_async) + credits + (ASYNC_LOADS + 1 if any_async else 0)
 
 
 def collective_state(ctx: Lowering) -> CollectiveState:
@@ -216,10 +237,10 @@ def collective_state(ctx: Lowering) -> CollectiveState:
         return found
     who = participants(ctx.module, ctx.config)
     topology = system_topology(ctx.config, who.devices)
-    banks, axes, any_async = _bank_layout(ctx.module, ctx.config)
+    banks, axes, any_async, channels = _bank_layout(ctx.module, ctx.config)
     per_bank = _per_bank(axes, any_async)
     total = ctx.config.core.semaphores
-    need = _reserved(banks, axes, any_async)
+    need = _reserved(banks, axes, any_async, len(channels))
     if need + LOCAL_SEMAPHORES > total:
         raise CompileError(
             f"{ctx.hlo}: collectives on a {topology} system need {need} semaphores reserved for pushes from "
@@ -236,15 +257,18 @@ def collective_state(ctx: Lowering) -> CollectiveState:
             )
     ctx.reserve_semaphores(reserved, "collectives (other chips signal them)")
     bank_list = []
+    credits = reserved[banks * per_bank : banks * per_bank + len(channels)]
     for b in range(banks):
         nums = reserved[b * per_bank : (b + 1) * per_bank]
         at = 1 + 2 * axes
         locals_ = nums[at : at + PARTS]  # (empty when not async)
         done = nums[at + PARTS] if any_async else None
-        bank_list.append(Bank(nums[0], tuple(nums[1:at]), tuple(locals_), done))
+        arrive = tuple(nums[1:at])
+        credit = tuple((arrive[c], sem) for c, sem in zip(channels, credits)) if b == 0 else ()
+        bank_list.append(Bank(nums[0], arrive, credit, tuple(locals_), done))
     if banks > ASYNC_REQUESTS and any_async:
         raise CompileError(f"{ctx.hlo}: {banks} collectives in flight at once, more than {ASYNC_REQUESTS}")
-    extra = reserved[banks * per_bank :]  # (the async sequencer's loads, then its doorbell)
+    extra = reserved[banks * per_bank + len(credits) :]  # (the async sequencer's loads, then its doorbell)
     state = CollectiveState(
         who, topology, bank_list, async_loads=tuple(extra[:ASYNC_LOADS]), doorbell=extra[-1] if extra else None
     )

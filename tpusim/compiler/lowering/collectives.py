@@ -42,6 +42,7 @@ from tpusim.compiler.lowering.collective_direct import (
     collective_permute,
     direct_gather_pays,
 )
+from tpusim.compiler.lowering.collective_landing import reduce_scatter_phase
 from tpusim.compiler.lowering.collective_plan import GroupPlan, plan_groups
 from tpusim.compiler.lowering.collective_ring import (
     Ring,
@@ -133,14 +134,15 @@ def _make_ring(facts: Facts, plan: GroupPlan, i: int, bank: Bank) -> Ring:
         pos = facts.table(rank)
         nxt = facts.table([plan.member(d, (rank[d] + 1) % plan.size) for d in range(n)])
         prv = facts.table([plan.member(d, (rank[d] - 1) % plan.size) for d in range(n)])
-        return Ring(plan.size, pos, pos, {1: nxt, -1: prv}, {1: bank.arrive[0], -1: bank.arrive[1]})
+        arrive = {1: bank.arrive[0], -1: bank.arrive[1]}
+        return Ring(plan.size, pos, pos, {1: nxt, -1: prv}, arrive, credit=_credits(bank, arrive))
     ax = plan.axes[i]
     L = ax.length
     arrive = {1: bank.arrive[state.channel(ax.axis, 1)], -1: bank.arrive[state.channel(ax.axis, -1)]}
     coord = facts.axis_position(ax)
     if ax.wraps or L <= 3:
         to = {s: facts.axis_neighbor(ax, coord, s) for s in (1, -1)}
-        return Ring(L, coord, coord, to, arrive)
+        return Ring(L, coord, coord, to, arrive, credit={} if ax.switched else _credits(bank, arrive))
     # zigzag: coordinate c sits at position c/2 (c even) or L-1-(c-1)/2 (c odd)
     pos, odd, t = facts.reg(), facts.reg(), facts.reg()
     facts.alu("div", pos, coord, 2)
@@ -160,7 +162,14 @@ def _make_ring(facts: Facts, plan: GroupPlan, i: int, bank: Bank) -> Ring:
         facts.alu("add", chip, chip, facts.me)
         to[s] = chip
     _release(facts.ctx, odd, t)
-    return Ring(L, pos, coord, to, arrive, zigzag=True)
+    return Ring(L, pos, coord, to, arrive, zigzag=True, credit={} if ax.switched else _credits(bank, arrive))
+
+
+def _credits(bank: Bank, arrive: dict[int, int]) -> dict[int, int]:
+    """The credit semaphores beside a ring's arrival semaphores (none for a ring over the data-center network,
+    whose partial sums land in HBM: a credit would cross the network again)."""
+    out = {s: bank.credit_for(a) for s, a in arrive.items()}
+    return {s: c for s, c in out.items() if c is not None}
 
 
 def _lengths(plan: GroupPlan) -> list[int]:
@@ -231,7 +240,8 @@ def _part_rings(facts: Facts, plan: GroupPlan, bank: Bank, rings: dict[int, Ring
         for a, ring in rings.items():
             ax = plan.axes[a]
             if j and ax.switched:
-                mine[a] = replace(ring, arrive={s: bank.arrive[state.channel(ax.axis, s, j)] for s in (1, -1)})
+                arrive = {s: bank.arrive[state.channel(ax.axis, s, j)] for s in (1, -1)}
+                mine[a] = replace(ring, arrive=arrive)
         out.append(mine)
     return out
 
@@ -435,7 +445,7 @@ def _all_reduce_axes_at_once(
             ends = [base(j, r + 1) for j in range(m)]
             interleave(
                 [
-                    reduce_scatter_stages(w, own[j][o[r]], src, yf, ends[j], 0, starts[j], sz[r], fn)
+                    reduce_scatter_phase(w, own[j][o[r]], src, yf, ends[j], 0, starts[j], sz[r], fn)
                     for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
                 ]
             )
@@ -576,7 +586,7 @@ def _reduce_scatter_axes_at_once(
         )
         interleave(
             [
-                reduce_scatter_stages(
+                reduce_scatter_phase(
                     w, blk.own[j][o[r]], x if r == 0 else partial, y if last else partial, fin[j], dim, base[j],
                     blk.rows[j], fn, stride=blk.rank_stride[o[r]], repeat=blk.windows(o[r + 1 :]),
                 )
