@@ -88,11 +88,10 @@ def issue_sem_signal(core: Core, d: Decoded, t: int) -> int:
     if target_core >= core.cfg.core.count:
         raise core.error(d.index, f"core {target_core} does not exist (the chip has {core.cfg.core.count})")
     bank = system.chips[chip_index].sems[target_core]
-    leave = max(t, core.max_end) if ins.fence else t  # (a fenced signal leaves when the compute issued before it ends)
-    if bank is core.sems and leave <= core.env.now:
+    if bank is core.sems and not ins.fence:
         bank.signal(ins.sem, ins.count)
     else:
-        arrive = leave
+        arrive = max(t, core.max_end) if ins.fence else t  # (a fenced signal leaves when the compute before it ends)
         if bank is not core.sems:
             arrive += core.cfg.network_cycles(*system.topology.crossings(core.chip.index, chip_index))
         delay = arrive - core.env.now
