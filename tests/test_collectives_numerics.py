@@ -423,9 +423,10 @@ def test_a_latency_bound_all_gather_pushed_straight_to_every_partner(chips: int,
 
 @pytest.mark.parametrize("topology", ["4x4", "2x2x4"])
 def test_partial_sums_landing_in_vmem_reuse_their_buffers(topology: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rings run at once land their partial sums in the receivers' VMEM and reuse the landing buffers on
-    credits (``collective_landing``): with 4 KiB blocks a phase pushes many more blocks than it has buffers,
-    and every chip's result still equals the reference, for a reduce-scatter op and an all-reduce."""
+    """Rings on a system of several ICI axes land their partial sums in the receivers' VMEM and reuse the
+    landing buffers on credits (``collective_landing``): with 4 KiB blocks a phase pushes many more blocks
+    than it has buffers, and every chip's result still equals the reference, for a reduce-scatter op and an
+    all-reduce over every axis at once, and an all-reduce over one axis (groups of four along the last)."""
     monkeypatch.setattr(collective_landing, "TARGET_BLOCK_BYTES", 4096)
     rs = _module("rsl", "replica_count=16", SUM, """
         x = f32[1024,128] parameter(0)
@@ -433,7 +434,11 @@ def test_partial_sums_landing_in_vmem_reuse_their_buffers(topology: str, monkeyp
     ar = _module("arl", "replica_count=16", SUM, """
         x = f32[512,256] parameter(0)
         ROOT r = f32[512,256] all-reduce(x), replica_groups={}, to_apply=sum""")
-    for text in (rs, ar):
+    rows = "{{0,1,2,3},{4,5,6,7},{8,9,10,11},{12,13,14,15}}"
+    ar1 = _module("arl1", "replica_count=16", SUM, f"""
+        x = f32[512,256] parameter(0)
+        ROOT r = f32[512,256] all-reduce(x), replica_groups={rows}, to_apply=sum""")
+    for text in (rs, ar, ar1):
         module = parse_module(text)
         # small integers: every partial sum is exact in f32, so any summation order gives the reference's bits
         shape = module.entry_computation.instructions[0].shape.dimensions

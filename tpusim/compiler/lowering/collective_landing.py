@@ -26,8 +26,9 @@ every credit a push waits for comes from a step already behind the receiver. The
 latencies overlap: a step takes as long as its pushes take the link once blocks carry a few hops' latency
 of bytes (``TARGET_BLOCK_BYTES``), where stage-major order paid a latency per stage.
 
-Used for rings run at once over several torus axes (their banks hold credit semaphores) when VMEM holds the
-buffers; otherwise :func:`.collective_ring.reduce_scatter_stages`.
+Used on systems of two or more ICI axes (bank 0 holds credit semaphores there), for rings run at once and
+for a group along one axis, when VMEM holds the buffers; otherwise
+:func:`.collective_ring.reduce_scatter_stages`.
 """
 
 from __future__ import annotations
@@ -85,13 +86,16 @@ def reduce_scatter_phase(
     fn: str,
     stride: int | None = None,
     repeat: Sequence[tuple[int, int]] = (),
+    unrolled: bool = True,
 ) -> Iterator[None]:
-    """One reduce-scatter phase, arguments as :func:`.collective_ring.reduce_scatter_stages` (unrolled): its
-    partial sums land in the receivers' VMEM when the ring has credit semaphores and VMEM holds the buffers
-    (module docstring), else in HBM slots."""
+    """One reduce-scatter phase, arguments as :func:`.collective_ring.reduce_scatter_stages`: its partial sums
+    land in the receivers' VMEM when the ring has credit semaphores and VMEM holds the buffers (module
+    docstring; always unrolled), else in HBM slots."""
     plan = _plan(work, ring, src, dim, size, repeat) if ring.credit else None
     if plan is None:
-        return reduce_scatter_stages(work, ring, src, fin, fin_start, dim, base, size, fn, stride=stride, repeat=repeat)
+        return reduce_scatter_stages(
+            work, ring, src, fin, fin_start, dim, base, size, fn, unrolled=unrolled, stride=stride, repeat=repeat
+        )
     return _wavefront(plan, work, ring, src, fin, fin_start, dim, base, size, fn, size if stride is None else stride)
 
 

@@ -11,7 +11,8 @@ numbers), in *banks*: one per level of async collectives open at once. A bank ho
 * ``arrive[2k + (0 | 1)]``: data pushed in the + / - direction of ring axis ``k`` (direct exchanges use
   channel 0). Each has one sender per collective, whose pushes land in the order it issued them
   (``tpusim.devices.dma``), so counts arrive in order;
-* ``credit`` (bank 0 only, beside the arrival semaphores of ICI axes run at once): on the sender: a
+* ``credit`` (bank 0 only, beside the arrival semaphores of ICI axes on systems of two or more): on the
+  sender: a
   reduce-scatter whose partial sums land in the receiver's VMEM (:mod:`.collective_landing`) pushes into a
   landing buffer only with a credit the receiver signalled when it freed one.
 
@@ -194,9 +195,10 @@ def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, bool, li
 
 def _credit_channels(topology: Topology) -> list[int]:
     """The arrival channels (:meth:`CollectiveState.channel` of part 0) with a credit semaphore beside them in
-    bank 0: both directions of every ICI axis when two or more run at once (only rings run at once land
-    partial sums in VMEM, :mod:`.collective_landing`; a ring over the data-center network keeps HBM slots,
-    as a credit would cross the network again; deeper banks' collectives keep HBM slots too)."""
+    bank 0: both directions of every ICI axis on a system of two or more, whose reduce-scatters land partial
+    sums in VMEM (:mod:`.collective_landing`; a single ring keeps HBM slots and its few semaphores, so the
+    smallest configs still run collectives; a ring over the data-center network keeps HBM slots, as a credit
+    would cross the network again; deeper banks' collectives keep HBM slots too)."""
     axes = [a for a, n in enumerate(topology.shape) if n > 1] or [0]
     ici = [a for a in axes if not topology.switched[a]]
     if len(ici) < 2:

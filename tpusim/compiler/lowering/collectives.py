@@ -51,7 +51,6 @@ from tpusim.compiler.lowering.collective_ring import (
     emit,
     interleave,
     pieces,
-    reduce_scatter_stages,
     tile_rows,
     window,
     zigzag_coordinate,
@@ -366,7 +365,7 @@ def all_reduce(
         for i, size in enumerate(sizes):
             ring = _make_ring(facts, plan, i, bank)
             src = xf if i == 0 else yf
-            emit(reduce_scatter_stages(work, ring, src, yf, bases[i + 1], 0, bases[i], size, fn, unrolled=False))
+            emit(reduce_scatter_phase(work, ring, src, yf, bases[i + 1], 0, bases[i], size, fn, unrolled=False))
             _release(ctx, ring.pos, ring.coord, *ring.to.values())
     for i in reversed(range(len(sizes))):
         stages = {"start": (0, 1), "done": (1, lengths[i])}.get(part) if i == last else None
@@ -499,7 +498,7 @@ def reduce_scatter(
         assert src is not None
         fin, fin_start = (y, 0) if last else (partial, bases[i + 1])
         assert fin is not None
-        emit(reduce_scatter_stages(work, ring, src, fin, fin_start, dim, bases[i], size, fn, unrolled=False))
+        emit(reduce_scatter_phase(work, ring, src, fin, fin_start, dim, bases[i], size, fn, unrolled=False))
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
 
 
