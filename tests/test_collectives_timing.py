@@ -20,6 +20,7 @@ from math import prod
 import pytest
 
 import tpusim
+from tpusim.compiler.lowering import collective_landing
 from tpusim.config import ChipConfig, load_config
 
 SUM = "sum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n"
@@ -394,3 +395,19 @@ def test_a_latency_bound_all_gather_pushes_straight_to_every_partner(
     monkeypatch.setattr(lowering, "direct_gather_pays", lambda *args: False)
     assert direct < 0.95 * seconds(tiny)
     assert big == seconds(_program("all-gather", 4 * MIB, n))
+
+
+@pytest.mark.parametrize(("shape", "kib"), [((4, 4), 16), ((2, 4), 128), ((2, 4), 4096)])
+def test_partial_sums_landing_in_vmem_are_never_slower_than_hbm_slots(
+    shape: tuple[int, ...], kib: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a system of two ICI axes a reduce-scatter's partial sums land in VMEM (``collective_landing``): one
+    chunk of HBM traffic per stage instead of three, no HBM latency and load per stage. A phase's first
+    credits come with the entry handshake; signalled at the phase's start instead, they cost a hop's
+    latency, which made the latency-bound 16 KiB all-reduce 8% slower than with HBM slots (38.5 us against
+    35.5). Now 34.6; 128 KiB 34.7 against 37.5, 4 MiB 148.4 against 167.6 (v5e)."""
+    cfg = load_config("tpu_v5e")
+    landing = _seconds("all-reduce", kib * 1024, cfg, shape)
+    monkeypatch.setattr(collective_landing, "_plan", lambda *args, **kwargs: None)
+    slots = _seconds("all-reduce", kib * 1024, cfg, shape)
+    assert landing <= slots, f"{landing * 1e6:.1f} us landing in VMEM, {slots * 1e6:.1f} us in HBM slots"

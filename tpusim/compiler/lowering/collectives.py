@@ -362,10 +362,15 @@ def all_reduce(
     last = len(sizes) - 1
     if part != "done":
         _ring_handshake(facts, plan, bank, [len(pieces((n,), 0, s)) for s in sizes])
+        used: set[int] = set()  # (arrival channels the reduce-scatter phases have taken since the handshake)
         for i, size in enumerate(sizes):
             ring = _make_ring(facts, plan, i, bank)
             src = xf if i == 0 else yf
-            emit(reduce_scatter_phase(work, ring, src, yf, bases[i + 1], 0, bases[i], size, fn, unrolled=False))
+            emit(
+                reduce_scatter_phase(
+                    work, ring, src, yf, bases[i + 1], 0, bases[i], size, fn, unrolled=False, used=used
+                )
+            )
             _release(ctx, ring.pos, ring.coord, *ring.to.values())
     for i in reversed(range(len(sizes))):
         stages = {"start": (0, 1), "done": (1, lengths[i])}.get(part) if i == last else None
@@ -418,6 +423,7 @@ def _all_reduce_axes_at_once(
         _ring_handshake(facts, plan, bank, [directions.get(i, 0) for i in range(len(lengths))])
     rings = {a: _make_ring(facts, plan, a, bank) for a in orders[0]}
     own = _part_rings(facts, plan, bank, rings, m)
+    used: set[int] = set()  # (arrival channels the reduce-scatter phases have taken since the handshake)
     assert part == "all" or len(bank.locals) >= m, "an async collective's bank holds a semaphore per part"
     works = _works(facts, [bank.locals[j] if part != "all" else None for j in range(m)])
     rounds = range(len(orders[0]))
@@ -444,7 +450,7 @@ def _all_reduce_axes_at_once(
             ends = [base(j, r + 1) for j in range(m)]
             interleave(
                 [
-                    reduce_scatter_phase(w, own[j][o[r]], src, yf, ends[j], 0, starts[j], sz[r], fn)
+                    reduce_scatter_phase(w, own[j][o[r]], src, yf, ends[j], 0, starts[j], sz[r], fn, used=used)
                     for j, (w, o, sz) in enumerate(zip(works, orders, sizes))
                 ]
             )
@@ -488,6 +494,7 @@ def reduce_scatter(
     sizes = [total // prod(lengths[: i + 1]) for i in range(len(lengths))]
     dirs = [len(pieces(x.shape.dimensions, dim, s)) for s in sizes]
     _ring_handshake(facts, plan, bank, dirs)
+    used: set[int] = set()  # (arrival channels the reduce-scatter phases have taken since the handshake)
     bases = _bases(facts, plan, bank, sizes[:-1])
     partial = ctx.scratch(x.shape) if len(sizes) > 1 else None
     work = RingWork(facts, bank.local if ctx.on_async else None)  # (the async sequencer takes no scoped one)
@@ -498,7 +505,7 @@ def reduce_scatter(
         assert src is not None
         fin, fin_start = (y, 0) if last else (partial, bases[i + 1])
         assert fin is not None
-        emit(reduce_scatter_phase(work, ring, src, fin, fin_start, dim, bases[i], size, fn, unrolled=False))
+        emit(reduce_scatter_phase(work, ring, src, fin, fin_start, dim, bases[i], size, fn, unrolled=False, used=used))
         _release(ctx, ring.pos, ring.coord, *ring.to.values())
 
 
@@ -577,6 +584,7 @@ def _reduce_scatter_axes_at_once(
     partial = ctx.scratch(x.shape)
     works = _works(facts, [bank.locals[j] if ctx.on_async else None for j in range(len(orders))])
     rounds = len(orders[0])
+    used: set[int] = set()  # (arrival channels the reduce-scatter phases have taken since the handshake)
     base: list[Reg | int] = list(blk.offsets)
     for r in range(rounds):
         last = r == rounds - 1
@@ -587,7 +595,7 @@ def _reduce_scatter_axes_at_once(
             [
                 reduce_scatter_phase(
                     w, blk.own[j][o[r]], x if r == 0 else partial, y if last else partial, fin[j], dim, base[j],
-                    blk.rows[j], fn, stride=blk.rank_stride[o[r]], repeat=blk.windows(o[r + 1 :]),
+                    blk.rows[j], fn, stride=blk.rank_stride[o[r]], repeat=blk.windows(o[r + 1 :]), used=used,
                 )
                 for j, (w, o) in enumerate(zip(works, orders))
             ]
