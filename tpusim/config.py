@@ -332,7 +332,7 @@ class HbmConfig:
 class DmaConfig:
     """The DMA engines of one TensorCore."""
 
-    engines: int = 4  # local transfers in flight at once per core (pushes to other chips: one ICI queue per link)
+    engines: int = 4  # transfers within the chip in flight at once per core (pushes: ici.pushes_per_link)
     queue_depth: int = 16  # issued transfers waiting for an engine before the sequencer stalls
     setup_cycles: int = 32  # per-transfer descriptor work before the first byte moves
     burst_bytes: int = 32  # HBM access granule: each contiguous run is charged whole bursts
@@ -357,9 +357,7 @@ class IciConfig:
     dims: int = 2  # dimensions of the topology (1 = ring or line)
     max_shape: tuple[int, ...] = (16, 16)  # largest slice the chip family builds
     links_per_chip: int = 4  # ICI ports per chip
-    pushes_per_link: int = (
-        2  # pushes to other chips in their data phase at once per first link (later ones wait, in order)
-    )
+    pushes_per_link: int = 2  # pushes to other chips moving at once per first link (later ones wait, in order)
     link_bandwidth_bytes_per_s: float = 4.5e10  # per link, per direction
     hop_latency_ns: float = 1000.0  # per chip-to-chip hop
     shape: tuple[int, ...] | None = None  # the slice a run uses (chips per axis); None: chosen from the chip count

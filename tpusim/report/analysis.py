@@ -115,9 +115,9 @@ def _engines(f: TraceFacts, cfg: ChipConfig, total: int) -> tuple[np.ndarray, li
     """Which engine carried each DMA: transfers take the lowest free engine of their pool in start order, an
     engine being held from the transfer's start to the end of its data phase (``docs/model.md``: FIFO
     engines, freed when the last byte moves). A core's local transfers take its ``dma.engines`` (rows
-    ``dma.engineK``), its pushes to other chips its ICI queues, one per link (rows ``dma.iciK``; an entry's
-    number counts within its pool, ``TraceFacts.remote`` says which). Engines are identical, so the
-    numbering is a convention; the count busy at any cycle is exact."""
+    ``dma.engineK``), its pushes to other chips its ICI queues, ``ici.pushes_per_link`` per link (rows
+    ``dma.iciK``; an entry's number counts within its pool, ``TraceFacts.remote`` says which). Engines are
+    identical, so the numbering is a convention; the count busy at any cycle is exact."""
     tr = f.trace
     engine = np.full(len(tr), -1, np.int64)
     rows: list[dict[str, Any]] = []
