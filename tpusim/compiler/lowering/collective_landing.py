@@ -263,5 +263,5 @@ def _wavefront(
                     r, o, n = item
                     dst = window(ctx, fin, dim, nth(fin_start, r), size, part[s], (o, n), tmp[0])
                     ctx.emit(DmaStart, src=acc, dst=dst, sem=sent)
-            yield
+        yield
     ctx.emit(SemWait, sem=sent, count=sum(pushes[s] + len(items[s]) for s in steps))
