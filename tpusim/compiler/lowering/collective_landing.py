@@ -51,6 +51,7 @@ from tpusim.compiler.lowering.collective_ring import (
     reduce_scatter_stages,
     window,
     window_offsets,
+    window_start,
 )
 from tpusim.isa import DmaStart, MemRef, Reg, SemSignal, SemWait, Space, VpuMap
 from tpusim.memory import Shape
@@ -190,17 +191,10 @@ def _wavefront(
         dims = piece_dims(shape.dimensions, dim, size, part[s], length)
         return MemRef(Space.VMEM, address, Shape(shape.element_type, dims, layout=shape.layout))
 
-    def nth(start: Reg | int, r: int) -> Reg | int:
-        if r == 0:
-            return start
-        if isinstance(start, int):
-            return start + plan.offsets[r]
-        return facts.alu("add", work.spare, start, plan.offsets[r])
-
     def own_window(s: int, stage: int, item: tuple[int, int, int]) -> MemRef:
         r, o, n = item
         locate(work, ring, s, stage, base, stride, plus=1)  # the chunk at position pos - s * (stage + 1)
-        return window(ctx, src, dim, nth(cs[s], r), size, part[s], (o, n), tmp[0])
+        return window(ctx, src, dim, window_start(work, cs[s], plan.offsets[r]), size, part[s], (o, n), tmp[0])
 
     def consumers(s: int, tau: int) -> list[tuple[int, int]]:
         """``(stage, item)`` of the stages that add and pass on (or write) in step ``tau``."""
@@ -261,7 +255,8 @@ def _wavefront(
                     push(s, acc, item[2])
                 else:
                     r, o, n = item
-                    dst = window(ctx, fin, dim, nth(fin_start, r), size, part[s], (o, n), tmp[0])
+                    at = window_start(work, fin_start, plan.offsets[r])
+                    dst = window(ctx, fin, dim, at, size, part[s], (o, n), tmp[0])
                     ctx.emit(DmaStart, src=acc, dst=dst, sem=sent)
         yield
     ctx.emit(SemWait, sem=sent, count=sum(pushes[s] + len(items[s]) for s in steps))

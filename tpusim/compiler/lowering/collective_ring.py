@@ -50,6 +50,7 @@ __all__ = [
     "tile_rows",
     "window",
     "window_offsets",
+    "window_start",
     "zigzag_coordinate",
 ]
 
@@ -371,6 +372,16 @@ def locate(
     _chunk_start(facts, ring, at, work.cs[step], base, stride)
 
 
+def window_start(work: RingWork, start: Reg | int, offset: int) -> Reg | int:
+    """Where a chunk's window ``offset`` past ``start`` begins: ``start`` itself for the first window, a number,
+    or a register sum in the shared scratch register ``work.spare`` (valid until the next use of it)."""
+    if offset == 0:
+        return start
+    if isinstance(start, int):
+        return start + offset
+    return work.facts.alu("add", work.spare, start, offset)
+
+
 def window_offsets(repeat: Sequence[tuple[int, int]]) -> list[int]:
     """The offsets of a chunk's windows from its start: every combination of ``(count, gap)`` levels
     (window ``i`` of a level is ``i * gap`` further), the first level outermost; ``[0]`` for no levels."""
@@ -495,17 +506,9 @@ def reduce_scatter_stages(
             offsets[p.dim] = (stage + delta) * per + r * p.length + off
         return MemRef(Space.HBM, slot[s].address, slot[s].shape, Window(tuple(offsets), tuple(sizes)))
 
-    def nth(start: Reg | int, r: int) -> Reg | int:
-        """The start of window ``r`` of a chunk starting at ``start`` (a register sum in ``work.spare``)."""
-        if r == 0:
-            return start
-        if isinstance(start, int):
-            return start + offsets[r]
-        return facts.alu("add", work.spare, start, offsets[r])
-
     def own(s: int, j: int) -> MemRef:
         r, o, n = blocks[s][j]
-        return window(ctx, src, dim, nth(cs[s], r), size, part[s], (o, n), tmp[0])
+        return window(ctx, src, dim, window_start(work, cs[s], offsets[r]), size, part[s], (o, n), tmp[0])
 
     # stage 0: push this chip's part of the chunk at position pos - step into slot 0 of the next chip
     for s in steps:
@@ -545,7 +548,8 @@ def reduce_scatter_stages(
                 ctx.emit(VpuMap, fn=fn, dst=acc, srcs=(acc, vblock(s, "own", j)))
                 if last:
                     r, o, n = blocks[s][j]
-                    dst = window(ctx, fin, dim, nth(fin_start, r), size, part[s], (o, n), tmp[0])
+                    at = window_start(work, fin_start, offsets[r])
+                    dst = window(ctx, fin, dim, at, size, part[s], (o, n), tmp[0])
                     ctx.emit(DmaStart, src=acc, dst=dst, sem=sent)
                 else:
                     ctx.emit(
@@ -617,11 +621,9 @@ def all_gather_stages(
     def push(first_stage: bool) -> Iterator[None]:
         """A stage's pushes, window by window, both directions in turn (yielding after each window: the DMA
         queue serves in order, so the windows of phases run at once alternate on their links)."""
-        for r, offset in enumerate(offsets):
+        for offset in offsets:
             for s, p in zip(steps, parts):
-                at = cs[s]
-                if r:
-                    at = facts.alu("add", work.spare, cs[s], offset)
+                at = window_start(work, cs[s], offset)
                 dst = window(ctx, arr, dim, at, size, p, None, tmp[0])
                 if first_stage and first is not None:
                     src = window(ctx, first, dim, 0, size, p, None, tmp[1])
