@@ -130,17 +130,18 @@ def _plan(
         return -(-shape_of.byte_size // vreg) * vreg
 
     count = {s: max(1, ceil(nbytes(p, p.length) / TARGET_BLOCK_BYTES)) for s, p in zip(steps, parts)}
+    unit = {s: qs[p.dim] if p.length % qs[p.dim] == 0 else 1 for s, p in zip(steps, parts)}  # whole tiles, if any
     while True:
         spans: dict[int, list[tuple[int, int]]] = {}
         for s, p in zip(steps, parts):
-            q = qs[p.dim] if p.length % qs[p.dim] == 0 else 1
+            q = unit[s]
             length = -(-ceil(p.length / count[s]) // q) * q
             spans[s] = [(o, min(length, p.length - o)) for o in range(0, p.length, length)]
         active = {s: min(len(offsets) * len(spans[s]), ring.length - 1) for s in steps}
         need = sum((2 + OWN_SETS) * active[s] * nbytes(p, spans[s][0][1]) for s, p in zip(steps, parts))
         if need <= room:
             break
-        grow = [s for s, p in zip(steps, parts) if spans[s][0][1] > (qs[p.dim] if p.length % qs[p.dim] == 0 else 1)]
+        grow = [s for s in steps if spans[s][0][1] > unit[s]]
         if not grow:
             return None
         for s in grow:
@@ -196,9 +197,10 @@ def _wavefront(
         locate(work, ring, s, stage, base, stride, plus=1)  # the chunk at position pos - s * (stage + 1)
         return window(ctx, src, dim, window_start(work, cs[s], plan.offsets[r]), size, part[s], (o, n), tmp[0])
 
-    def consumers(s: int, tau: int) -> list[tuple[int, int]]:
-        """``(stage, item)`` of the stages that add and pass on (or write) in step ``tau``."""
-        return [(k, tau - k) for k in range(1, L) if 0 <= tau - k < len(items[s])]
+    def first_consumer(s: int, tau: int) -> int:
+        """The first of the stages that add and pass on (or write) in step ``tau``: they run from it to
+        ``min(L - 1, tau)``, stage ``k`` on item ``tau - k``; stage ``k`` takes own buffer ``k - first``."""
+        return max(1, tau - len(items[s]) + 1)
 
     def own_buffer(s: int, tau: int, slot: int) -> int:
         return plan.own[s][(tau % OWN_SETS) * plan.active[s] + slot]
@@ -213,12 +215,13 @@ def _wavefront(
     def issue_loads(tau: int) -> int:
         n = 0
         for s in steps:
-            for slot, (k, j) in enumerate(consumers(s, tau)):
-                item = items[s][j]
+            first = first_consumer(s, tau)
+            for k in range(first, min(L - 1, tau) + 1):
+                item = items[s][tau - k]
                 ctx.emit(
                     DmaStart,
                     src=own_window(s, k, item),
-                    dst=block(s, own_buffer(s, tau, slot), item[2]),
+                    dst=block(s, own_buffer(s, tau, k - first), item[2]),
                     sem=load[tau % 2],
                 )
                 n += 1
@@ -243,8 +246,7 @@ def _wavefront(
                 if k == 0:
                     push(s, own_window(s, 0, item), item[2])
                     continue
-                slot = next(i for i, (kk, _) in enumerate(consumers(s, tau)) if kk == k)
-                acc = block(s, own_buffer(s, tau, slot), item[2])
+                acc = block(s, own_buffer(s, tau, k - first_consumer(s, tau)), item[2])
                 ctx.emit(SemWait, sem=ring.arrive[s], count=1)
                 landed = block(s, plan.landing[s][consumed[s] % bufs[s]], item[2])
                 ctx.emit(VpuMap, fn=fn, dst=acc, srcs=(landed, acc))
