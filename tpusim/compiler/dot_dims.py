@@ -33,7 +33,7 @@ from tpusim.compiler.hlo.ir import ConvDims, Instruction, Window, WindowDim
 from tpusim.memory import Shape
 from tpusim.memory.reinterpret import merged_shape
 
-__all__ = ["DotDims", "convolution_dims", "dot_dims", "folded_contraction", "oriented", "without_dim"]
+__all__ = ["DotDims", "convolution_dims", "dims_without", "dot_dims", "folded_contraction", "oriented"]
 
 
 @dataclass(frozen=True)
@@ -252,13 +252,22 @@ def folded_contraction(d: DotDims, lhs: Shape, rhs: Shape) -> tuple[DotDims, Sha
         if found is None:
             break
         j, lhs, rhs = found
-        gone_l, gone_r = lc[j], rc[j]
-        a = {f: without_dim(getattr(d, f), gone_l) for f in ("lhs_batch", "lhs_contracting", "lhs_free", "lhs_units")}
-        b = {f: without_dim(getattr(d, f), gone_r) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
-        d = replace(d, **a, **b)
+        d = dims_without(d, lhs=lc[j], rhs=rc[j])
     return d, lhs, rhs
 
 
-def without_dim(dims: tuple[int, ...], gone: int) -> tuple[int, ...]:
-    """``dims`` without dimension ``gone``, the later ones renumbered as in a shape without it."""
-    return tuple(x - (x > gone) for x in dims if x != gone)
+_FIELDS = {
+    "lhs": ("lhs_batch", "lhs_contracting", "lhs_free", "lhs_units"),
+    "rhs": ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units"),
+    "out": ("out_batch", "out_lhs_free", "out_rhs_free", "out_units"),
+}
+
+
+def dims_without(d: DotDims, **gone: int) -> DotDims:
+    """``d`` for arrays seen with one dimension fewer: per array named (``lhs``, ``rhs``, ``out``), dimension
+    ``gone[array]`` dropped from its roles and the later ones renumbered as in a shape without it (a fold
+    merged it into a neighbour)."""
+    return replace(
+        d,
+        **{f: tuple(x - (x > g) for x in getattr(d, f) if x != g) for a, g in gone.items() for f in _FIELDS[a]},
+    )

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from tpusim.compiler.dot_dims import DotDims, convolution_dims, dot_dims, folded_contraction, oriented, without_dim
+from tpusim.compiler.dot_dims import DotDims, convolution_dims, dims_without, dot_dims, folded_contraction, oriented
 from tpusim.compiler.hlo.ir import Computation, Instruction
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.dot_plan import DotPlan, Problem, plan_dot, row_groups, vmem_size
@@ -202,16 +202,12 @@ def _folded(
             kept = [MemRef(r.space, r.address, m, base=r.base) for r, m in zip(kept, merged) if m is not None]
             if len(kept) != len(merged):
                 kept = None
-        o = {
-            f: without_dim(getattr(d, f), out_gone) for f in ("out_batch", "out_lhs_free", "out_rhs_free", "out_units")
-        }
         if side == 0:
             lhs = ref
-            a = {f: without_dim(getattr(d, f), gone) for f in ("lhs_batch", "lhs_contracting", "lhs_free", "lhs_units")}
+            d = dims_without(d, lhs=gone, out=out_gone)
         else:
             rhs = ref
-            a = {f: without_dim(getattr(d, f), gone) for f in ("rhs_batch", "rhs_contracting", "rhs_free", "rhs_units")}
-        d = replace(d, **a, **o)
+            d = dims_without(d, rhs=gone, out=out_gone)
     d, lhs, rhs = _contraction_folded(d, lhs, rhs)
     return d, lhs, rhs, out, None if kept is None else tuple(kept)
 
