@@ -41,7 +41,7 @@ from tpusim.isa import (
     VpuReshape,
     XluTranspose,
 )
-from tpusim.memory import ElementType, Shape, element_type
+from tpusim.memory import ElementType, element_type, lane_dim, sublane_dim
 from tpusim.memory.windows import window_vregs
 from tpusim.semantics.combiners import ufunc_for
 from tpusim.semantics.convert import flush
@@ -50,19 +50,7 @@ if TYPE_CHECKING:
     from tpusim.config import ChipConfig
     from tpusim.devices.core import Core
 
-__all__ = ["lane_dim", "sublane_dim"]
-
-
-def lane_dim(shape: Shape) -> int | None:
-    """The logical dimension laid along the lanes (the layout's most minor), None for scalars."""
-    m2m = shape.effective_layout.minor_to_major
-    return m2m[0] if m2m else None
-
-
-def sublane_dim(shape: Shape) -> int | None:
-    """The logical dimension laid along the sublanes (second most minor), None below rank 2."""
-    m2m = shape.effective_layout.minor_to_major
-    return m2m[1] if len(m2m) > 1 else None
+__all__: list[str] = []
 
 
 def _v(cfg: ChipConfig, a: Access) -> int:

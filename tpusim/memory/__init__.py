@@ -2,7 +2,18 @@
 
 from tpusim.memory.dtypes import ELEMENT_TYPES, ElementType, element_type, element_type_of_dtype
 from tpusim.memory.packing import PackError, pack, unpack
-from tpusim.memory.shape import COMBINE, UNBOUNDED, AnyShape, Layout, Shape, SplitConfig, Tile, TupleShape
+from tpusim.memory.shape import (
+    COMBINE,
+    UNBOUNDED,
+    AnyShape,
+    Layout,
+    Shape,
+    SplitConfig,
+    Tile,
+    TupleShape,
+    lane_dim,
+    sublane_dim,
+)
 from tpusim.memory.shape_text import ShapeReader, parse_layout, parse_shape
 from tpusim.memory.tiling import Geometry, TilingLevel, geometry
 
@@ -24,8 +35,10 @@ __all__ = [
     "element_type",
     "element_type_of_dtype",
     "geometry",
+    "lane_dim",
     "pack",
     "parse_layout",
     "parse_shape",
+    "sublane_dim",
     "unpack",
 ]

@@ -31,6 +31,8 @@ __all__ = [
     "SplitConfig",
     "Tile",
     "TupleShape",
+    "lane_dim",
+    "sublane_dim",
 ]
 
 COMBINE: Final = -1
@@ -293,6 +295,18 @@ class Shape(_CachedHash):
             if not (self.rank == 0 and layout_text == "{}"):
                 text += layout_text
         return text
+
+
+def lane_dim(shape: Shape) -> int | None:
+    """The logical dimension laid along the lanes (the layout's most minor), None for scalars."""
+    m2m = shape.effective_layout.minor_to_major
+    return m2m[0] if m2m else None
+
+
+def sublane_dim(shape: Shape) -> int | None:
+    """The logical dimension laid along the sublanes (second most minor), None below rank 2."""
+    m2m = shape.effective_layout.minor_to_major
+    return m2m[1] if len(m2m) > 1 else None
 
 
 @dataclass(frozen=True, slots=True)

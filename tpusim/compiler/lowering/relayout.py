@@ -13,7 +13,7 @@ from dataclasses import replace
 from tpusim.compiler.lowering.context import Lowering, VmemExhausted
 from tpusim.compiler.lowering.views import ref_dma_cycles, static_offsets
 from tpusim.isa import DmaStart, MemRef, Space, VpuCopy
-from tpusim.memory import Shape
+from tpusim.memory import Shape, lane_dim
 from tpusim.memory.windows import window_vregs
 
 __all__ = ["store"]
@@ -23,7 +23,7 @@ def store(ctx: Lowering, src: MemRef, dst: MemRef, sem: int) -> int:
     """Write ``src`` to ``dst`` (memory references of the same dimensions, any memories and layouts); returns
     how many DMAs it started on ``sem`` (0 or 1). A block in VMEM may take the vector path: into ``dst``
     itself when it is in VMEM, else into a VMEM buffer in ``dst``'s layout that one DMA then stores."""
-    if src.space is not Space.VMEM or _lanes(src.shape) == _lanes(dst.shape):
+    if src.space is not Space.VMEM or lane_dim(src.shape) == lane_dim(dst.shape):
         ctx.emit(DmaStart, src=src, dst=dst, sem=sem)
         return 1
     cfg = ctx.config
@@ -48,8 +48,3 @@ def store(ctx: Lowering, src: MemRef, dst: MemRef, sem: int) -> int:
     ctx.emit(VpuCopy, dst=staged, src=src)
     ctx.emit(DmaStart, src=staged, dst=dst, sem=sem)
     return 1
-
-
-def _lanes(shape: Shape) -> int | None:
-    m2m = shape.effective_layout.minor_to_major
-    return m2m[0] if m2m else None
