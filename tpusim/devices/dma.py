@@ -379,6 +379,7 @@ class Transfer(Flow):
         dst_bank: Any,
         dst_sem: int | None,
         copy: tuple[Access, Access, tuple[int, int]] | None,
+        engines: DmaEngines,
     ) -> None:
         # NOTE: speed. Flow's fields are set here directly (no super().__init__ call on this hot path; on_done is
         # never read, finish() is overridden).
@@ -405,7 +406,7 @@ class Transfer(Flow):
         # the pushes this core issued to the same semaphore that have not landed, in issue order (None when
         # it signals no other core's semaphore)
         self.order: deque[Transfer] | None = None
-        self.engines: DmaEngines = core.units.dma  # the pool it holds during its data phase (issue_dma sets it)
+        self.engines = engines  # the pool it holds during its data phase
         self.event: Event | None = None
 
     def wait_event(self) -> Event:
@@ -690,8 +691,7 @@ def issue_dma(core: Core, d: Decoded, t: int) -> Issued:
             engines.space_event = Event(core.env)
         return core.block(d, "waits for room in the DMA queue", engines.space_event)
     dst_bank = dst_chip.sems[dst_core] if ins.dst_sem is not None else None
-    tr = Transfer(core, i, core.first_try, facts, ins.sem, dst_bank, ins.dst_sem, copy)
-    tr.engines = engines
+    tr = Transfer(core, i, core.first_try, facts, ins.sem, dst_bank, ins.dst_sem, copy, engines)
     if dst_bank is not None:
         order = core.cache.get((dst_bank, ins.dst_sem))
         if order is None:
