@@ -118,11 +118,21 @@ class CollectiveState:
         """The arrive-semaphore index of ring traffic along topology ``axis`` in direction ``step``; along the
         slices of a multi-slice system, of part ``part`` of a collective over several axes (the parts take
         that one ring at once, each counting its own arrivals)."""
-        axes = [a for a, n in enumerate(self.topology.shape) if n > 1] or [0]
-        k = axes.index(axis) if axis in axes else 0
-        if part and self.topology.switched[axis]:
-            k = len(axes) + part - 1
-        return 2 * k + (0 if step > 0 else 1)
+        return _channel(self.topology, axis, step, part)
+
+
+def _ring_axes(topology: Topology) -> list[int]:
+    """The axes with rings (of two chips or more), at least axis 0."""
+    return [a for a, n in enumerate(topology.shape) if n > 1] or [0]
+
+
+def _channel(topology: Topology, axis: int, step: int, part: int = 0) -> int:
+    """:meth:`CollectiveState.channel`."""
+    axes = _ring_axes(topology)
+    k = axes.index(axis) if axis in axes else 0
+    if part and topology.switched[axis]:
+        k = len(axes) + part - 1
+    return 2 * k + (0 if step > 0 else 1)
 
 
 def participants(module: Module, config: ChipConfig) -> Participants:
@@ -186,7 +196,7 @@ def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, bool, li
     """(banks, ring axes with arrival semaphores, whether any collective is async, the arrival channels that
     have a credit beside them) for ``module``'s collectives on ``config``'s system."""
     topology = system_topology(config, participants(module, config).devices)
-    axes = max(1, sum(1 for n in topology.shape if n > 1))
+    axes = len(_ring_axes(topology))
     if topology.slices > 1:  # the slices' ring: its own arrival semaphores for every part but the first
         axes += PARTS - 1
     banks, any_async = _banks_needed(module)
@@ -199,11 +209,10 @@ def _credit_channels(topology: Topology) -> list[int]:
     sums in VMEM (:mod:`.collective_landing`; a single ring keeps HBM slots and its few semaphores, so the
     smallest configs still run collectives; a ring over the data-center network keeps HBM slots, as a credit
     would cross the network again; deeper banks' collectives keep HBM slots too)."""
-    axes = [a for a, n in enumerate(topology.shape) if n > 1] or [0]
-    ici = [a for a in axes if not topology.switched[a]]
+    ici = [a for a in _ring_axes(topology) if not topology.switched[a]]
     if len(ici) < 2:
         return []
-    return [2 * axes.index(a) + d for a in ici for d in (0, 1)]
+    return [_channel(topology, a, step) for a in ici for step in (1, -1)]
 
 
 def _per_bank(axes: int, any_async: bool) -> int:
