@@ -21,6 +21,7 @@ from tpusim.devices.values import CachedValue, ValueCache
 from tpusim.errors import TpusimError
 from tpusim.memory import Shape, geometry, pack, unpack
 from tpusim.memory.packing import strided_assign
+from tpusim.memory.tiling import tile_periods
 from tpusim.memory.windows import window_extent, window_slots, window_strides
 
 __all__ = [
@@ -226,14 +227,7 @@ def affine(shape: Shape) -> Affine | None:
     rank = shape.rank
     if rank == 0 or geo.element_bits % 8 or any(lvl.merges for lvl in geo.levels):
         return None
-    periods = [1] * rank
-    if geo.levels:
-        first = geo.levels[0]
-        k = len(first.tile)
-        for j, t in enumerate(first.tile):
-            phys = rank - k + j
-            if phys >= 0:
-                periods[geo.physical_permutation[phys]] = t
+    periods = tile_periods(geo)
     dims = shape.dimensions
     origin = np.zeros((1, rank), np.int64)
     strides = []

@@ -28,7 +28,7 @@ import numpy as np
 from tpusim.errors import LayoutError
 from tpusim.memory.shape import COMBINE, AnyShape, Shape
 
-__all__ = ["Geometry", "TilingLevel", "axis_slots", "geometry", "is_separable"]
+__all__ = ["Geometry", "TilingLevel", "axis_slots", "geometry", "is_separable", "tile_periods"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +350,20 @@ def is_separable(geo: Geometry) -> bool:
     times strides. A merge multiplies one coordinate into the next before dividing, which mixes them.
     """
     return not any(lvl.merges for lvl in geo.levels)
+
+
+def tile_periods(geo: Geometry) -> tuple[int, ...]:
+    """Per logical dimension, the first tiling level's tile size along it (1 for a dimension no tile covers):
+    moving a coordinate by its period moves its slot term by a constant in XLA's tilings."""
+    rank = geo.shape.rank
+    periods = [1] * rank
+    if geo.levels:
+        tile = geo.levels[0].tile
+        for j, t in enumerate(tile):
+            phys = rank - len(tile) + j
+            if phys >= 0:
+                periods[geo.physical_permutation[phys]] = t
+    return tuple(periods)
 
 
 def axis_slots(geo: Geometry, dim: int, coords: np.ndarray) -> np.ndarray:
