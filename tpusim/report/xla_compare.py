@@ -3,9 +3,10 @@
 XLA:TPU's compiled modules carry, per fusion (and other kernels), ``"estimated_cycles"`` from its cost model,
 and its ``cost_analysis()`` gives ``optimal_seconds`` for the program (:mod:`tpusim.xla_tpu`). Both are XLA's
 model, not measurements of a TPU: where tpusim and XLA disagree, neither is known to be right, but the
-disagreement says where to look. XLA's cycles are in its model's own unit (their sum is not
-``optimal_seconds`` times the clock), so per kernel the comparison is of shares: the kernel's part of all of
-XLA's estimated cycles beside its part of tpusim's run.
+disagreement says where to look. The kernels' cycles and ``optimal_seconds`` are two models that disagree
+(at the chip's clock the cycles sum to 0.5x-3.3x ``optimal_seconds`` over the corpus of docs/model.md), so
+per kernel the comparison is of shares: the kernel's part of all of XLA's estimated cycles beside its part of
+tpusim's run.
 """
 
 from __future__ import annotations
