@@ -568,3 +568,11 @@ def test_tiling_rules_are_refused_with_xlas_compiler(program: Path, capsys: pyte
     """They were silently ignored (XLA's module carries its own layouts)."""
     line = _one_error(["run", str(program), "--compiler", "xla", "--tiling", "bf16_16x128"], capsys)
     assert "--tiling bf16_16x128" in line and "XLA" in line
+
+
+def test_a_compiled_module_is_not_compiled_again_by_xla(capsys: pytest.CaptureFixture[str]) -> None:
+    """XLA's front end refused it with only "UNIMPLEMENTED: Tiled layout is not supported yet" (and without
+    libtpu the message asked to install it)."""
+    compiled = Path(__file__).parent / "data" / "corpus" / "softmax_f32" / "v5e.hlo.gz"
+    line = _one_error(["run", str(compiled), "--compiler", "xla", "--timing-only"], capsys)
+    assert "already has tiled layouts" in line and "run it as it is" in line

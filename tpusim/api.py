@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -139,6 +140,10 @@ COMPILERS = ("tpusim", "xla")
 (libtpu, offline) compiles it first and tpusim runs what XLA made, as given (:mod:`tpusim.xla_tpu`)."""
 
 
+_TILED_LAYOUT = re.compile(r"\{[\d,]*:T\(")
+"""A layout with tiles, as XLA's layout assignment writes them (``{1,0:T(8,128)(2,1)}``)."""
+
+
 def through_xla(
     program: str | Path | Module, config: ChipConfig, chips: int = 1, shape: tuple[int, ...] | None = None
 ) -> tuple[Module, Any]:
@@ -164,6 +169,13 @@ def through_xla(
         text = read_hlo_text(Path(program))
     else:
         text = str(program)
+    if _TILED_LAYOUT.search(text):
+        # XLA's front end takes modules before layout assignment: its own error says only "Tiled layout is not
+        # supported yet"
+        raise InputError(
+            "the module already has tiled layouts (it is a compiled module, XLA:TPU's or tpusim's): run it as it "
+            "is, with tpusim's compiler (the default), rather than compiling it again with XLA:TPU"
+        )
     xla = compile_with_xla(text, config, chips, shape)
     return parse_module(xla.text, f"XLA:TPU's compilation for {xla.topology}"), xla
 
