@@ -198,3 +198,66 @@ def test_xlas_fsdp_step_with_an_async_collective_fusion_gives_jaxs_answer() -> N
         for chip in range(8):
             np.testing.assert_allclose(np.asarray(reference[chip][j]), want[j], rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(np.asarray(result.outputs[j][chip]), want[j], rtol=1e-4, atol=1e-4)
+
+
+_S8, _S64 = "s32[8]{0:T(128)}", "s32[64]{0:T(128)}"
+_SC = 'async_execution_thread="sparsecore"'
+SPARSECORE = f"""
+HloModule bincount, is_scheduled=true
+region (a: s32[], b: s32[]) -> s32[] {{
+  a = s32[]{{:T(128)S(7)}} parameter(0)
+  b = s32[]{{:T(128)S(7)}} parameter(1)
+  ROOT s = s32[]{{:T(128)S(7)}} add(a, b)
+}}, execution_thread="sparsecore"
+
+scatter_kernel (p0: s32[8], p1: s32[64], p2: s32[64]) -> s32[8] {{
+  p0 = {_S8} parameter(0)
+  p1 = {_S64} parameter(1)
+  p2 = {_S64} parameter(2)
+  ROOT sc = {_S8} scatter(p0, p1, p2), update_window_dims={{}}, inserted_window_dims={{0}},
+    scatter_dims_to_operand_dims={{0}}, index_vector_dim=1, to_apply=region
+}}, execution_thread="sparsecore"
+
+inner (q0: s32[8], q1: s32[64], q2: s32[64]) -> s32[8] {{
+  q0 = {_S8} parameter(0)
+  q1 = {_S64} parameter(1)
+  q2 = {_S64} parameter(2)
+  ROOT f = {_S8} fusion(q0, q1, q2), kind=kCustom, calls=scatter_kernel
+}}, execution_thread="sparsecore"
+
+outer (r0: s32[8], r1: s32[64], r2: s32[64], r3: token[]) -> s32[8] {{
+  r0 = {_S8} parameter(0)
+  r1 = {_S64} parameter(1)
+  r2 = {_S64} parameter(2)
+  r3 = token[] parameter(3)
+  cs = (({_S8}, {_S64}, {_S64}), {_S8}, u32[]{{:S(8)}}) call-start(r0, r1, r2), {_SC}, to_apply=inner
+  ROOT cd = {_S8} call-done(cs)
+}}, execution_thread="sparsecore"
+
+ENTRY main (e: s32[64]) -> s32[8] {{
+  e = {_S64} parameter(0)
+  one = s32[]{{:T(128)}} constant(1)
+  zero = s32[]{{:T(128)}} constant(0)
+  handle = s32[]{{:S(2)}} custom-call(), custom_call_target="PrepareAsyncCallStart"
+  ones = {_S64} broadcast(one), dimensions={{}}
+  zeros = {_S8} broadcast(zero), dimensions={{}}
+  ready = token[] custom-call(handle), custom_call_target="PrepareAsyncCallDone"
+  start = (({_S8}, {_S64}, {_S64}, token[]), {_S8}) call-start(zeros, e, ones, ready), {_SC}, to_apply=outer
+  ROOT done = {_S8} call-done(start)
+}}
+"""
+
+
+def test_a_call_on_the_sparsecore_runs_as_a_call_on_the_tensorcore() -> None:
+    """v6e's XLA:TPU offloads jnp.bincount's scatter to the SparseCore; the module was refused ('custom-call
+    target PrepareAsyncCallStart has no reference function'), then ran the call pair as fallback kernels."""
+    module = parse_module(SPARSECORE)
+    after = canonicalize(module)
+    opcodes = {i.opcode for c in after.computations for i in c.instructions}
+    assert "async-start" not in opcodes and "async-done" not in opcodes and "call" in opcodes
+    ids = RNG.integers(0, 8, 64).astype(np.int32)
+    want = np.bincount(ids, minlength=8)
+    np.testing.assert_array_equal(evaluate(module, [ids])[0], want)
+    result = tpusim.simulate(SPARSECORE, [ids], config="tpu_v6e")
+    np.testing.assert_array_equal(result.outputs[0], want)
+    assert not result.fallbacks

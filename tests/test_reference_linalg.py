@@ -154,3 +154,26 @@ def test_tpu_lowered_linear_algebra_custom_calls() -> None:
             np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
         else:
             np.testing.assert_array_equal(g, w)
+
+
+def test_xla_tpu_cholesky_and_inverted_diagonal_blocks() -> None:
+    """XLA:TPU's compiled cho_solve calls its Cholesky kernel (JAX's ``cholesky``, lower=true, keeps no flag)
+    and inverts the factor's diagonal blocks, stacked, as upper triangular matrices; both were refused
+    ('has no reference function'). The module below has their shapes and layouts."""
+    text = """
+HloModule chol, is_scheduled=true
+ENTRY main (m: f32[16,16], blocks: f32[2,16,16]) -> (f32[16,16], f32[2,16,16]) {
+  m = f32[16,16]{1,0:T(8,128)} parameter(0)
+  blocks = f32[2,16,16]{2,1,0:T(8,128)} parameter(1)
+  l = f32[16,16]{1,0:T(8,128)S(1)} custom-call(m), custom_call_target="Cholesky"
+  inv = f32[2,16,16]{1,2,0:T(8,128)S(1)} custom-call(blocks), custom_call_target="InvertDiagBlocksUpperTriangular"
+  ROOT t = (f32[16,16]{1,0:T(8,128)}, f32[2,16,16]{1,2,0:T(8,128)}) tuple(l, inv)
+}
+"""
+    m = _spd((), 16)
+    blocks = np.triu(RNG.standard_normal((2, 16, 16))).astype(np.float32) + 4 * np.eye(16, dtype=np.float32)
+    below = np.tril(RNG.standard_normal((2, 16, 16)), -1).astype(np.float32)  # not read
+    factor, inv = evaluate(parse_module(text), [m, blocks + below])
+    np.testing.assert_allclose(factor, np.linalg.cholesky(m.astype(np.float64)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(inv @ blocks, np.broadcast_to(np.eye(16), (2, 16, 16)), atol=1e-5)
+    assert not np.triu(factor, 1).any() and not np.tril(inv, -1).any()

@@ -31,6 +31,10 @@ each rewrite keeps the module's values and its decisions (layouts, memory spaces
    ``channel_id``, kept for its meaning) becomes the parameter that carries the result. The collective then
    runs once, at the start, without overlapping the continuations' compute (an approximation: on the TPU
    the continuations advance it).
+6. **Calls on another execution thread.** v6e offloads small scatters to its SparseCore: a ``call-start``
+   (``async_execution_thread="sparsecore"``) and its ``call-done``, after a ``PrepareAsyncCallStart`` /
+   ``PrepareAsyncCallDone`` handshake. tpusim models no SparseCore: the pair becomes a plain ``call`` of the
+   same computation where the start was, run by the TensorCore (the handshake lowers to no code).
 """
 
 from __future__ import annotations
@@ -71,13 +75,15 @@ __all__ = [
     "concat_bitcasts",
     "flatten_fusions",
     "fused_bitcasts",
+    "threaded_calls",
     "whole_row_windows",
 ]
 
 
 def canonicalize(module: Module) -> Module:
     """Apply the rewrites of the module docstring, in order."""
-    return async_collective_fusions(whole_row_windows(fused_bitcasts(concat_bitcasts(flatten_fusions(module)))))
+    module = async_collective_fusions(whole_row_windows(fused_bitcasts(concat_bitcasts(flatten_fusions(module)))))
+    return threaded_calls(module)
 
 
 # --------------------------------------------------------------------------------------------- 1. fusions
@@ -435,3 +441,33 @@ def _live(comp: Computation) -> Computation:
             need.update(instr.operands)
     body = tuple(i for i in comp.instructions if i.name in need or i.opcode == "parameter")
     return replace(comp, instructions=body)
+
+
+# --------------------------------------------------------------------------------------------- 6. threaded calls
+def threaded_calls(module: Module) -> Module:
+    """Every ``call-start`` on another execution thread whose only user is its ``call-done`` as a ``call`` at the
+    start, named as the done (see the module docstring)."""
+    comps = []
+    for comp in module.computations:
+        users: dict[str, list[str]] = {}
+        for instr in comp.instructions:
+            for o in instr.operands:
+                users.setdefault(o, []).append(instr.name)
+        calls: dict[str, Instruction] = {}  # start -> the call that replaces it
+        dones: set[str] = set()
+        for instr in comp.instructions:
+            wrapped = instr.async_wrapped_instruction()
+            after = users.get(instr.name, [])
+            if wrapped is None or wrapped.opcode != "call" or instr.attr("async_execution_thread") is None:
+                continue
+            if len(after) != 1 or comp[after[0]].opcode != "async-done":
+                continue
+            done = comp[after[0]]
+            calls[instr.name] = replace(wrapped, name=done.name, shape=done.shape)
+            dones.add(done.name)
+        if not calls:
+            comps.append(comp)
+            continue
+        body = tuple(calls.get(i.name, i) for i in comp.instructions if i.name not in dones)
+        comps.append(replace(comp, instructions=body))
+    return replace(module, computations=tuple(comps))

@@ -28,6 +28,7 @@ __all__ = [
     "ASYNC_COLLECTIVE_DONE",
     "ASYNC_COLLECTIVE_START",
     "CONCAT_BITCAST",
+    "PREPARE_ASYNC_CALL",
     "async_collective_result",
     "concat_bitcast_order",
     "estimated_cycles",
@@ -41,6 +42,9 @@ _ESTIMATE = re.compile(r'"estimated_cycles"\s*:\s*"?(\d+)')
 CONCAT_BITCAST = "ConcatBitcast"
 ASYNC_COLLECTIVE_START = "AsyncCollectiveStart"
 ASYNC_COLLECTIVE_DONE = "AsyncCollectiveDone"
+PREPARE_ASYNC_CALL = ("PrepareAsyncCallStart", "PrepareAsyncCallDone")
+"""XLA:TPU's handshake before a ``call-start`` on another execution thread (v6e offloads small scatters to its
+SparseCore): a handle, then a token the call-start takes; they carry no values."""
 
 
 def wrapped_collective(module: Module, instr: Instruction) -> Instruction | None:

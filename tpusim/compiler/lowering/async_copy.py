@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.hlo.ir import Computation, Instruction, custom_call_target
+from tpusim.compiler.hlo.xla_forms import PREPARE_ASYNC_CALL
 from tpusim.compiler.lowering.context import Lowering, StateKey
 from tpusim.compiler.lowering.control import copy_arrays
 from tpusim.compiler.lowering.indexed import take_semaphores
@@ -62,6 +63,15 @@ def lower_allocate_buffer(ctx: Lowering, comp: Computation, instr: Instruction) 
         home = ctx.home(comp.name, instr.name, path)
         if home.space is Space.VMEM and home.shape.element_count:
             ctx.emit(VpuBroadcast, dst=home, src=Const(0, home.element_type), dims=())
+
+
+def _prepares_async_call(ctx: Lowering, comp: Computation, instr: Instruction) -> bool:
+    return custom_call_target(instr) in PREPARE_ASYNC_CALL
+
+
+@lowering("custom-call", when=_prepares_async_call)
+def lower_prepare_async_call(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
+    """No code: the handle and token order the call that follows, which tpusim runs on the TensorCore."""
 
 
 @lowering("add-dependency", "domain")

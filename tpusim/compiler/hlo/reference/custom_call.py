@@ -13,7 +13,9 @@ Found by lowering JAX 0.10 programs for CPU and TPU (``jax.jit(f).trace(...).low
   (LU, 1-based pivots, info), ``lapack_?geqrf_ffi`` and ``lapack_?orgqr_ffi``/``?ungqr_ffi`` (Householder
   QR), ``lapack_?syevd_ffi``/``?heevd_ffi`` (symmetric eigen) and ``lapack_?gesdd_ffi`` (SVD).
   ``backend_config`` carries LAPACK's character flags as bytes (``uplo = 76 : ui8`` is 'L').
-* TPU linear algebra: ``Qr``, ``ProductOfElementaryHouseholderReflectors``, ``Eigh``, ``LuDecomposition``.
+* TPU linear algebra: ``Qr``, ``ProductOfElementaryHouseholderReflectors``, ``Eigh``, ``LuDecomposition``, and
+  ``Cholesky`` of XLA:TPU's compiled modules (HLO ``cholesky`` with ``lower=true``, as JAX lowers it) and
+  ``InvertDiagBlocksUpperTriangular`` (a triangular solve's diagonal blocks, stacked, each inverted).
 * Targets of XLA:TPU's compiled modules (``jax.jit(f).lower(...).compile().as_text()`` with libtpu):
   ``ConcatBitcast`` (operands placed one after another along the result's only grown dimension: a
   concatenate XLA makes free by placing them adjacently), ``AllocateBuffer`` (an uninitialised buffer a later
@@ -24,7 +26,9 @@ Found by lowering JAX 0.10 programs for CPU and TPU (``jax.jit(f).trace(...).low
   sorted by the called comparator, which orders ``(value, index)`` pairs, and the first ``k`` values and
   their s32 indices kept, ``k`` from the result's shape), and ``X64SplitLow`` / ``X64SplitHigh`` /
   ``X64Combine`` (XLA:TPU keeps a 64-bit element as two 32-bit words: a c64's real and imaginary parts, a
-  64-bit integer's low and high words; split takes one, combine joins them).
+  64-bit integer's low and high words; split takes one, combine joins them), and ``PrepareAsyncCallStart`` /
+  ``PrepareAsyncCallDone`` (a handle and a token ordering a ``call-start`` on another execution thread,
+  v6e's SparseCore for small scatters: no values, zeros and a token here).
 
 Eigenvectors and singular vectors are unique only up to a sign (a phase for complex) per vector, so they
 match XLA up to that choice; everything else follows LAPACK's conventions. Unknown targets raise
@@ -43,6 +47,7 @@ from tpusim.compiler.hlo.reference.combiners import computation
 from tpusim.compiler.hlo.reference.control import register_custom_call, zeros_of
 from tpusim.compiler.hlo.reference.core import EvalContext, EvaluationError, Value
 from tpusim.compiler.hlo.reference.linalg import (
+    cholesky,
     cholesky_lower,
     householder_product,
     householder_qr,
@@ -55,6 +60,7 @@ from tpusim.compiler.hlo.reference.sort import sort_arrays
 from tpusim.compiler.hlo.xla_forms import (
     ASYNC_COLLECTIVE_DONE,
     ASYNC_COLLECTIVE_START,
+    PREPARE_ASYNC_CALL,
     async_collective_result,
     concat_bitcast_order,
 )
@@ -205,6 +211,11 @@ def _x64_combine(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) ->
     return words.view(dtype).reshape(low.shape)
 
 
+@register_custom_call(*PREPARE_ASYNC_CALL)
+def _prepare_async_call(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    return zeros_of(instr.shape)
+
+
 @register_custom_call("AllocateBuffer")
 def _allocate_buffer(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     return zeros_of(instr.shape)
@@ -306,6 +317,29 @@ def _gesdd(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
 def _qr(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     (a,) = _arrays(instr, args, 1)
     return householder_qr(a)
+
+
+@register_custom_call("Cholesky")
+def _tpu_cholesky(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """XLA:TPU's kernel for HLO ``cholesky``: JAX lowers it with ``lower=true`` and XLA's custom-call keeps no
+    flag, so the lower factor (the other triangle, implementation-defined in XLA, is zero; JAX masks it)."""
+    (a,) = _arrays(instr, args, 1)
+    return cholesky(a, lower=True)
+
+
+@register_custom_call("InvertDiagBlocksUpperTriangular")
+def _invert_diagonal_blocks(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """XLA:TPU's step of a triangular solve by inverted diagonal blocks (XLA's TriangularSolveExpander): the
+    blocks come stacked along the leading dimension, each inverted as an upper triangular matrix (the entries
+    below its diagonal are not read)."""
+    (a,) = _arrays(instr, args, 1)
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
+        raise EvaluationError(instr, f"inverts square blocks, not {list(a.shape)}")
+    upper = np.triu(a)
+    eye = np.broadcast_to(np.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    return triangular_solve(
+        upper, eye, left_side=True, lower=False, unit_diagonal=False, transpose_a="NO_TRANSPOSE"
+    ).astype(a.dtype)
 
 
 @register_custom_call("Eigh")
