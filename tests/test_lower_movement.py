@@ -422,3 +422,24 @@ ENTRY main {
     trace = result.trace
     span = [int(e - s) for s, e, h in zip(trace.start, trace.end, trace.hlo) if h == "d"]
     assert max(span) < 1000, span  # (2,112 cycles as a DMA)
+
+
+def test_a_text_bitcast_of_an_array_to_a_scalar_takes_its_first_bytes() -> None:
+    """XLA:TPU's loop over a vmapped dynamic slice bitcasts the tiled s32[1,2] of a row's two indices to the
+    s32[] index of its first column; tpusim ran it as a fallback kernel ('changes the byte size': the
+    scalar is an SMEM word of its own)."""
+    text = """
+HloModule first, is_scheduled=true
+ENTRY main (x: f32[16,300], ix: s32[1,2]) -> f32[1,10] {
+  x = f32[16,300]{1,0:T(8,128)} parameter(0)
+  ix = s32[1,2]{1,0:T(1,128)S(1)} parameter(1)
+  row = s32[]{:T(128)S(1)} bitcast(ix)
+  zero = s32[]{:T(128)} constant(0)
+  ROOT y = f32[1,10]{1,0:T(1,128)} dynamic-slice(x, row, zero), dynamic_slice_sizes={1,10}
+}
+"""
+    x = np.arange(16 * 300, dtype=np.float32).reshape(16, 300)
+    ix = np.array([[7, 3]], np.int32)
+    result = tpusim.simulate(text, [x, ix], config="tpu_v5e")
+    np.testing.assert_array_equal(result.outputs[0], x[7:8, :10])
+    assert not result.fallbacks

@@ -242,10 +242,10 @@ def lower_bitcast(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     transposing bitcast), else two DMAs through an untiled HBM scratch buffer (write the source in its
     physical order, read it back as the result)."""
     src, dst = ctx.home(comp.name, instr.operands[0]), ctx.home(comp.name, instr.name)
-    if _same_buffer(ctx, comp.name, instr.operands[0], instr.name) or _element_taken(ctx, src, dst):
+    from_text = (comp.name, instr.name) in ctx.buffers.byte_bitcasts
+    if _same_buffer(ctx, comp.name, instr.operands[0], instr.name) or _element_taken(ctx, src, dst, from_text):
         return
     agree = bytes_agree(src.shape, dst.shape)
-    from_text = (comp.name, instr.name) in ctx.buffers.byte_bitcasts
     if agree or (from_text and src.shape.byte_size == dst.shape.byte_size):
         _issue(ctx, [(src, MemRef(dst.space, dst.address, src.shape))])  # the same bytes, byte for byte
         return
@@ -262,14 +262,22 @@ def lower_bitcast(ctx: Lowering, comp: Computation, instr: Instruction) -> None:
     _issue(ctx, [(MemRef(Space.HBM, scratch.address, ud), dst)])
 
 
-def _element_taken(ctx: Lowering, src: MemRef, dst: MemRef) -> bool:
+def _element_taken(ctx: Lowering, src: MemRef, dst: MemRef, first_bytes: bool = False) -> bool:
     """The one element of ``src`` taken as the scalar ``dst`` (an SMEM word: buffer assignment's ``_to_word``):
     element 0 of any layout is its first bytes, so one DMA of them (True), not a relayout through a scratch
-    buffer."""
-    if dst.shape.rank or src.shape.element_count != 1 or src.element_type != dst.element_type:
+    buffer. With ``first_bytes`` (a bitcast whose text tiles both layouts: XLA's, meaning the bytes) ``src``
+    may hold more elements: the scalar is its first bytes, element 0 (XLA:TPU's loop over a gather takes
+    ``s32[1,2]{1,0:T(1,128)}`` as the ``s32[]{:T(128)}`` index of its first column)."""
+    if dst.shape.rank or src.element_type != dst.element_type:
+        return False
+    if src.shape.element_count != 1 and not (first_bytes and src.shape.element_count and _prefix(src) == 0):
         return False
     _issue(ctx, [(MemRef(src.space, src.address, dst.shape), dst)])
     return True
+
+
+def _prefix(ref: MemRef) -> int:
+    return geometry(ref.shape).prefix_bytes
 
 
 @lowering("reshape")
