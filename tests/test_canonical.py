@@ -15,6 +15,7 @@ from tpusim.compiler.canonical import canonicalize, concat_bitcasts, flatten_fus
 from tpusim.compiler.hlo import parse_module, print_module
 from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.reference import evaluate, evaluate_spmd
+from tpusim.compiler.hlo.xla_forms import estimated_cycles
 
 RNG = np.random.default_rng(0)
 
@@ -222,7 +223,8 @@ inner (q0: s32[8], q1: s32[64], q2: s32[64]) -> s32[8] {{
   q0 = {_S8} parameter(0)
   q1 = {_S64} parameter(1)
   q2 = {_S64} parameter(2)
-  ROOT f = {_S8} fusion(q0, q1, q2), kind=kCustom, calls=scatter_kernel
+  ROOT f = {_S8} fusion(q0, q1, q2), kind=kCustom, calls=scatter_kernel,
+    backend_config={{"window_config":{{"estimated_cycles":"9223372036854775807"}}}}
 }}, execution_thread="sparsecore"
 
 outer (r0: s32[8], r1: s32[64], r2: s32[64], r3: token[]) -> s32[8] {{
@@ -261,3 +263,5 @@ def test_a_call_on_the_sparsecore_runs_as_a_call_on_the_tensorcore() -> None:
     result = tpusim.simulate(SPARSECORE, [ids], config="tpu_v6e")
     np.testing.assert_array_equal(result.outputs[0], want)
     assert not result.fallbacks
+    # XLA's placeholder for a kernel it does not estimate (INT64_MAX) is no estimate
+    assert estimated_cycles(module["inner"]["f"]) is None

@@ -38,6 +38,8 @@ __all__ = [
 ]
 
 _ESTIMATE = re.compile(r'"estimated_cycles"\s*:\s*"?(\d+)')
+_NO_ESTIMATE = 2**63 - 1
+"""XLA's ``estimated_cycles`` of a kernel it does not estimate (v6e's SparseCore scatter): INT64_MAX."""
 
 CONCAT_BITCAST = "ConcatBitcast"
 ASYNC_COLLECTIVE_START = "AsyncCollectiveStart"
@@ -157,10 +159,12 @@ def slice_source(comp: Computation, name: str, dimension: int) -> tuple[str, int
 
 
 def estimated_cycles(instr: Instruction) -> int | None:
-    """XLA:TPU's ``estimated_cycles`` for ``instr`` from its ``backend_config`` (XLA's cost model, in its own
-    cycles), or None when the text has none."""
+    """XLA:TPU's ``estimated_cycles`` for ``instr`` from its ``backend_config`` (XLA's cost model, at the chip's
+    clock), or None when the text has none or XLA's placeholder for none."""
     config = instr.attributes.get("backend_config")
     if config is None:
         return None
     found = _ESTIMATE.search(str(getattr(config, "text", config)))
-    return int(found.group(1)) if found else None
+    if found is None or int(found.group(1)) >= _NO_ESTIMATE:
+        return None
+    return int(found.group(1))
