@@ -350,3 +350,16 @@ def test_scatter_and_gather_indices_are_computed_in_timing_only_runs(config: str
     numeric = tpusim.simulate_jax(f, x, idx, config=config)
     timing = tpusim.simulate_jax(f, x, idx, config=config, timing_only=True)
     assert timing.cycles == numeric.cycles
+
+
+def test_a_switch_of_more_branches_than_semaphores_compiles() -> None:
+    """Each branch's result copy held a semaphore to the end of the conditional: a ``lax.switch`` of 6
+    branches did not compile on the teaching chip (8 semaphores), nor one of 80 on a v5e (64)."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+
+    def f(x: jax.Array, k: jax.Array) -> jax.Array:
+        return lax.switch(k, [lambda x, i=i: x * float(i) for i in range(12)], x)
+
+    for k in (0, 7, 11):
+        result = tpusim.simulate_jax(f, x, np.int32(k), config="teaching")
+        np.testing.assert_array_equal(np.asarray(result.tree), x * float(k))

@@ -93,6 +93,9 @@ def _copy_round(ctx: Lowering, copies: list[Copy]) -> None:
             if counts[core]:
                 with ctx.on((core,)):
                     ctx.emit(SemWait, sem=sem, count=counts[core], control=any(c.control for c in copies))
+    # Waited for: free for the next round. Held to the end of the instruction, each branch of a conditional
+    # kept one, and a switch of more branches than semaphores did not compile.
+    ctx.release_semaphore(sem)
 
 
 def _same(a: MemRef, b: MemRef) -> bool:
@@ -120,6 +123,7 @@ def read_scalar(ctx: Lowering, src: MemRef) -> Reg:
     with ctx.segment():
         ctx.emit(DmaStart, src=src, dst=slot, sem=sem, control=True)
         ctx.emit(SemWait, sem=sem, count=1, control=True)
+    ctx.release_semaphore(sem)
     reg = ctx.register()
     ctx.emit(ScalarLoad, dst=reg, src=slot, control=True)
     return reg
