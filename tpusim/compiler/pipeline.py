@@ -14,6 +14,7 @@ import numpy as np
 from tpusim.compiler.buffer_assignment import BufferAssignment, assign_buffers, leaf_paths
 from tpusim.compiler.canonical import canonicalize
 from tpusim.compiler.collective_schedule import schedule_collectives
+from tpusim.compiler.conv_fold import fold_narrow_windows
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo import verify_module
 from tpusim.compiler.hlo.ir import Module
@@ -97,6 +98,7 @@ def _compile(module: Module, config: ChipConfig, options: CompileOptions | None)
     module = normalize_precision(module)  # mixed float types made explicit converts (XLA's FloatNormalization)
     rules = load_tiling_rules(options.tiling, sublanes=config.vpu.sublanes, lanes=config.vpu.lanes)
     checking = verify_enabled()
+    module = fold_narrow_windows(module, config.vmem.bytes)  # weight gradients: a window axis beside the features
     module = prepare_module(module, options)  # fuse elementwise chains; unfuse what fusions cannot hold
     if options.async_collectives:  # collectives as async pairs around independent compute, if semaphores allow
         scheduled = schedule_collectives(module)
