@@ -37,54 +37,128 @@ def _module(name: str, header: str, comps: str, body: str) -> str:
 
 
 CASES = {
-    "all_reduce_all": _module("ar", "replica_count=8", SUM, """
+    "all_reduce_all": _module(
+        "ar",
+        "replica_count=8",
+        SUM,
+        """
         x = f32[16,256] parameter(0)
-        ROOT r = f32[16,256] all-reduce(x), replica_groups={}, to_apply=sum"""),
-    "all_reduce_iota_groups": _module("ar", "num_partitions=8", SUM, """
+        ROOT r = f32[16,256] all-reduce(x), replica_groups={}, to_apply=sum""",
+    ),
+    "all_reduce_iota_groups": _module(
+        "ar",
+        "num_partitions=8",
+        SUM,
+        """
         x = f32[16,256] parameter(0)
         ROOT r = f32[16,256] all-reduce(x), channel_id=1, replica_groups=[2,4]<=[4,2]T(1,0),
-            use_global_device_ids=true, to_apply=sum"""),
-    "all_reduce_irregular_groups": _module("ar", "replica_count=8", SUM, """
+            use_global_device_ids=true, to_apply=sum""",
+    ),
+    "all_reduce_irregular_groups": _module(
+        "ar",
+        "replica_count=8",
+        SUM,
+        """
         x = f32[5,100] parameter(0)
-        ROOT r = f32[5,100] all-reduce(x), replica_groups={{0,3,5,6},{1,2,4,7}}, to_apply=sum"""),
-    "all_reduce_max_s32": _module("ar", "replica_count=8", MAX_S32, """
+        ROOT r = f32[5,100] all-reduce(x), replica_groups={{0,3,5,6},{1,2,4,7}}, to_apply=sum""",
+    ),
+    "all_reduce_max_s32": _module(
+        "ar",
+        "replica_count=8",
+        MAX_S32,
+        """
         x = s32[8,128] parameter(0)
-        ROOT r = s32[8,128] all-reduce(x), replica_groups={}, to_apply=mx"""),
-    "all_reduce_variadic": _module("ar", "replica_count=8", SUM, """
+        ROOT r = s32[8,128] all-reduce(x), replica_groups={}, to_apply=mx""",
+    ),
+    "all_reduce_variadic": _module(
+        "ar",
+        "replica_count=8",
+        SUM,
+        """
         x = f32[8,128] parameter(0)
         y = f32[3] parameter(1)
-        ROOT r = (f32[8,128], f32[3]) all-reduce(x, y), replica_groups={}, to_apply=sum"""),
-    "all_gather_minor_dim": _module("ag", "replica_count=8", "", """
+        ROOT r = (f32[8,128], f32[3]) all-reduce(x, y), replica_groups={}, to_apply=sum""",
+    ),
+    "all_gather_minor_dim": _module(
+        "ag",
+        "replica_count=8",
+        "",
+        """
         x = f32[4,32] parameter(0)
-        ROOT r = f32[4,256] all-gather(x), replica_groups={}, dimensions={1}"""),
-    "all_gather_one_row": _module("ag", "replica_count=8", "", """
+        ROOT r = f32[4,256] all-gather(x), replica_groups={}, dimensions={1}""",
+    ),
+    "all_gather_one_row": _module(
+        "ag",
+        "replica_count=8",
+        "",
+        """
         x = f32[1,128] parameter(0)
-        ROOT r = f32[8,128] all-gather(x), replica_groups={}, dimensions={0}"""),
-    "all_gather_partition_groups": _module("ag", "num_partitions=8", "", """
+        ROOT r = f32[8,128] all-gather(x), replica_groups={}, dimensions={0}""",
+    ),
+    "all_gather_partition_groups": _module(
+        "ag",
+        "num_partitions=8",
+        "",
+        """
         x = s32[2,64] parameter(0)
         ROOT r = s32[4,64] all-gather(x), channel_id=3, replica_groups={{0,4},{1,5},{2,6},{3,7}},
-            dimensions={0}, use_global_device_ids=true"""),
-    "reduce_scatter_all": _module("rs", "replica_count=8", SUM, """
+            dimensions={0}, use_global_device_ids=true""",
+    ),
+    "reduce_scatter_all": _module(
+        "rs",
+        "replica_count=8",
+        SUM,
+        """
         x = f32[64,128] parameter(0)
-        ROOT r = f32[8,128] reduce-scatter(x), replica_groups={}, dimensions={0}, to_apply=sum"""),
-    "reduce_scatter_groups": _module("rs", "replica_count=8", SUM, """
+        ROOT r = f32[8,128] reduce-scatter(x), replica_groups={}, dimensions={0}, to_apply=sum""",
+    ),
+    "reduce_scatter_groups": _module(
+        "rs",
+        "replica_count=8",
+        SUM,
+        """
         x = f32[8,96] parameter(0)
         ROOT r = f32[8,24] reduce-scatter(x), replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={1},
-            to_apply=sum"""),
-    "all_to_all_array": _module("a2a", "replica_count=8", "", """
+            to_apply=sum""",
+    ),
+    "all_to_all_array": _module(
+        "a2a",
+        "replica_count=8",
+        "",
+        """
         x = f32[16,128] parameter(0)
-        ROOT r = f32[16,128] all-to-all(x), replica_groups={}, dimensions={0}"""),
-    "all_to_all_tuple": _module("a2a", "replica_count=8", "", """
+        ROOT r = f32[16,128] all-to-all(x), replica_groups={}, dimensions={0}""",
+    ),
+    "all_to_all_tuple": _module(
+        "a2a",
+        "replica_count=8",
+        "",
+        """
         a = f32[2,64] parameter(0)
         b = f32[2,64] parameter(1)
-        ROOT r = (f32[2,64], f32[2,64]) all-to-all(a, b), replica_groups={{0,1},{2,3},{4,5},{6,7}}"""),
-    "collective_permute_partial": _module("cp", "replica_count=8", "", """
+        ROOT r = (f32[2,64], f32[2,64]) all-to-all(a, b), replica_groups={{0,1},{2,3},{4,5},{6,7}}""",
+    ),
+    "collective_permute_partial": _module(
+        "cp",
+        "replica_count=8",
+        "",
+        """
         x = f32[8,128] parameter(0)
-        ROOT r = f32[8,128] collective-permute(x), source_target_pairs={{0,3},{3,1},{1,0},{5,5},{6,7}}"""),
-    "collective_broadcast": _module("cb", "replica_count=8", "", """
+        ROOT r = f32[8,128] collective-permute(x), source_target_pairs={{0,3},{3,1},{1,0},{5,5},{6,7}}""",
+    ),
+    "collective_broadcast": _module(
+        "cb",
+        "replica_count=8",
+        "",
+        """
         x = f32[8,128] parameter(0)
-        ROOT r = f32[8,128] collective-broadcast(x), replica_groups={{3,0,1,2},{4,5,6,7}}"""),
-    "async_wrapped_short_form": _module("aw", "replica_count=8", SUM, """
+        ROOT r = f32[8,128] collective-broadcast(x), replica_groups={{3,0,1,2},{4,5,6,7}}""",
+    ),
+    "async_wrapped_short_form": _module(
+        "aw",
+        "replica_count=8",
+        SUM,
+        """
         x = f32[64,128] parameter(0)
         rs = ((f32[64,128]), f32[8,128]) reduce-scatter-start(x), replica_groups={}, dimensions={0},
             to_apply=sum
@@ -92,12 +166,22 @@ CASES = {
         e = f32[64,128] exponential(x)
         rsd = f32[8,128] reduce-scatter-done(rs)
         agd = f32[512,128] all-gather-done(ag)
-        ROOT t = (f32[8,128], f32[512,128], f32[64,128]) tuple(rsd, agd, e)"""),
-    "replica_and_partition_id": _module("ids", "num_partitions=4, replica_count=2", "", """
+        ROOT t = (f32[8,128], f32[512,128], f32[64,128]) tuple(rsd, agd, e)""",
+    ),
+    "replica_and_partition_id": _module(
+        "ids",
+        "num_partitions=4, replica_count=2",
+        "",
+        """
         a = u32[] replica-id()
         b = u32[] partition-id()
-        ROOT t = (u32[], u32[]) tuple(a, b)"""),
-    "async_pairs_around_compute": _module("async", "replica_count=8", SUM, """
+        ROOT t = (u32[], u32[]) tuple(a, b)""",
+    ),
+    "async_pairs_around_compute": _module(
+        "async",
+        "replica_count=8",
+        SUM,
+        """
         x = f32[16,128] parameter(0)
         ars = f32[16,128] all-reduce-start(x), replica_groups={}, to_apply=sum
         ags = (f32[16,128], f32[128,128]) all-gather-start(x), replica_groups={}, dimensions={0}
@@ -107,7 +191,8 @@ CASES = {
         ard = f32[16,128] all-reduce-done(ars)
         agd = f32[128,128] all-gather-done(ags)
         cpd = f32[16,128] collective-permute-done(cps)
-        ROOT t = (f32[16,128], f32[128,128], f32[16,128], f32[16,128]) tuple(ard, agd, cpd, e)"""),
+        ROOT t = (f32[16,128], f32[128,128], f32[16,128], f32[16,128]) tuple(ard, agd, cpd, e)""",
+    ),
 }
 
 
@@ -144,9 +229,16 @@ def test_collective_matches_reference(name: str, topology: str | None) -> None:
 def test_bf16_all_reduce_within_the_rounding_bound() -> None:
     """Each of the S - 1 bf16 additions rounds (unit roundoff u = 2**-8), so any order of summation is within
     (S - 1) * u * sum|x_i| of the exact sum; the ring's and the reference's orders both are."""
-    module = parse_module(_module("ar", "replica_count=8", SUM_BF16, """
+    module = parse_module(
+        _module(
+            "ar",
+            "replica_count=8",
+            SUM_BF16,
+            """
         x = bf16[32,128] parameter(0)
-        ROOT r = bf16[32,128] all-reduce(x), replica_groups={}, to_apply=bs"""))
+        ROOT r = bf16[32,128] all-reduce(x), replica_groups={}, to_apply=bs""",
+        )
+    )
     per = random_inputs(module, 3, 8)
     x = np.stack([d[0] for d in per]).astype(np.float64)
     exact, bound = x.sum(axis=0), 7 * 2.0**-8 * np.abs(x).sum(axis=0)
@@ -169,10 +261,18 @@ def test_bf16_all_reduce_within_the_rounding_bound() -> None:
     ],
 )
 def test_every_printed_form_of_replica_groups(groups: str) -> None:
-    _run(_module("forms", "num_partitions=8", SUM, f"""
+    _run(
+        _module(
+            "forms",
+            "num_partitions=8",
+            SUM,
+            f"""
         x = f32[8,64] parameter(0)
         ROOT r = f32[8,64] all-reduce(x), channel_id=1, replica_groups={groups}, use_global_device_ids=true,
-            to_apply=sum"""), topology="2x4")
+            to_apply=sum""",
+        ),
+        topology="2x4",
+    )
 
 
 def test_rings_of_other_chips_and_shapes() -> None:
@@ -184,9 +284,14 @@ def test_rings_of_other_chips_and_shapes() -> None:
     _run(CASES["all_reduce_all"].replace("16,256", "256,1024"), config=small_vmem)
     _run(CASES["all_reduce_all"], topology="2x2x2", config="tpu_v4")
     _run(CASES["all_gather_one_row"], topology="2x2x2", config="tpu_v4")
-    text = _module("ar6", "replica_count=6", SUM, """
+    text = _module(
+        "ar6",
+        "replica_count=6",
+        SUM,
+        """
         x = f32[8,128] parameter(0)
-        ROOT r = f32[8,128] all-reduce(x), replica_groups={}, to_apply=sum""")
+        ROOT r = f32[8,128] all-reduce(x), replica_groups={}, to_apply=sum""",
+    )
     _run(text, chips=6)
 
 
@@ -195,15 +300,30 @@ def test_three_axes_at_once(rows: int) -> None:
     """Gathers and scatters over every axis of a 3-D torus block run as three parts, one per axis order
     (fewer parts when a shard has fewer rows than three, uneven parts when three do not divide them); an
     all-reduce too. A 2x2x4 v4 block: the axis of four wraps."""
-    ag = _module("ag3", "replica_count=16", "", f"""
+    ag = _module(
+        "ag3",
+        "replica_count=16",
+        "",
+        f"""
         x = f32[{rows},128] parameter(0)
-        ROOT r = f32[{16 * rows},128] all-gather(x), replica_groups={{}}, dimensions={{0}}""")
-    rs = _module("rs3", "replica_count=16", SUM, f"""
+        ROOT r = f32[{16 * rows},128] all-gather(x), replica_groups={{}}, dimensions={{0}}""",
+    )
+    rs = _module(
+        "rs3",
+        "replica_count=16",
+        SUM,
+        f"""
         x = f32[{16 * rows},128] parameter(0)
-        ROOT r = f32[{rows},128] reduce-scatter(x), replica_groups={{}}, dimensions={{0}}, to_apply=sum""")
-    ar = _module("ar3", "replica_count=16", SUM, f"""
+        ROOT r = f32[{rows},128] reduce-scatter(x), replica_groups={{}}, dimensions={{0}}, to_apply=sum""",
+    )
+    ar = _module(
+        "ar3",
+        "replica_count=16",
+        SUM,
+        f"""
         x = f32[{rows},384] parameter(0)
-        ROOT r = f32[{rows},384] all-reduce(x), replica_groups={{}}, to_apply=sum""")
+        ROOT r = f32[{rows},384] all-reduce(x), replica_groups={{}}, to_apply=sum""",
+    )
     for text in (ag, rs, ar):
         _run(text, chips=16, topology="2x2x4", config="tpu_v4")
 
@@ -213,15 +333,30 @@ def test_a_ring_and_a_line_split_their_parts_unevenly(rows: int) -> None:
     """v5p 4x2: the part that crosses the line of two with the most data takes less of it (whole tiles
     each), and gathers, scatters and all-reduces still give the reference's answer."""
     for text in (
-        _module("ag", "replica_count=8", "", f"""
+        _module(
+            "ag",
+            "replica_count=8",
+            "",
+            f"""
             x = f32[{rows},128] parameter(0)
-            ROOT r = f32[{8 * rows},128] all-gather(x), replica_groups={{}}, dimensions={{0}}"""),
-        _module("rs", "replica_count=8", SUM, f"""
+            ROOT r = f32[{8 * rows},128] all-gather(x), replica_groups={{}}, dimensions={{0}}""",
+        ),
+        _module(
+            "rs",
+            "replica_count=8",
+            SUM,
+            f"""
             x = f32[{8 * rows},128] parameter(0)
-            ROOT r = f32[{rows},128] reduce-scatter(x), replica_groups={{}}, dimensions={{0}}, to_apply=sum"""),
-        _module("ar", "replica_count=8", SUM, f"""
+            ROOT r = f32[{rows},128] reduce-scatter(x), replica_groups={{}}, dimensions={{0}}, to_apply=sum""",
+        ),
+        _module(
+            "ar",
+            "replica_count=8",
+            SUM,
+            f"""
             x = f32[{rows},256] parameter(0)
-            ROOT r = f32[{rows},256] all-reduce(x), replica_groups={{}}, to_apply=sum"""),
+            ROOT r = f32[{rows},256] all-reduce(x), replica_groups={{}}, to_apply=sum""",
+        ),
     ):
         _run(text, chips=8, topology="4x2", config="tpu_v5p")
 
@@ -268,22 +403,44 @@ def test_async_start_calling_a_collective() -> None:
   ROOT a = f32[16,128] all-to-all(p), replica_groups={}, dimensions={0}
 }
 """
-    _run(_module("calls", "replica_count=8", wrapped, """
+    _run(
+        _module(
+            "calls",
+            "replica_count=8",
+            wrapped,
+            """
         x = f32[16,128] parameter(0)
         s = ((f32[16,128]), f32[16,128], u32[]) async-start(x), calls=a2a_body
         u = ((f32[16,128]), f32[16,128], u32[]) async-update(s)
-        ROOT d = f32[16,128] async-done(u)"""), topology="2x4")
+        ROOT d = f32[16,128] async-done(u)""",
+        ),
+        topology="2x4",
+    )
 
 
 def test_scalars_predicates_and_loops() -> None:
     """A scalar sum (padded to whole chunks), a pred ``or`` in 32-bit slots, and an all-reduce in every
     iteration of a while loop (the handshake and semaphores are per execution)."""
-    _run(_module("scalar", "replica_count=8", SUM, """
+    _run(
+        _module(
+            "scalar",
+            "replica_count=8",
+            SUM,
+            """
         x = f32[] parameter(0)
-        ROOT r = f32[] all-reduce(x), replica_groups={}, to_apply=sum"""))
-    _run(_module("pred", "replica_count=8", POR, """
+        ROOT r = f32[] all-reduce(x), replica_groups={}, to_apply=sum""",
+        )
+    )
+    _run(
+        _module(
+            "pred",
+            "replica_count=8",
+            POR,
+            """
         x = pred[4,8] parameter(0)
-        ROOT r = pred[4,8] all-reduce(x), replica_groups={}, to_apply=por"""))
+        ROOT r = pred[4,8] all-reduce(x), replica_groups={}, to_apply=por""",
+        )
+    )
     _run(LOOP, chips=4)
 
 
@@ -301,25 +458,44 @@ def test_async_pairs_in_a_loop_and_through_an_update() -> None:
   ROOT a = f32[128,128] all-gather(p), replica_groups={}, dimensions={0}
 }
 """
-    _run(_module("calls", "replica_count=8", wrapped, """
+    _run(
+        _module(
+            "calls",
+            "replica_count=8",
+            wrapped,
+            """
         x = f32[16,128] parameter(0)
         s = ((f32[16,128]), f32[128,128], u32[]) async-start(x), calls=ag_body
         e = f32[16,128] exponential(x)
         u = ((f32[16,128]), f32[128,128], u32[]) async-update(s)
         d = f32[128,128] async-done(u)
-        ROOT t = (f32[128,128], f32[16,128]) tuple(d, e)"""), topology="2x4")
+        ROOT t = (f32[128,128], f32[16,128]) tuple(d, e)""",
+        ),
+        topology="2x4",
+    )
     # an all-reduce wrapped in async-start: its reduce-scatter at the start, the rest on the async sequencer
-    wrapped_ar = SUM + """ar_body {
+    wrapped_ar = (
+        SUM
+        + """ar_body {
   p = f32[16,128] parameter(0)
   ROOT a = f32[16,128] all-reduce(p), replica_groups={}, to_apply=sum
 }
 """
-    _run(_module("calls", "replica_count=8", wrapped_ar, """
+    )
+    _run(
+        _module(
+            "calls",
+            "replica_count=8",
+            wrapped_ar,
+            """
         x = f32[16,128] parameter(0)
         s = ((f32[16,128]), f32[16,128], u32[]) async-start(x), calls=ar_body
         e = f32[16,128] exponential(x)
         d = f32[16,128] async-done(s)
-        ROOT t = (f32[16,128], f32[16,128]) tuple(d, e)"""), topology="2x4")
+        ROOT t = (f32[16,128], f32[16,128]) tuple(d, e)""",
+        ),
+        topology="2x4",
+    )
 
 
 MESH_SHAPE = (2, 4)
@@ -397,9 +573,14 @@ def test_all_to_all_half_way_round_a_ring_goes_both_ways() -> None:
     half forward and half backward (two pushes, tie=1 and tie=-1), and every chip still gets JAX's answer;
     a chunk too short to cut on a tile boundary goes whole."""
     for rows in (64, 8):
-        text = _module("a2a", "replica_count=4", "", f"""
+        text = _module(
+            "a2a",
+            "replica_count=4",
+            "",
+            f"""
             x = f32[{rows},128] parameter(0)
-            ROOT r = f32[{rows},128] all-to-all(x), replica_groups={{}}, dimensions={{0}}""")
+            ROOT r = f32[{rows},128] all-to-all(x), replica_groups={{}}, dimensions={{0}}""",
+        )
         compiled = tpusim.compile_program(text, config=load_config("tpu_v4", ["ici.shape=[4]"]))
         ties = {getattr(i, "tie", 1) for s in compiled.program.streams for i in s.instructions}
         assert ties == ({1, -1} if rows == 64 else {1})
@@ -428,16 +609,31 @@ def test_partial_sums_landing_in_vmem_reuse_their_buffers(topology: str, monkeyp
     than it has buffers, and every chip's result still equals the reference, for a reduce-scatter op and an
     all-reduce over every axis at once, and an all-reduce over one axis (groups of four along the last)."""
     monkeypatch.setattr(collective_landing, "TARGET_BLOCK_BYTES", 4096)
-    rs = _module("rsl", "replica_count=16", SUM, """
+    rs = _module(
+        "rsl",
+        "replica_count=16",
+        SUM,
+        """
         x = f32[1024,128] parameter(0)
-        ROOT r = f32[64,128] reduce-scatter(x), replica_groups={}, dimensions={0}, to_apply=sum""")
-    ar = _module("arl", "replica_count=16", SUM, """
+        ROOT r = f32[64,128] reduce-scatter(x), replica_groups={}, dimensions={0}, to_apply=sum""",
+    )
+    ar = _module(
+        "arl",
+        "replica_count=16",
+        SUM,
+        """
         x = f32[512,256] parameter(0)
-        ROOT r = f32[512,256] all-reduce(x), replica_groups={}, to_apply=sum""")
+        ROOT r = f32[512,256] all-reduce(x), replica_groups={}, to_apply=sum""",
+    )
     rows = "{{0,1,2,3},{4,5,6,7},{8,9,10,11},{12,13,14,15}}"
-    ar1 = _module("arl1", "replica_count=16", SUM, f"""
+    ar1 = _module(
+        "arl1",
+        "replica_count=16",
+        SUM,
+        f"""
         x = f32[512,256] parameter(0)
-        ROOT r = f32[512,256] all-reduce(x), replica_groups={rows}, to_apply=sum""")
+        ROOT r = f32[512,256] all-reduce(x), replica_groups={rows}, to_apply=sum""",
+    )
     for text in (rs, ar, ar1):
         module = parse_module(text)
         # small integers: every partial sum is exact in f32, so any summation order gives the reference's bits
@@ -450,3 +646,40 @@ def test_partial_sums_landing_in_vmem_reuse_their_buffers(topology: str, monkeyp
         stream = result.compiled.program.streams[0].instructions
         recycled = [i for i in stream if isinstance(i, SemSignal) and i.fence]
         assert recycled, "credits for reused landing buffers"
+
+
+def _ring(n: int, step: int) -> str:
+    return "{" + ",".join(f"{{{i},{(i + step) % n}}}" for i in range(n)) + "}"
+
+
+def _opposite_permutes(n: int, chained: int) -> str:
+    """``chained`` pairs of collective-permutes, one of each pair around the ring one way, one the other."""
+    s = "f32[16,256]"
+    lines, a, b = [], "a", "b"
+    for j in range(chained):
+        lines.append(f"fa{j} = {s} collective-permute({a}), channel_id={2 * j + 1}, source_target_pairs={_ring(n, 1)}")
+        lines.append(f"fb{j} = {s} collective-permute({b}), channel_id={2 * j + 2}, source_target_pairs={_ring(n, -1)}")
+        a, b = f"fa{j}", f"fb{j}"
+    body = "\n  ".join(lines)
+    return (
+        f"HloModule m, num_partitions={n}\nENTRY main {{\n  a = {s} parameter(0)\n  b = {s} parameter(1)\n  {body}\n"
+        f"  ROOT o = ({s}, {s}) tuple({a}, {b})\n}}\n"
+    )
+
+
+@pytest.mark.parametrize(("n", "topology"), [(8, (8,)), (8, (2, 4))])
+def test_permutes_in_opposite_directions_each_take_their_own_data(n: int, topology: tuple[int, ...]) -> None:
+    """On a line of 8 v5e chips (no wraparound: the closing pair crosses 7 hops) a chip that had sent its
+    part of one permute went on to the next, the other way round, and signalled its new source, which took
+    the signal for the first permute's and pushed into a buffer still in use: three chips of eight held
+    another step's data (found by a fuzz campaign: a bidirectional ppermute ring in lax.scan, a
+    bidirectional collective matmul). Every relation now has its own ready and arrival semaphores."""
+    text = _opposite_permutes(n, 3)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, 16, 256)).astype(np.float32)
+    b = rng.standard_normal((n, 16, 256)).astype(np.float32)
+    want = evaluate_spmd(parse_module(text), [[a[d], b[d]] for d in range(n)])
+    result = tpusim.simulate(text, [a, b], chips=n, topology=topology, config="tpu_v5e")
+    for d in range(n):
+        np.testing.assert_array_equal(result.outputs[0][d], want[d][0])
+        np.testing.assert_array_equal(result.outputs[1][d], want[d][1])

@@ -267,6 +267,9 @@ def collective_permute(
     """Push ``x`` to this chip's target (in two halves over two routes where targets are two axes or more
     away, :func:`_routes`); ``part`` is ``all`` (sync), ``start`` (push) or ``done`` (wait)."""
     target, source = permute_pairs(instr, state.who)
+    # this relation's own semaphores, not the bank's (collective_sync: a later permute's signals and data
+    # from other peers would be counted as this one's)
+    ready, arrive = state.relations.get(tuple(target), (bank.ready, bank.arrive[0]))
     facts = Facts(ctx, state)
     tgt, src = facts.table(target), facts.table(source)
     pushes = _routes(ctx, state, target, x, y, tgt)
@@ -279,13 +282,13 @@ def collective_permute(
         )
         ctx.emit(Branch, cond="lt", a=src, b=0, target=no_signal)
         ctx.emit(Branch, cond="eq", a=src, b=facts.me, target=no_signal)
-        ctx.emit(SemSignal, sem=bank.ready, count=1, chip=src)
+        ctx.emit(SemSignal, sem=ready, count=1, chip=src)
         ctx.place_label(no_signal)
         ctx.emit(Branch, cond="lt", a=tgt, b=0, target=no_push)
         ctx.emit(Branch, cond="eq", a=tgt, b=facts.me, target=self_copy)
-        ctx.emit(SemWait, sem=bank.ready, count=1)
+        ctx.emit(SemWait, sem=ready, count=1)
         for xs, ys, order in pushes:
-            ctx.emit(DmaStart, src=xs, dst=ys, chip=tgt, dst_sem=bank.arrive[0], sem=sent, route=order)
+            ctx.emit(DmaStart, src=xs, dst=ys, chip=tgt, dst_sem=arrive, sem=sent, route=order)
         ctx.emit(Jump, target=no_push)
         ctx.place_label(self_copy)
         local = ctx.semaphore()
@@ -301,7 +304,7 @@ def collective_permute(
         skip_recv, skip_sent = ctx.label(f"{instr.name}.norecv"), ctx.label(f"{instr.name}.nosent")
         ctx.emit(Branch, cond="lt", a=src, b=0, target=skip_recv)
         ctx.emit(Branch, cond="eq", a=src, b=facts.me, target=skip_recv)
-        ctx.emit(SemWait, sem=bank.arrive[0], count=len(pushes))
+        ctx.emit(SemWait, sem=arrive, count=len(pushes))
         ctx.place_label(skip_recv)
         ctx.emit(Branch, cond="lt", a=tgt, b=0, target=skip_sent)
         ctx.emit(Branch, cond="eq", a=tgt, b=facts.me, target=skip_sent)

@@ -16,6 +16,15 @@ numbers), in *banks*: one per level of async collectives open at once. A bank ho
   reduce-scatter whose partial sums land in the receiver's VMEM (:mod:`.collective_landing`) pushes into a
   landing buffer only with a credit the receiver signalled when it freed one.
 
+The argument for ``ready`` holds when consecutive collectives pair a chip with the same peers. Two
+collective-permutes in opposite directions around a ring do not: a chip that sent its part of the first
+one can leave it and signal its next source, which may still wait for the first one's ``ready`` from
+another chip, takes the signal for it and pushes into a buffer its target still reads (wrong numbers
+on a line of 8 chips, found by a fuzz campaign). So each *relation* of the program's collective-permutes
+(who sends to whom) has a ``ready`` and an ``arrive`` semaphore of its own, outside the banks: on each
+chip, one peer signals each of them (its target, its source), in the order it runs those permutes. A
+program whose only collectives are permutes of one relation uses the bank's.
+
 Per-chip facts (ring position, neighbours, partners) are scalar arithmetic on ``s.chip_id`` for structured
 groups, or a branch-free table select (``v = v0 + sum_c (chip == c) * (v_c - v0)``) otherwise, so every
 chip runs the same stream.
@@ -27,10 +36,10 @@ from dataclasses import dataclass, field
 from math import prod
 
 from tpusim.compiler.errors import CompileError
-from tpusim.compiler.hlo.ir import Module
+from tpusim.compiler.hlo.ir import Instruction, Module
 from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ASYNC_COLLECTIVE_STARTS, COLLECTIVES
 from tpusim.compiler.hlo.xla_forms import wrapped_collective
-from tpusim.compiler.lowering.collective_plan import GroupAxis, GroupPlan, Participants
+from tpusim.compiler.lowering.collective_plan import GroupAxis, GroupPlan, Participants, permute_pairs
 from tpusim.compiler.lowering.context import ASYNC_REQUESTS, Lowering, StateKey
 from tpusim.config import ChipConfig
 from tpusim.isa import DmaStart, MemRef, Reg, ScalarAlu, SemSignal, SemWait, Space
@@ -44,6 +53,7 @@ __all__ = [
     "Facts",
     "collective_state",
     "flat_view",
+    "permute_relation",
     "reserved_semaphores",
 ]
 
@@ -95,6 +105,9 @@ class CollectiveState:
     topology: Topology
     banks: list[Bank]
     open_async: dict[str, tuple[int, bool, bool]] = field(default_factory=dict)
+    # collective-permutes' (ready, arrive) semaphores by relation: each device's target (see the docstring);
+    # empty when the module's only collectives are permutes of one relation, which use the bank's
+    relations: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)
     async_loads: tuple[int, ...] = ()  # ASYNC_LOADS semaphores for the async sequencer's reduce-scatters
     doorbell: int | None = None  # the async sequencer waits on it for requests
     arena: tuple[object, MemRef] | None = None  # (lowering scope, VMEM) the current instruction's rings share
@@ -203,6 +216,30 @@ def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, bool, li
     return banks, axes, any_async, _credit_channels(topology)
 
 
+def permute_relation(instr: Instruction, who: Participants) -> tuple[int, ...]:
+    """The relation of a collective-permute: each device's target (-1: none)."""
+    return tuple(permute_pairs(instr, who)[0])
+
+
+def _permute_relations(module: Module, who: Participants) -> list[tuple[int, ...]]:
+    """The distinct relations of ``module``'s collective-permutes (sync, async and XLA's wrapped forms) that
+    need semaphores of their own: none when they are the module's only collectives and all of one relation
+    (the bank's ``ready`` and first arrival then serve them alone; the teaching chip's 8 semaphores hold
+    no more)."""
+    found: list[tuple[int, ...]] = []
+    others = False
+    for comp in module.computations:
+        for instr in comp.instructions:
+            op = wrapped_collective(module, instr) or instr
+            if op.opcode in ("collective-permute", "collective-permute-start"):
+                relation = permute_relation(op, who)
+                if relation not in found:
+                    found.append(relation)
+            elif is_collective(op.opcode):
+                others = True
+    return found if others or len(found) > 1 else []
+
+
 def _credit_channels(topology: Topology) -> list[int]:
     """The arrival channels (:meth:`CollectiveState.channel` of part 0) with a credit semaphore beside them in
     bank 0: both directions of every ICI axis on a system of two or more, whose reduce-scatters land partial
@@ -230,7 +267,8 @@ requests signal."""
 def reserved_semaphores(module: Module, config: ChipConfig) -> int:
     """How many semaphores ``module``'s collectives reserve on ``config``'s system."""
     banks, axes, any_async, credits = _bank_layout(module, config)
-    return _reserved(banks, axes, any_async, len(credits))
+    relations = _permute_relations(module, participants(module, config))
+    return _reserved(banks, axes, any_async, len(credits)) + 2 * len(relations)
 
 
 def _reserved(banks: int, axes: int, any_async: bool, credits: int) -> int:
@@ -249,9 +287,10 @@ def collective_state(ctx: Lowering) -> CollectiveState:
     who = participants(ctx.module, ctx.config)
     topology = system_topology(ctx.config, who.devices)
     banks, axes, any_async, channels = _bank_layout(ctx.module, ctx.config)
+    relations = _permute_relations(ctx.module, who)
     per_bank = _per_bank(axes, any_async)
     total = ctx.config.core.semaphores
-    need = _reserved(banks, axes, any_async, len(channels))
+    need = _reserved(banks, axes, any_async, len(channels)) + 2 * len(relations)
     if need + LOCAL_SEMAPHORES > total:
         raise CompileError(
             f"{ctx.hlo}: collectives on a {topology} system need {need} semaphores reserved for pushes from "
@@ -279,9 +318,16 @@ def collective_state(ctx: Lowering) -> CollectiveState:
         bank_list.append(Bank(nums[0], arrive, credit, tuple(locals_), done))
     if banks > ASYNC_REQUESTS and any_async:
         raise CompileError(f"{ctx.hlo}: {banks} collectives in flight at once, more than {ASYNC_REQUESTS}")
-    extra = reserved[banks * per_bank + len(credits) :]  # (the async sequencer's loads, then its doorbell)
+    pairs = reserved[len(reserved) - 2 * len(relations) :] if relations else []
+    # (the async sequencer's loads, then its doorbell)
+    extra = reserved[banks * per_bank + len(credits) : len(reserved) - len(pairs)]
     state = CollectiveState(
-        who, topology, bank_list, async_loads=tuple(extra[:ASYNC_LOADS]), doorbell=extra[-1] if extra else None
+        who,
+        topology,
+        bank_list,
+        async_loads=tuple(extra[:ASYNC_LOADS]),
+        doorbell=extra[-1] if extra else None,
+        relations={r: (pairs[2 * k], pairs[2 * k + 1]) for k, r in enumerate(relations)},
     )
     ctx.rule_state.set(_STATE, state)
     return state
