@@ -683,3 +683,50 @@ def test_permutes_in_opposite_directions_each_take_their_own_data(n: int, topolo
     for d in range(n):
         np.testing.assert_array_equal(result.outputs[0][d], want[d][0])
         np.testing.assert_array_equal(result.outputs[1][d], want[d][1])
+
+
+def _packed_max(name: str) -> str:
+    """XLA:TPU's reduction of four u8 maxima packed in a u32 word: unpack each byte, combine, repack."""
+    lines = [f"{name} (a: u32[], b: u32[]) -> u32[] {{", "  a = u32[] parameter(0)", "  b = u32[] parameter(1)"]
+    parts = []
+    for k in (0, 8, 16, 24):
+        lines += [
+            f"  c{k} = u32[] constant({k})",
+            f"  as{k} = u32[] shift-right-logical(a, c{k})",
+            f"  a{k} = u8[] convert(as{k})",
+            f"  bs{k} = u32[] shift-right-logical(b, c{k})",
+            f"  b{k} = u8[] convert(bs{k})",
+            f"  m{k} = u8[] maximum(a{k}, b{k})",
+            f"  w{k} = u32[] convert(m{k})",
+            f"  s{k} = u32[] shift-left(w{k}, c{k})",
+        ]
+        parts.append(f"s{k}")
+    lines += [f"  o1 = u32[] or({parts[0]}, {parts[1]})", f"  o2 = u32[] or({parts[2]}, {parts[3]})"]
+    lines += ["  ROOT r = u32[] or(o1, o2)", "}"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_a_packed_reduction_computation_reduces_each_byte(form: str) -> None:
+    """XLA:TPU's modules reduce u8 (and f16) values four (two) to a u32 word, with a reduction computation
+    that unpacks, combines and repacks them; tpusim refused any reduction but one elementwise op."""
+    groups = "replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=packed"
+    if form == "sync":
+        body = f"ROOT r = u32[8,256] all-reduce(x), channel_id=1, {groups}"
+    else:
+        body = (
+            f"s = u32[8,256] all-reduce-start(x), channel_id=1, {groups}\n"
+            "  e = u32[8,256] multiply(x, x)\n  d = u32[8,256] all-reduce-done(s)\n"
+            "  ROOT r = (u32[8,256], u32[8,256]) tuple(d, e)"
+        )
+    entry = f"ENTRY main {{\n  x = u32[8,256] parameter(0)\n  {body}\n}}\n"
+    text = f"HloModule packed, num_partitions=4\n{_packed_max('packed')}{entry}"
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2**32, (4, 8, 256), dtype=np.uint64).astype(np.uint32)
+    want = np.maximum.reduce(x.view(np.uint8).reshape(4, 8, 256, 4), axis=0).reshape(8, 1024).view(np.uint32)
+    reference = evaluate_spmd(parse_module(text), [[x[d]] for d in range(4)])
+    result = tpusim.simulate(text, [x], chips=4, topology=(2, 2), config="tpu_v5e")
+    assert not result.fallbacks
+    for d in range(4):
+        np.testing.assert_array_equal(reference[d][0], want)
+        np.testing.assert_array_equal(result.outputs[0][d], want)

@@ -19,6 +19,7 @@ from tpusim.isa.instructions import (
     ScalarStore,
     SemSignal,
     SemWait,
+    VpuFused,
     VpuMap,
 )
 from tpusim.isa.operands import IsaError, MemRef, Space
@@ -33,7 +34,7 @@ ring steps and reductions go on while the kernels between its ``-start`` and ``-
 "Sequencers")."""
 
 ASYNC_SEQUENCER_OPS: tuple[type, ...] = (
-    DmaStart, SemSignal, SemWait, ScalarAlu, ScalarLoad, ScalarStore, Branch, Jump, Halt, VpuMap,
+    DmaStart, SemSignal, SemWait, ScalarAlu, ScalarLoad, ScalarStore, Branch, Jump, Halt, VpuMap, VpuFused,
 )  # fmt: skip
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")

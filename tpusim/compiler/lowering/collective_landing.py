@@ -42,6 +42,7 @@ from math import ceil
 
 from tpusim.compiler.lowering.collective_ring import (
     Piece,
+    Reducer,
     Ring,
     RingWork,
     locate,
@@ -53,7 +54,7 @@ from tpusim.compiler.lowering.collective_ring import (
     window_offsets,
     window_start,
 )
-from tpusim.isa import DmaStart, MemRef, Reg, SemSignal, SemWait, Space, VpuMap
+from tpusim.isa import DmaStart, MemRef, Reg, SemSignal, SemWait, Space
 from tpusim.memory import Shape
 
 __all__ = ["TARGET_BLOCK_BYTES", "reduce_scatter_phase"]
@@ -87,7 +88,7 @@ def reduce_scatter_phase(
     dim: int,
     base: Reg | int,
     size: int,
-    fn: str,
+    fn: Reducer,
     stride: int | None = None,
     repeat: Sequence[tuple[int, int]] = (),
     unrolled: bool = True,
@@ -169,7 +170,7 @@ def _wavefront(
     dim: int,
     base: Reg | int,
     size: int,
-    fn: str,
+    fn: Reducer,
     stride: int,
     fresh: dict[int, bool],
 ) -> Iterator[None]:
@@ -249,7 +250,7 @@ def _wavefront(
                 acc = block(s, own_buffer(s, tau, k - first_consumer(s, tau)), item[2])
                 ctx.emit(SemWait, sem=ring.arrive[s], count=1)
                 landed = block(s, plan.landing[s][consumed[s] % bufs[s]], item[2])
-                ctx.emit(VpuMap, fn=fn, dst=acc, srcs=(landed, acc))
+                fn.emit(ctx, acc, landed, acc)
                 if consumed[s] + bufs[s] < pushes[s]:
                     ctx.emit(SemSignal, sem=ring.credit[s], count=1, chip=ring.to[-s], fence=True)
                 consumed[s] += 1

@@ -32,8 +32,28 @@ from math import ceil, lcm
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.lowering.collective_sync import Facts
 from tpusim.compiler.lowering.context import Lowering
-from tpusim.isa import Branch, DmaStart, MemRef, Reg, ScalarAlu, SemWait, Space, VpuMap, Window
+from tpusim.compiler.lowering.epilogue import Chain, Side
+from tpusim.isa import Branch, DmaStart, MemRef, Reg, ScalarAlu, SemWait, Space, VpuFused, VpuMap, Window
 from tpusim.memory import Layout, Shape, element_type
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """How a collective combines two blocks: one VPU function (``add``, ``maximum`` ...), or an elementwise
+    chain of its reduction computation (XLA:TPU packs four u8 or two f16 values in a u32 word and reduces the
+    words with a computation that unpacks, combines and repacks them: one ``vpu.fused``)."""
+
+    fn: str | None = None
+    chain: Chain | None = None
+
+    def emit(self, ctx: Lowering, dst: MemRef, a: MemRef, b: MemRef) -> None:
+        """``dst = reduce(a, b)``, ``a`` being the computation's first parameter."""
+        if self.chain is None:
+            ctx.emit(VpuMap, fn=self.fn, dst=dst, srcs=(a, b))
+            return
+        srcs = (a, *(b if isinstance(s, Side) else s for s in self.chain.sources))
+        ctx.emit(VpuFused, dst=dst, srcs=srcs, ops=self.chain.steps)
+
 
 __all__ = [
     "Piece",
@@ -415,7 +435,7 @@ def reduce_scatter_stages(
     dim: int,
     base: Reg | int,
     size: int,
-    fn: str,
+    fn: Reducer,
     split: bool = True,
     unrolled: bool = True,
     stride: int | None = None,
@@ -437,7 +457,7 @@ def reduce_scatter_stages(
         ring: the ring (``length >= 2``).
         src: the chip's own contributions (HBM); chunk ``c`` is ``[base + c*size, +size)`` along ``dim``.
         fin: where this chip's reduced chunk goes (HBM), at ``fin_start`` along ``dim``.
-        fn: the VPU function that combines two values (``add``, ``maximum`` ...).
+        fn: how two values combine.
         split: use both directions (two pieces per chunk) when the chunk can be cut.
     """
     facts = work.facts
@@ -545,7 +565,7 @@ def reduce_scatter_stages(
                 if j >= len(blocks[s]):
                     continue
                 acc = vblock(s, "sum", j)
-                ctx.emit(VpuMap, fn=fn, dst=acc, srcs=(acc, vblock(s, "own", j)))
+                fn.emit(ctx, acc, acc, vblock(s, "own", j))
                 if last:
                     r, o, n = blocks[s][j]
                     at = window_start(work, fin_start, offsets[r])

@@ -45,6 +45,7 @@ from tpusim.compiler.lowering.collective_direct import (
 from tpusim.compiler.lowering.collective_landing import reduce_scatter_phase
 from tpusim.compiler.lowering.collective_plan import GroupPlan, plan_groups
 from tpusim.compiler.lowering.collective_ring import (
+    Reducer,
     Ring,
     RingWork,
     all_gather_stages,
@@ -66,6 +67,7 @@ from tpusim.compiler.lowering.collective_sync import (
 )
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.control import copy_arrays
+from tpusim.compiler.lowering.epilogue import Side, epilogue_chain
 from tpusim.compiler.lowering.registry import lowering
 from tpusim.isa import (
     DmaStart,
@@ -91,17 +93,25 @@ def _fail(instr: Instruction, message: str) -> CompileError:
     return CompileError(f"{instr.name} ({instr.opcode}): {message}")
 
 
-def _reducer(ctx: Lowering, instr: Instruction) -> str:
+def _reducer(ctx: Lowering, instr: Instruction) -> Reducer:
+    """How ``instr`` combines two blocks: its reduction's one elementwise op, or the computation as an
+    elementwise chain of its two parameters (XLA:TPU's packed 8- and 16-bit reductions)."""
     name = instr.attr("to_apply")
     comp = ctx.module[name]
     root = comp[comp.root]
     params = sorted(i.name for i in comp.instructions if i.opcode == "parameter")
     if root.opcode in REDUCERS and len(params) == 2 and sorted(root.operands) == params:
-        return root.opcode
+        return Reducer(fn=root.opcode)
+    try:
+        chain = epilogue_chain(comp, 0, ctx.module) if len(params) == 2 and isinstance(root.shape, Shape) else None
+    except ValueError:
+        chain = None
+    if chain is not None and [s for s in chain.sources if isinstance(s, Side)] == [Side(1, ())]:
+        return Reducer(chain=chain)
     raise _fail(
         instr,
-        f"the reduction {name} (root {root.opcode}) is not one elementwise op of its two parameters; "
-        f"collectives reduce with {', '.join(sorted(REDUCERS))}",
+        f"the reduction {name} (root {root.opcode}) is neither one elementwise op of its two parameters "
+        f"({', '.join(sorted(REDUCERS))}) nor an elementwise chain of them",
     )
 
 
@@ -318,7 +328,7 @@ def all_reduce(
     plan: GroupPlan,
     x: MemRef,
     y: MemRef,
-    fn: str,
+    fn: Reducer,
     part: str = "all",
 ) -> None:
     """Reduce-scatter then all-gather over the rings of ``plan``, on flat views of ``x`` and ``y``.
@@ -398,7 +408,7 @@ def _all_reduce_axes_at_once(
     orders: list[list[int]],
     xf: MemRef,
     yf: MemRef,
-    fn: str,
+    fn: Reducer,
     part: str = "all",
 ) -> None:
     """All-reduce of flat ``xf`` into ``yf`` over a torus block: part ``j`` of the buffer (its ``j``-th of
@@ -478,7 +488,7 @@ def _all_reduce_axes_at_once(
 
 
 def reduce_scatter(
-    ctx: Lowering, state: CollectiveState, bank: Bank, plan: GroupPlan, x: MemRef, y: MemRef, dim: int, fn: str
+    ctx: Lowering, state: CollectiveState, bank: Bank, plan: GroupPlan, x: MemRef, y: MemRef, dim: int, fn: Reducer
 ) -> None:
     """Reduce-scatter phases along ``dim``: chunk ``rank`` of the sum lands in ``y``."""
     if plan.size == 1:
@@ -567,7 +577,7 @@ def _block(
 
 
 def _reduce_scatter_axes_at_once(
-    facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], x: MemRef, y: MemRef, dim: int, fn: str
+    facts: Facts, plan: GroupPlan, bank: Bank, orders: list[list[int]], x: MemRef, y: MemRef, dim: int, fn: Reducer
 ) -> None:
     """Reduce-scatter over a block of torus axes, all at once: part ``j`` of every result chunk (its ``j``-th
     slice along ``dim``) is reduced over the axes in ``orders[j]``, one per round. In round ``r`` along axis
