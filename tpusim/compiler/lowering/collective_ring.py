@@ -36,27 +36,9 @@ from tpusim.compiler.lowering.epilogue import Chain, Side
 from tpusim.isa import Branch, DmaStart, MemRef, Reg, ScalarAlu, SemWait, Space, VpuFused, VpuMap, Window
 from tpusim.memory import Layout, Shape, element_type
 
-
-@dataclass(frozen=True)
-class Reducer:
-    """How a collective combines two blocks: one VPU function (``add``, ``maximum`` ...), or an elementwise
-    chain of its reduction computation (XLA:TPU packs four u8 or two f16 values in a u32 word and reduces the
-    words with a computation that unpacks, combines and repacks them: one ``vpu.fused``)."""
-
-    fn: str | None = None
-    chain: Chain | None = None
-
-    def emit(self, ctx: Lowering, dst: MemRef, a: MemRef, b: MemRef) -> None:
-        """``dst = reduce(a, b)``, ``a`` being the computation's first parameter."""
-        if self.chain is None:
-            ctx.emit(VpuMap, fn=self.fn, dst=dst, srcs=(a, b))
-            return
-        srcs = (a, *(b if isinstance(s, Side) else s for s in self.chain.sources))
-        ctx.emit(VpuFused, dst=dst, srcs=srcs, ops=self.chain.steps)
-
-
 __all__ = [
     "Piece",
+    "Reducer",
     "Ring",
     "RingWork",
     "all_gather_stages",
@@ -73,6 +55,25 @@ __all__ = [
     "window_start",
     "zigzag_coordinate",
 ]
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """How a collective combines two blocks: one VPU function (``add``, ``maximum`` ...), or an elementwise
+    chain of its reduction computation (XLA:TPU packs four u8 values in a u32 word and reduces the words with
+    a computation that unpacks, combines and repacks them: one ``vpu.fused``)."""
+
+    fn: str | None = None
+    chain: Chain | None = None
+
+    def emit(self, ctx: Lowering, dst: MemRef, a: MemRef, b: MemRef) -> None:
+        """``dst = reduce(a, b)``, ``a`` being the computation's first parameter."""
+        if self.chain is None:
+            ctx.emit(VpuMap, fn=self.fn, dst=dst, srcs=(a, b))
+            return
+        srcs = (a, *(b if isinstance(s, Side) else s for s in self.chain.sources))
+        ctx.emit(VpuFused, dst=dst, srcs=srcs, ops=self.chain.steps)
+
 
 MIN_BLOCK_BYTES = 64 * 1024
 """Smallest reduce-scatter block (bytes), so tiny chunks do not turn into many tiny transfers."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from math import prod
 
 from tpusim.compiler.errors import CompileError
-from tpusim.compiler.hlo.ir import Instruction, Module
+from tpusim.compiler.hlo.ir import Module
 from tpusim.compiler.hlo.opcodes import ASYNC_COLLECTIVE_DONES, ASYNC_COLLECTIVE_STARTS, COLLECTIVES
 from tpusim.compiler.hlo.xla_forms import wrapped_collective
 from tpusim.compiler.lowering.collective_plan import GroupAxis, GroupPlan, Participants, permute_pairs
@@ -53,7 +53,6 @@ __all__ = [
     "Facts",
     "collective_state",
     "flat_view",
-    "permute_relation",
     "reserved_semaphores",
 ]
 
@@ -216,11 +215,6 @@ def _bank_layout(module: Module, config: ChipConfig) -> tuple[int, int, bool, li
     return banks, axes, any_async, _credit_channels(topology)
 
 
-def permute_relation(instr: Instruction, who: Participants) -> tuple[int, ...]:
-    """The relation of a collective-permute: each device's target (-1: none)."""
-    return tuple(permute_pairs(instr, who)[0])
-
-
 def _permute_relations(module: Module, who: Participants) -> list[tuple[int, ...]]:
     """The distinct relations of ``module``'s collective-permutes (sync, async and XLA's wrapped forms) that
     need semaphores of their own: none when they are the module's only collectives and all of one relation
@@ -232,7 +226,7 @@ def _permute_relations(module: Module, who: Participants) -> list[tuple[int, ...
         for instr in comp.instructions:
             op = wrapped_collective(module, instr) or instr
             if op.opcode in ("collective-permute", "collective-permute-start"):
-                relation = permute_relation(op, who)
+                relation = tuple(permute_pairs(op, who)[0])  # each device's target (-1: none)
                 if relation not in found:
                     found.append(relation)
             elif is_collective(op.opcode):

@@ -95,7 +95,7 @@ def _fail(instr: Instruction, message: str) -> CompileError:
 
 def _reducer(ctx: Lowering, instr: Instruction) -> Reducer:
     """How ``instr`` combines two blocks: its reduction's one elementwise op, or the computation as an
-    elementwise chain of its two parameters (XLA:TPU's packed 8- and 16-bit reductions)."""
+    elementwise chain of its two parameters (XLA:TPU's packed u8 reductions)."""
     name = instr.attr("to_apply")
     comp = ctx.module[name]
     root = comp[comp.root]
