@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from math import ceil, prod
 
+import numpy as np
+
 from tpusim.compiler.buffer_assignment import leaf_paths
 from tpusim.compiler.errors import CompileError
 from tpusim.compiler.hlo.ir import Computation, Instruction
@@ -67,9 +69,10 @@ from tpusim.compiler.lowering.collective_sync import (
 )
 from tpusim.compiler.lowering.context import Lowering
 from tpusim.compiler.lowering.control import copy_arrays
-from tpusim.compiler.lowering.epilogue import Side, epilogue_chain
+from tpusim.compiler.lowering.epilogue import Chain, Side, epilogue_chain
 from tpusim.compiler.lowering.registry import lowering
 from tpusim.isa import (
+    Const,
     DmaStart,
     MemRef,
     Reg,
@@ -80,7 +83,9 @@ from tpusim.isa import (
     Space,
     Window,
 )
-from tpusim.memory import Layout, Shape
+from tpusim.memory import AnyShape, Layout, Shape
+from tpusim.semantics.elementwise import KERNELS
+from tpusim.semantics.errors import SemanticsError
 
 __all__ = ["REDUCERS"]
 
@@ -106,13 +111,61 @@ def _reducer(ctx: Lowering, instr: Instruction) -> Reducer:
         chain = epilogue_chain(comp, 0, ctx.module) if len(params) == 2 and isinstance(root.shape, Shape) else None
     except ValueError:
         chain = None
-    if chain is not None and [s for s in chain.sources if isinstance(s, Side)] == [Side(1, ())]:
+    sides = [s for s in chain.sources if isinstance(s, Side)] if chain is not None else []
+    if chain is not None and sides == [Side(1, ())] and _reduces(chain, root.shape):
         return Reducer(chain=chain)
     raise _fail(
         instr,
-        f"the reduction {name} (root {root.opcode}) is neither one elementwise op of its two parameters "
-        f"({', '.join(sorted(REDUCERS))}) nor an elementwise chain of them",
+        f"the reduction {name} (root {root.opcode}) is not one elementwise op of its two parameters "
+        f"({', '.join(sorted(REDUCERS))}) nor an elementwise chain of them that commutes and associates",
     )
+
+
+_SAMPLES = 4096
+"""Values a reduction chain is tried on before it combines a collective's blocks."""
+
+
+def _reduces(chain: Chain, shape: AnyShape) -> bool:
+    """Whether ``chain`` commutes and associates (exactly for integers, to a relative 1e-3 for floats) on
+    :data:`_SAMPLES` random values and the type's extremes, computed with the VPU's own elementwise kernels:
+    a ring combines blocks in its own order, not the reference's, which only such a reduction makes
+    irrelevant (XLA requires it of a collective's computation)."""
+    if not isinstance(shape, Shape) or shape.element_type.dtype is None:
+        return False
+    dtype = np.dtype(shape.element_type.dtype)
+    rng = np.random.default_rng(0)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        values = rng.integers(info.min, info.max, (3, _SAMPLES), dtype=dtype, endpoint=True)
+        values[:, :4] = np.array([info.min, info.max, 0, 1], dtype)
+    elif dtype.kind == "f":
+        values = rng.standard_normal((3, _SAMPLES)).astype(dtype)
+    else:
+        return False
+    a, b, c = values
+    try:
+        ab, ba = _combine(chain, a, b), _combine(chain, b, a)
+        left, right = _combine(chain, ab, c), _combine(chain, a, _combine(chain, b, c))
+    except SemanticsError:
+        return False
+    if dtype.kind == "f":
+        return bool(np.array_equal(ab, ba, equal_nan=True) and np.allclose(left, right, rtol=1e-3, equal_nan=True))
+    return bool(np.array_equal(ab, ba) and np.array_equal(left, right))
+
+
+def _combine(chain: Chain, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``chain`` on values ``a`` (value 0) and ``b`` (its side operand), step by step."""
+    values = [a]
+    for s in chain.sources:
+        if not isinstance(s, (Side, Const)):
+            raise SemanticsError(f"a reduction reads {s}")
+        values.append(b if isinstance(s, Side) else np.asarray(s.value, s.etype.dtype))
+    with np.errstate(all="ignore"):
+        for step in chain.steps:
+            attrs = {"direction": step.direction} if step.direction else {}
+            out = KERNELS[step.fn](step.fn, [values[k] for k in step.args], step.etype, attrs)
+            values.append(np.asarray(out).astype(step.etype.dtype, copy=False))
+    return values[-1]
 
 
 def _result_leaves(ctx: Lowering, comp: Computation, instr: Instruction) -> list[MemRef]:
