@@ -217,3 +217,13 @@ def test_docstring_examples_run():
     for module in (tpusim.config, tpusim.isa.program, tpusim.devices.system):
         failed, tried = doctest.testmod(module)
         assert tried > 0 and failed == 0, module.__name__
+
+
+def test_integers_with_leading_zeros_are_decimal_as_in_yaml_1_2(tmp_path):
+    """PyYAML follows YAML 1.1 and read ``010`` as octal 8: ``--set mxu.rows=010`` simulated 8 rows."""
+    assert load_config("teaching", ["mxu.rows=016", "dma.engines=0o10"]).mxu.rows == 16
+    assert load_config("teaching", ["dma.engines=0o10"]).dma.engines == 8
+    base = (Path(__file__).parent.parent / "configs" / "teaching.yaml").read_text()
+    edited = base.replace("\n  rows: ", "\n  rows: 0", 1)
+    assert edited != base
+    assert load_config(_write(tmp_path, edited)).mxu.rows == load_config("teaching").mxu.rows

@@ -2,8 +2,9 @@
 errors that name the file, line, column and key.
 
 Mappings load as :class:`YamlMap` (a dict with the line of the mapping and of each key); a key written
-twice is an error rather than silently keeping the last value. ``1.5e9`` is a number, as in YAML 1.2
-(PyYAML alone, following YAML 1.1, reads it as text).
+twice is an error rather than silently keeping the last value. ``1.5e9`` is a number and ``010`` is ten, as
+in YAML 1.2 (PyYAML alone, following YAML 1.1, reads the first as text and the second as octal 8; ``0o10``
+is octal).
 
 Only plain data is accepted: mappings, lists, strings, numbers, booleans and null. Everything else is a
 :class:`YamlError` (a :class:`~tpusim.errors.ConfigError`) naming ``file:line:column`` and the key:
@@ -181,6 +182,28 @@ SafeLoader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
+
+
+SafeLoader.add_implicit_resolver(_STD + "int", re.compile(r"^[-+]?(?:0o[0-7]+|[0-9]+)$"), list("-+0123456789"))
+
+
+def _construct_int(loader: SafeLoader, node: yaml.ScalarNode) -> int:
+    """An integer as YAML 1.2 reads it: ``010`` is ten (PyYAML, following YAML 1.1, read it as octal 8, so
+    ``--set mxu.rows=010`` gave 8 rows), ``0o10`` is octal; hexadecimal, binary and ``_`` separators as
+    PyYAML reads them."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    sign = -1 if text.startswith("-") else 1
+    digits = text.lstrip("+-")
+    if digits.startswith("0o"):
+        return sign * int(digits[2:], 8)
+    if digits.isdigit():
+        return sign * int(digits, 10)
+    value = yaml.SafeLoader.construct_yaml_int(loader, node)
+    assert isinstance(value, int)
+    return value
+
+
+SafeLoader.add_constructor(_STD + "int", _construct_int)
 
 
 def _scalar_problem(node: yaml.ScalarNode, err: Exception) -> str:
