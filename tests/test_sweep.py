@@ -442,3 +442,33 @@ def test_a_folder_of_other_files_is_not_taken_as_a_sweeps(spec_path: Path, tmp_p
     with pytest.raises(SweepError, match="not a sweep's"):
         run_sweep(load_spec(spec_path), tmp_path, progress=False)
     assert (tmp_path / "results.csv").read_text() == "my table"
+
+
+_TINY = """HloModule tiny
+ENTRY main {
+  x = f32[ROWS,128] parameter(0)
+  ROOT y = f32[ROWS,128] exponential(x)
+}
+"""
+
+
+def test_a_resumed_sweep_runs_again_the_points_whose_files_changed(tmp_path: Path) -> None:
+    """Points were matched by names and parameters only: after its program (or its chip file) was edited, a
+    resumed sweep reported the old rows as results of the new files (found by a bad-input campaign)."""
+    program = tmp_path / "p.hlo"
+    program.write_text(_TINY.replace("ROWS", "8"))
+    chip = tmp_path / "chip.yaml"
+    chip.write_text((Path(__file__).parent.parent / "configs" / "teaching.yaml").read_text())
+    spec_path = tmp_path / "s.yaml"
+    spec_path.write_text("name: s\nprograms:\n  p: p.hlo\nconfig: chip.yaml\ngrid:\n  dma.engines: [1, 2]\n")
+    out = tmp_path / "out"
+    first = run_sweep(load_spec(spec_path), out, progress=False, plots=False)
+    assert first.ran == 2
+    program.write_text(_TINY.replace("ROWS", "64"))
+    again = run_sweep(load_spec(spec_path), out, progress=False, plots=False)
+    assert again.ran == 2
+    fresh = run_sweep(load_spec(spec_path), tmp_path / "fresh", progress=False, plots=False)
+    assert [r["cycles"] for r in again.rows] == [r["cycles"] for r in fresh.rows] != [r["cycles"] for r in first.rows]
+    chip.write_text(chip.read_text().replace("clock_hz:", "clock_hz: 5.0e8 #", 1))
+    assert run_sweep(load_spec(spec_path), out, progress=False, plots=False).ran == 2
+    assert run_sweep(load_spec(spec_path), out, progress=False, plots=False).ran == 0  # (nothing changed)

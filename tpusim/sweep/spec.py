@@ -264,9 +264,12 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise SweepError(f"{source}: the spec expands to {count:,} points ({sizes}), more than {MAX_POINTS:,}; "
                          "split it into several sweeps")  # fmt: skip
     points = []
+    # what the files hold, not only their names: a sweep resumed after its program, chip file or inputs were
+    # edited must run the points again, not report the old rows (the digest also takes each point's config)
+    contents = {name: _file_digest(path) for name, path in programs.items()}
     for index, combo in enumerate(itertools.product(*axes)):
         params = tuple(kv for setting in combo for kv in setting)
-        points.append(_point(index, params, programs, fixed, base, lines))
+        points.append(_point(index, params, programs, fixed, base, lines, contents))
     for tiling in sorted({p.options.tiling for p in points}):  # each rule set read once, now, not per point
         try:
             load_tiling_rules(tiling)
@@ -305,9 +308,17 @@ def load_spec(path: str | Path) -> SweepSpec:
     )  # fmt: skip
 
 
+def _file_digest(path: str | Path) -> str:
+    """A digest of the bytes of file ``path`` ("" when it cannot be read: running the point says why)."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
 def _point(
     index: int, params: tuple[tuple[str, Any], ...], programs: dict[str, Path], fixed: dict[str, Any], base: Path,
-    lines: dict[str, str],
+    lines: dict[str, str], contents: dict[str, str],
 ) -> Point:  # fmt: skip
     values = dict(params)
     setting = shorten(", ".join(f"{k}={show_value(v) if isinstance(v, int) else v}" for k, v in params), 200)
@@ -339,5 +350,6 @@ def _point(
         raise SweepError(f"{at('timing_only')}: timing_only must be true or false, not {show_value(timing_only)}")
     identity = {"config": str(values.get("config", fixed["config"])), "set": overrides,
                 "options": dataclasses.asdict(options), "seed": seed, "inputs": values.get("inputs", fixed["inputs"]),
-                "timing_only": timing_only}  # fmt: skip
+                "timing_only": timing_only, "program_bytes": contents[program], "chip": repr(config),
+                "inputs_bytes": _file_digest(inputs) if inputs is not None else None}  # fmt: skip
     return Point(index, _digest(program, params, identity), program, params, config, options, seed, inputs, timing_only)
