@@ -330,3 +330,13 @@ def test_core_count_is_bounded() -> None:
     cores at each instruction."""
     with pytest.raises(ConfigError, match=r"core\.count: must be at most 64 TensorCores per chip, not 65536"):
         load_config("tpu_v5e", overrides=["core.count=65536"])
+
+
+@pytest.mark.parametrize("name", ["../../../outside", "a/b", "..", ""])
+def test_a_chip_name_with_a_path_is_refused(tmp_path: Path, name: str) -> None:
+    """The name is part of the default report folder, reports/<program>-<name>/: `../x` wrote the report
+    outside reports/ (found by a bad-input campaign)."""
+    path = tmp_path / "chip.yaml"
+    path.write_text(BASE.replace("name: teaching", f"name: {name!r}", 1))
+    with pytest.raises(ConfigError, match=r"chip\.yaml:\d+: name: .* give a plain name, no path"):
+        load_config(path)

@@ -507,6 +507,12 @@ class ChipConfig:
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        # the name is a label and part of the default report folder: no path in it (`../x` wrote outside)
+        _need(
+            bool(self.name) and self.name not in (".", "..") and not any(c in self.name for c in "/\\\0"),
+            "name",
+            f"{self.name!r} names the chip in reports and their folders: give a plain name, no path",
+        )
         for key, size in (("vmem.bytes", self.vmem.bytes), ("smem.bytes", self.smem.bytes)):
             _need(size % 4 == 0, key, f"memories hold whole 32-bit words: {size} is not a multiple of 4")
         limit = "see Limits in configs/README.md"
