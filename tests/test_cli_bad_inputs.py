@@ -576,3 +576,20 @@ def test_a_compiled_module_is_not_compiled_again_by_xla(capsys: pytest.CaptureFi
     compiled = Path(__file__).parent / "data" / "corpus" / "softmax_f32" / "v5e.hlo.gz"
     line = _one_error(["run", str(compiled), "--compiler", "xla", "--timing-only"], capsys)
     assert "already has tiled layouts" in line and "run it as it is" in line
+
+
+def test_flags_of_the_other_mode_are_refused_not_ignored(
+    program: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a bad-input campaign: --replicas without --reference and --chips with it were ignored (the
+    oracle's outputs then had no leading chip axis), and --reference never read --config or --set."""
+    out = str(tmp_path / "o.npz")
+    line = _one_error(["run", str(program), "--replicas", "4", "--timing-only"], capsys)
+    assert "--replicas is the devices --reference runs" in line
+    line = _one_error(["run", str(program), "--reference", "--chips", "2", "--out", out], capsys)
+    assert "cannot be combined with --chips" in line
+    line = _one_error(["run", str(program), "--reference", "--config", "no_such.yaml", "--out", out], capsys)
+    assert "cannot read config 'no_such.yaml'" in line
+    line = _one_error(["run", str(program), "--reference", "--set", "mxu.rowz=1", "--out", out], capsys)
+    assert "mxu.rowz" in line
+    assert not (tmp_path / "o.npz").exists()

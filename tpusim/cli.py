@@ -224,13 +224,25 @@ def _run(args: argparse.Namespace) -> int:
             if given is not None and same_file(args.out, given):
                 raise TpusimError(f"--out {args.out} is {flag}: choose another file, it would be overwritten")
     if args.reference:
+        # (the simulator's flags are refused, not ignored: --chips gave outputs without a leading chip axis; a
+        # chip config is read, so that one that does not exist or a bad --set is said, as in any run)
+        load_config(args.config, overrides=args.overrides)
         clash = [flag for flag, on in (("--report", args.report is not None), ("--check", args.check),
                                         ("--timing-only", args.timing_only),
-                                        ("--max-cycles (the oracle has no cycles)", args.max_cycles is not None))
+                                        ("--max-cycles (the oracle has no cycles)", args.max_cycles is not None),
+                                        ("--chips (the oracle takes --replicas)", args.chips is not None),
+                                        ("--topology", args.topology is not None),
+                                        ("--compiler xla", args.compiler != "tpusim"),
+                                        ("--tiling", args.tiling != "tpu_default"),
+                                        ("--matmul-precision", args.matmul_precision != "default"),
+                                        ("--no-fuse", args.no_fuse), ("--sync-collectives", args.sync_collectives),
+                                        ("--no-megacore", args.no_megacore))
                  if on]  # fmt: skip
         if clash:
             raise TpusimError(f"--reference runs only the numpy oracle; it cannot be combined with {', '.join(clash)}")
         return run_reference_command(args)
+    if args.replicas is not None:
+        raise TpusimError("--replicas is the devices --reference runs; the simulator takes --chips (and --topology)")
     module = load_program(args.program)
     config = load_config(args.config, overrides=args.overrides)
     many = args.chips is not None or args.topology is not None
