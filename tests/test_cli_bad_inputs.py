@@ -593,3 +593,31 @@ def test_flags_of_the_other_mode_are_refused_not_ignored(
     line = _one_error(["run", str(program), "--reference", "--set", "mxu.rowz=1", "--out", out], capsys)
     assert "mxu.rowz" in line
     assert not (tmp_path / "o.npz").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chips": "2"}, "chips must be a whole number"),
+        ({"chips": True}, "chips must be a whole number"),
+        ({"options": {"tiling": "bf16_16x128"}}, "options must be a CompileOptions"),
+        ({"timing_only": "no"}, "timing_only must be True or False"),
+        ({"config": 5}, "config must be a preset name"),
+    ],
+)
+def test_api_arguments_of_the_wrong_type_are_one_clear_error(program: Path, kwargs: dict, message: str) -> None:
+    """Found by a bad-input campaign: chips="2" failed as a TypeError in the topology, options={...} as an
+    AttributeError, and timing_only="no" ran timing-only (a truthy string)."""
+    import tpusim
+
+    with pytest.raises(tpusim.InputError, match=message):
+        tpusim.simulate(program, **kwargs)
+
+
+def test_numpy_scalars_are_numbers_in_config_overrides() -> None:
+    import numpy as np
+
+    from tpusim.config import load_config
+
+    cfg = load_config("teaching", {"mxu.rows": np.int64(16), "hbm.latency_ns": np.float64(300.0)})
+    assert cfg.mxu.rows == 16 and cfg.hbm.latency_ns == 300.0

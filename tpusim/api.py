@@ -180,6 +180,22 @@ def through_xla(
     return parse_module(xla.text, f"XLA:TPU's compilation for {xla.topology}"), xla
 
 
+def _check_arguments(program: Any, config: Any, options: Any, timing_only: Any, chips: Any) -> None:
+    """One clear error for an argument of the wrong type, before it fails deep inside (``chips="2"`` was a
+    TypeError from the topology, ``timing_only="no"`` a run without numerics, ``options={}`` an
+    AttributeError)."""
+    if not isinstance(program, (str, Path, Module, CompiledProgram)) or (isinstance(program, str) and not program):
+        raise InputError(f"program must be HLO text, a path, a Module or a compiled program, not {program!r:.60}")
+    if not isinstance(config, (str, Path, ChipConfig)):
+        raise InputError(f"config must be a preset name, a YAML path or a ChipConfig, not {config!r:.60}")
+    if options is not None and not isinstance(options, CompileOptions):
+        raise InputError(f"options must be a CompileOptions (tpusim.CompileOptions(...)), not {options!r:.60}")
+    if not isinstance(timing_only, bool):
+        raise InputError(f"timing_only must be True or False, not {timing_only!r:.60}")
+    if chips is not None and (isinstance(chips, bool) or not isinstance(chips, int) or chips < 1):
+        raise InputError(f"chips must be a whole number of at least 1, not {chips!r:.60}")
+
+
 def _compiler(compiler: str) -> str:
     if compiler not in COMPILERS:
         raise InputError(f"compiler must be one of {', '.join(COMPILERS)}, not {compiler!r}")
@@ -318,7 +334,9 @@ def simulate(
     Raises:
         RunLimitError: the run reached ``max_steps`` or ``max_cycles``.
         LibtpuMissingError: ``compiler="xla"`` without libtpu installed (the message says how to install it).
+        InputError: an argument of the wrong type (``chips="2"``, ``options={...}``, ``timing_only="no"``).
     """
+    _check_arguments(program, config, options, timing_only, chips)
     xla = None
     if _compiler(compiler) == "xla":
         if isinstance(program, CompiledProgram):

@@ -898,7 +898,9 @@ def _override_texts(overrides: dict[str, Any]) -> list[str]:
 
 def _yaml_text(value: Any) -> str:
     """A Python value as the YAML text of an override: numbers as written (``inf`` as ``.inf``), text quoted,
-    lists and mappings in flow style."""
+    lists and mappings in flow style; a numpy scalar as the Python number it holds."""
+    if hasattr(value, "item") and type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        value = value.item()  # (np.int64(64) was text, then refused as "not an integer")
     if value is None:
         return "null"
     if isinstance(value, bool):
