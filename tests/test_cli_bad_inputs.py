@@ -621,3 +621,24 @@ def test_numpy_scalars_are_numbers_in_config_overrides() -> None:
 
     cfg = load_config("teaching", {"mxu.rows": np.int64(16), "hbm.latency_ns": np.float64(300.0)})
     assert cfg.mxu.rows == 16 and cfg.hbm.latency_ns == 300.0
+
+
+def test_out_does_not_overwrite_a_file_that_is_not_earlier_outputs(
+    program: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a bad-input campaign: --out notes.txt replaced the user's text file with an .npz archive."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    line = _one_error(["run", str(program), "--out", str(notes)], capsys)
+    assert "exists and is not an .npz of outputs" in line
+    assert notes.read_text() == "my notes\n"
+    out = tmp_path / "o.npz"
+    assert main(["run", str(program), "--out", str(out)]) == 0
+    assert main(["run", str(program), "--out", str(out)]) == 0  # (an earlier run's outputs are replaced)
+
+
+@pytest.mark.parametrize("text", ["(f32[4], f32[4])", "()"])
+def test_layout_of_a_tuple_is_one_line(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was an AttributeError traceback (found by a bad-input campaign)."""
+    line = _one_error(["layout", text], capsys)
+    assert "needs an array shape, not the tuple" in line

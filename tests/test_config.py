@@ -227,3 +227,10 @@ def test_integers_with_leading_zeros_are_decimal_as_in_yaml_1_2(tmp_path):
     edited = base.replace("\n  rows: ", "\n  rows: 0", 1)
     assert edited != base
     assert load_config(_write(tmp_path, edited)).mxu.rows == load_config("teaching").mxu.rows
+
+
+def test_yes_no_on_off_are_text_as_in_yaml_1_2():
+    """PyYAML follows YAML 1.1, which read ``off`` as false: a typo-like value passed silently."""
+    with pytest.raises(ConfigError, match=r"mxu\.double_buffered: expected true or false, not 'off'"):
+        load_config("teaching", ["mxu.double_buffered=off"])
+    assert load_config("teaching", ["mxu.double_buffered=false"]).mxu.double_buffered is False

@@ -59,11 +59,14 @@ def _configure_layout(p: argparse.ArgumentParser) -> None:
 
 @command("layout", "draw how a layout places an array in memory", _configure_layout)
 def _run_layout(args: argparse.Namespace) -> int:
+    from tpusim.memory import Shape
     from tpusim.memory.diagram import MAX_DRAWN_CELLS, MAX_POSITIONS, layout_diagram, layout_summary
     from tpusim.memory.shape_text import parse_shape
     from tpusim.paths import check_output_path
 
     shape = parse_shape(args.shape)
+    if not isinstance(shape, Shape):  # (a tuple: its elements each have their own layout)
+        raise TpusimError(f"a layout diagram needs an array shape, not the tuple {shape}")
     out = args.out if args.out is not None or args.json else Path("reports/layout.png")
     if out is not None:  # checked before anything is printed or drawn
         if out.suffix.lower() not in (".png", ".svg", ".pdf"):
@@ -81,12 +84,12 @@ def _run_layout(args: argparse.Namespace) -> int:
                   "(draw its first tiles with --out FILE.png)", file=sys.stderr)  # fmt: skip
     if out is None:
         return 0
-    if not shape.element_count:  # type: ignore[union-attr]
+    if not shape.element_count:
         raise TpusimError(f"{shape} has no elements: there is nothing to draw (--json describes it)")
     figure = layout_diagram(shape, max_rows=args.max_rows, max_cols=args.max_cols)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=110)
-    geo = shape.geometry  # type: ignore[union-attr]
+    geo = shape.geometry
     print(f"wrote {out}: {shape}, {geo.byte_size} bytes, padding {geo.padding_fraction:.1%}", file=sys.stderr)
     return 0
 
@@ -223,6 +226,11 @@ def _run(args: argparse.Namespace) -> int:
         for flag, given in (("the program", args.program), ("--inputs", args.inputs), ("--config", args.config)):
             if given is not None and same_file(args.out, given):
                 raise TpusimError(f"--out {args.out} is {flag}: choose another file, it would be overwritten")
+        import zipfile
+
+        if args.out.is_file() and not zipfile.is_zipfile(args.out):  # (an earlier run's outputs may be replaced)
+            raise TpusimError(f"--out {args.out}: the file exists and is not an .npz of outputs; it would be "
+                              "overwritten: choose another file")  # fmt: skip
     if args.reference:
         # (the simulator's flags are refused, not ignored: --chips gave outputs without a leading chip axis; a
         # chip config is read, so that one that does not exist or a bad --set is said, as in any run)

@@ -2,9 +2,9 @@
 errors that name the file, line, column and key.
 
 Mappings load as :class:`YamlMap` (a dict with the line of the mapping and of each key); a key written
-twice is an error rather than silently keeping the last value. ``1.5e9`` is a number and ``010`` is ten, as
-in YAML 1.2 (PyYAML alone, following YAML 1.1, reads the first as text and the second as octal 8; ``0o10``
-is octal).
+twice is an error rather than silently keeping the last value. ``1.5e9`` is a number, ``010`` is ten and
+``off`` is text, as in YAML 1.2 (PyYAML alone, following YAML 1.1, reads the first as text, the second as
+octal 8 and the third as false; ``0o10`` is octal, ``true`` and ``false`` the booleans).
 
 Only plain data is accepted: mappings, lists, strings, numbers, booleans and null. Everything else is a
 :class:`YamlError` (a :class:`~tpusim.errors.ConfigError`) naming ``file:line:column`` and the key:
@@ -185,6 +185,13 @@ SafeLoader.add_implicit_resolver(
 
 
 SafeLoader.add_implicit_resolver(_STD + "int", re.compile(r"^[-+]?(?:0o[0-7]+|[0-9]+)$"), list("-+0123456789"))
+# Booleans as YAML 1.2 has them: true and false. PyYAML (YAML 1.1) also read yes, no, on and off, so
+# `double_buffered: off` was false and `name: no` was not text; they are text now (a bool key refuses it).
+SafeLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _STD + "bool"]
+    for first, resolvers in SafeLoader.yaml_implicit_resolvers.items()
+}
+SafeLoader.add_implicit_resolver(_STD + "bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _construct_int(loader: SafeLoader, node: yaml.ScalarNode) -> int:
