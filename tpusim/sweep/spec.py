@@ -316,6 +316,16 @@ def _file_digest(path: str | Path) -> str:
         return ""
 
 
+def _inputs_digest(contents: dict[str, str], inputs: str | None) -> str | None:
+    """The digest of an inputs file, read once per spec (``contents`` keeps it under ``inputs:<path>``)."""
+    if inputs is None:
+        return None
+    key = f"inputs:{inputs}"
+    if key not in contents:
+        contents[key] = _file_digest(inputs)
+    return contents[key]
+
+
 def _point(
     index: int, params: tuple[tuple[str, Any], ...], programs: dict[str, Path], fixed: dict[str, Any], base: Path,
     lines: dict[str, str], contents: dict[str, str],
@@ -351,5 +361,5 @@ def _point(
     identity = {"config": str(values.get("config", fixed["config"])), "set": overrides,
                 "options": dataclasses.asdict(options), "seed": seed, "inputs": values.get("inputs", fixed["inputs"]),
                 "timing_only": timing_only, "program_bytes": contents[program], "chip": repr(config),
-                "inputs_bytes": _file_digest(inputs) if inputs is not None else None}  # fmt: skip
+                "inputs_bytes": _inputs_digest(contents, inputs)}  # fmt: skip
     return Point(index, _digest(program, params, identity), program, params, config, options, seed, inputs, timing_only)
