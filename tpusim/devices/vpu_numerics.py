@@ -13,24 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from tpusim.memory import ElementType
-from tpusim.semantics.elementwise import KERNELS
+from tpusim.semantics.elementwise import apply
 
 __all__ = ["apply", "convert", "result_types"]
-
-
-def apply(fn: str, args: list[np.ndarray], out: ElementType, direction: str | None = None) -> np.ndarray:
-    """Evaluate HLO elementwise opcode ``fn`` on broadcastable ``args`` (storage dtypes; 0-d for splats).
-
-    Returns:
-        An array of ``out``'s dtype.
-
-    Raises:
-        SemanticsError: operands the op does not accept.
-    """
-    attrs = {} if direction is None else {"direction": direction}
-    with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the point, not a warning
-        result = np.asarray(KERNELS[fn](fn, args, out, attrs))
-    return result if result.dtype == out.dtype else result.astype(out.dtype)
 
 
 def convert(x: np.ndarray, to: ElementType) -> np.ndarray:

@@ -49,7 +49,16 @@ from tpusim.semantics.convert import (
 from tpusim.semantics.errors import SemanticsError
 from tpusim.semantics.special import erf
 
-__all__ = ["INT_ARITHMETIC", "KERNELS", "NOT_ELEMENTWISE", "PRED_ARITHMETIC", "Attrs", "Kernel", "total_order_key"]
+__all__ = [
+    "INT_ARITHMETIC",
+    "KERNELS",
+    "NOT_ELEMENTWISE",
+    "PRED_ARITHMETIC",
+    "Attrs",
+    "Kernel",
+    "apply",
+    "total_order_key",
+]
 
 
 class Attrs(Protocol):
@@ -65,6 +74,22 @@ KERNELS: dict[str, Kernel] = {}
 
 NOT_ELEMENTWISE = frozenset({"bitcast-convert"})
 """Kernels that are not shape-agnostic (a bitcast-convert between widths adds or removes a dimension)."""
+
+
+def apply(fn: str, args: list[np.ndarray], out: ElementType, direction: str | None = None) -> np.ndarray:
+    """Evaluate HLO elementwise opcode ``fn`` on broadcastable ``args`` (storage dtypes; 0-d for splats), as a
+    VPU step does (the device's vector unit, and the compiler trying a collective's reduction chain).
+
+    Returns:
+        An array of ``out``'s dtype.
+
+    Raises:
+        SemanticsError: operands the op does not accept.
+    """
+    attrs = {} if direction is None else {"direction": direction}
+    with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the point, not a warning
+        result = np.asarray(KERNELS[fn](fn, args, out, attrs))
+    return result if result.dtype == out.dtype else result.astype(out.dtype)
 
 
 def kernel(*opcodes: str) -> Callable[[Kernel], Kernel]:

@@ -84,7 +84,7 @@ from tpusim.isa import (
     Window,
 )
 from tpusim.memory import AnyShape, Layout, Shape
-from tpusim.semantics.elementwise import KERNELS
+from tpusim.semantics.elementwise import apply
 from tpusim.semantics.errors import SemanticsError
 
 __all__ = ["REDUCERS"]
@@ -160,11 +160,8 @@ def _combine(chain: Chain, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if not isinstance(s, (Side, Const)):
             raise SemanticsError(f"a reduction reads {s}")
         values.append(b if isinstance(s, Side) else np.asarray(s.value, s.etype.dtype))
-    with np.errstate(all="ignore"):
-        for step in chain.steps:
-            attrs = {"direction": step.direction} if step.direction else {}
-            out = KERNELS[step.fn](step.fn, [values[k] for k in step.args], step.etype, attrs)
-            values.append(np.asarray(out).astype(step.etype.dtype, copy=False))
+    for step in chain.steps:
+        values.append(apply(step.fn, [values[k] for k in step.args], step.etype, step.direction))
     return values[-1]
 
 
