@@ -121,11 +121,17 @@ def concat_bitcasts(module: Module) -> Module:
     return replace(module, computations=tuple(comps))
 
 
-def _rewrite_concats(comp: Computation, concats: list[Instruction]) -> Computation:
+def _user_names(comp: Computation) -> dict[str, list[str]]:
+    """Each value's users, by name, in instruction order (a user once per operand it reads the value as)."""
     users: dict[str, list[str]] = {}
     for instr in comp.instructions:
         for o in instr.operands:
             users.setdefault(o, []).append(instr.name)
+    return users
+
+
+def _rewrite_concats(comp: Computation, concats: list[Instruction]) -> Computation:
+    users = _user_names(comp)
     replaced: dict[str, Instruction] = {}
     dropped: set[str] = set()
     added: dict[str, list[Instruction]] = {}  # instructions to put before a replaced one
@@ -449,10 +455,7 @@ def threaded_calls(module: Module) -> Module:
     start, named as the done (see the module docstring)."""
     comps = []
     for comp in module.computations:
-        users: dict[str, list[str]] = {}
-        for instr in comp.instructions:
-            for o in instr.operands:
-                users.setdefault(o, []).append(instr.name)
+        users = _user_names(comp)
         calls: dict[str, Instruction] = {}  # start -> the call that replaces it
         dones: set[str] = set()
         for instr in comp.instructions:
