@@ -24,6 +24,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from markers import write_between
 
@@ -34,19 +35,18 @@ LOW, HIGH = 0.67, 1.5
 BEGIN, END = "<!-- fidelity-table:begin -->", "<!-- fidelity-table:end -->"
 
 
-def kernel_seconds(path: Path, clock_hz: float) -> float | None:
-    """The sum of XLA's per-kernel ``estimated_cycles`` in the compiled module at ``path``, in seconds at
-    ``clock_hz``; None when the module runs computations of its own besides the entry (a loop body's
-    estimates are per iteration, and the trip count is not in the module)."""
+def kernel_seconds(result: Any) -> float | None:
+    """The sum of XLA's per-kernel ``estimated_cycles`` in the compiled module a run of ``result`` read, in
+    seconds at the chip's clock; None when the module runs computations of its own besides the entry (a loop
+    body's estimates are per iteration, and the trip count is not in the module)."""
     from tpusim.compiler.buffer_assignment import sequential_computations
-    from tpusim.compiler.hlo.parser import load_module
     from tpusim.compiler.hlo.xla_forms import estimated_cycles
 
-    module = load_module(path, verify=False)
+    module = result.compiled.source
     if sequential_computations(module) != [module.entry]:
         return None
     cycles = sum(estimated_cycles(i) or 0 for i in module[module.entry].instructions)
-    return cycles / clock_hz
+    return cycles / result.compiled.config.clock_hz
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     import corpus
 
     import tpusim
-    from tpusim.config import load_config
 
     chips = args.chip or ["v5e", "v6e"]
     names = args.only or corpus.program_names()
@@ -82,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
             config = corpus.CHIPS[chip]
             xla = program.xla_seconds(chip) * 1e6
             times = {}
+            runs = {}
             for form, key in ((chip, "xla"), ("unoptimised", "own")):
                 t0 = time.process_time()
-                result = tpusim.simulate(program.hlo(form), config=config, timing_only=True)
-                times[key] = (result.seconds * 1e6, time.process_time() - t0)
+                runs[key] = tpusim.simulate(program.hlo(form), config=config, timing_only=True)
+                times[key] = (runs[key].seconds * 1e6, time.process_time() - t0)
                 inside[key] += LOW <= times[key][0] / xla <= HIGH
-            kernels = kernel_seconds(program.hlo(chip), load_config(config).clock_hz)
+            kernels = kernel_seconds(runs["xla"])
             beside = "- | -"
             if kernels is not None:
                 summed += 1
