@@ -270,14 +270,11 @@ def _element_taken(ctx: Lowering, src: MemRef, dst: MemRef, first_bytes: bool = 
     ``s32[1,2]{1,0:T(1,128)}`` as the ``s32[]{:T(128)}`` index of its first column)."""
     if dst.shape.rank or src.element_type != dst.element_type:
         return False
-    if src.shape.element_count != 1 and not (first_bytes and src.shape.element_count and _prefix(src) == 0):
+    first = first_bytes and src.shape.element_count and geometry(src.shape).prefix_bytes == 0
+    if src.shape.element_count != 1 and not first:
         return False
     _issue(ctx, [(MemRef(src.space, src.address, dst.shape), dst)])
     return True
-
-
-def _prefix(ref: MemRef) -> int:
-    return geometry(ref.shape).prefix_bytes
 
 
 @lowering("reshape")
