@@ -685,25 +685,30 @@ def test_permutes_in_opposite_directions_each_take_their_own_data(n: int, topolo
         np.testing.assert_array_equal(result.outputs[1][d], want[d][1])
 
 
-def _packed_max(name: str) -> str:
-    """XLA:TPU's reduction of four u8 maxima packed in a u32 word: unpack each byte, combine, repack."""
+def _packed(name: str, fn: str = "maximum", lane: str = "u8") -> str:
+    """XLA:TPU's reduction of ``lane`` values packed in a u32 word (four u8 or s8, two f16): unpack each lane
+    (a signed or float lane through a bitcast-convert of its unsigned bits), combine with ``fn``, repack."""
+    bits = {"u8": 8, "s8": 8, "f16": 16}[lane]
+    raw = f"u{bits}"
     lines = [f"{name} (a: u32[], b: u32[]) -> u32[] {{", "  a = u32[] parameter(0)", "  b = u32[] parameter(1)"]
     parts = []
-    for k in (0, 8, 16, 24):
-        lines += [
-            f"  c{k} = u32[] constant({k})",
-            f"  as{k} = u32[] shift-right-logical(a, c{k})",
-            f"  a{k} = u8[] convert(as{k})",
-            f"  bs{k} = u32[] shift-right-logical(b, c{k})",
-            f"  b{k} = u8[] convert(bs{k})",
-            f"  m{k} = u8[] maximum(a{k}, b{k})",
-            f"  w{k} = u32[] convert(m{k})",
-            f"  s{k} = u32[] shift-left(w{k}, c{k})",
-        ]
+    for k in range(0, 32, bits):
+        lines.append(f"  c{k} = u32[] constant({k})")
+        for x in "ab":
+            lines += [f"  {x}s{k} = u32[] shift-right-logical({x}, c{k})", f"  {x}{k} = {raw}[] convert({x}s{k})"]
+            if lane != raw:
+                lines.append(f"  {x}l{k} = {lane}[] bitcast-convert({x}{k})")
+        if lane != raw:
+            lines += [f"  l{k} = {lane}[] {fn}(al{k}, bl{k})", f"  m{k} = {raw}[] bitcast-convert(l{k})"]
+        else:
+            lines.append(f"  m{k} = {raw}[] {fn}(a{k}, b{k})")
+        lines += [f"  w{k} = u32[] convert(m{k})", f"  s{k} = u32[] shift-left(w{k}, c{k})"]
         parts.append(f"s{k}")
-    lines += [f"  o1 = u32[] or({parts[0]}, {parts[1]})", f"  o2 = u32[] or({parts[2]}, {parts[3]})"]
-    lines += ["  ROOT r = u32[] or(o1, o2)", "}"]
-    return "\n".join(lines) + "\n"
+    while len(parts) > 1:
+        lines.append(f"  o{len(lines)} = u32[] or({parts[0]}, {parts[1]})")
+        parts = [*parts[2:], f"o{len(lines) - 1}"]
+    lines[-1] = lines[-1].replace(f"  {parts[0]} =", "  ROOT r =")
+    return "\n".join(lines) + "\n}\n"
 
 
 @pytest.mark.parametrize("form", ["sync", "async"])
@@ -720,7 +725,7 @@ def test_a_packed_reduction_computation_reduces_each_byte(form: str) -> None:
             "  ROOT r = (u32[8,256], u32[8,256]) tuple(d, e)"
         )
     entry = f"ENTRY main {{\n  x = u32[8,256] parameter(0)\n  {body}\n}}\n"
-    text = f"HloModule packed, num_partitions=4\n{_packed_max('packed')}{entry}"
+    text = f"HloModule packed, num_partitions=4\n{_packed('packed')}{entry}"
     rng = np.random.default_rng(0)
     x = rng.integers(0, 2**32, (4, 8, 256), dtype=np.uint64).astype(np.uint32)
     want = np.maximum.reduce(x.view(np.uint8).reshape(4, 8, 256, 4), axis=0).reshape(8, 1024).view(np.uint32)
@@ -730,3 +735,47 @@ def test_a_packed_reduction_computation_reduces_each_byte(form: str) -> None:
     for d in range(4):
         np.testing.assert_array_equal(reference[d][0], want)
         np.testing.assert_array_equal(result.outputs[0][d], want)
+
+
+def _packed_all_reduce_entry() -> str:
+    groups = "replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=packed"
+    root = f"ROOT r = u32[8,256] all-reduce(x), channel_id=1, {groups}"
+    return f"ENTRY main {{\n  x = u32[8,256] parameter(0)\n  {root}\n}}\n"
+
+
+@pytest.mark.parametrize(("lane", "fn"), [("s8", "maximum"), ("s8", "minimum"), ("f16", "add"), ("f16", "maximum")])
+def test_packed_signed_and_float_lanes_reduce_through_their_bitcasts(lane: str, fn: str) -> None:
+    """XLA:TPU's ``pmax`` of int8 and ``psum`` of float16 over a mesh axis reduce u32 words whose lanes
+    are bitcast to s8 / f16 (a bitcast-convert of the lane's unsigned bits): tpusim refused the
+    reduction (``bitcast-convert`` was no step of a ``vpu.fused`` chain; found by a fuzz campaign of
+    XLA:TPU's SPMD modules)."""
+    entry = _packed_all_reduce_entry()
+    text = f"HloModule packed, num_partitions=4\n{_packed('packed', fn, lane)}{entry}"
+    rng = np.random.default_rng(1)
+    if lane == "s8":
+        x = rng.integers(0, 2**32, (4, 8, 256), dtype=np.uint64).astype(np.uint32)
+        lanes = x.view(np.int8).reshape(4, 8, 256, 4)
+    else:  # small integers: their sums are exact in f16, whatever order the ring adds them in
+        lanes = rng.integers(-200, 200, (4, 8, 256, 2)).astype(np.float16)
+        x = lanes.view(np.uint32).reshape(4, 8, 256)
+    combine = {"maximum": np.maximum, "minimum": np.minimum, "add": np.add}[fn]
+    want = combine.reduce(lanes, axis=0).view(np.uint32).reshape(8, 256)
+    reference = evaluate_spmd(parse_module(text), [[x[d]] for d in range(4)])
+    result = tpusim.simulate(text, [x], chips=4, topology=(2, 2), config="tpu_v5e")
+    assert not result.fallbacks
+    for d in range(4):
+        np.testing.assert_array_equal(reference[d][0], want)
+        np.testing.assert_array_equal(result.outputs[0][d], want)
+
+
+def test_a_reduction_that_does_not_associate_on_packed_float_lanes_is_refused() -> None:
+    """The chain check draws, for a chain with float steps on integer words, words of small integers in the
+    float lanes (exact in any order), so ``max(a, b) + 1`` on each f16 lane still fails associativity."""
+    comp = _packed("packed", "maximum", "f16")
+    comp = comp.replace(
+        "l0 = f16[] maximum(al0, bl0)",
+        "x0 = f16[] maximum(al0, bl0)\n  one = f16[] constant(1)\n  l0 = f16[] add(x0, one)",
+    )
+    entry = _packed_all_reduce_entry()
+    with pytest.raises(tpusim.TpusimError, match="commutes and associates"):
+        tpusim.compile_program(f"HloModule packed, num_partitions=4\n{comp}{entry}", options=None)

@@ -23,7 +23,7 @@ from math import prod
 
 from tpusim.compiler.errors import NotLowerable
 from tpusim.compiler.hlo.ir import Computation, Instruction
-from tpusim.isa import VPU_FUNCTIONS
+from tpusim.isa import REINTERPRETS, VPU_FUNCTIONS, vpu_computes
 from tpusim.memory import Shape
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Need",
     "Plan",
     "block_shape",
+    "on_vpu",
     "plan_needs",
     "reduction_split",
     "tile_granule",
@@ -52,6 +53,14 @@ BLOCK_TARGET_BYTES = 1 << 19
 """HLO opcodes whose operands have the result's dimensions (or are scalars) and that the VPU computes."""
 
 
+def on_vpu(comp: Computation, instr: Instruction) -> bool:
+    """Whether ``instr`` (of ``comp``) is an elementwise VPU function (:func:`tpusim.isa.vpu_computes`)."""
+    if instr.opcode not in VPU_FUNCTIONS or not isinstance(instr.shape, Shape):
+        return False
+    bits = (comp[o].array_shape.element_type.bits for o in instr.operands)
+    return vpu_computes(instr.opcode, bits, instr.shape.element_type.bits)
+
+
 def rule(*opcodes: str) -> Callable[[NeedRule], NeedRule]:
     def register(fn: NeedRule) -> NeedRule:
         for op in opcodes:
@@ -65,6 +74,9 @@ def rule(*opcodes: str) -> Callable[[NeedRule], NeedRule]:
 def _elementwise(instr: Instruction, need: Need, operands: list[Shape]) -> list[Need | None]:
     if any(s.element_type.is_complex for s in [*operands, instr.array_shape]):
         raise NotLowerable("complex numbers on the VPU (it computes real 32-bit lanes)")
+    bits = (s.element_type.bits for s in operands)
+    if instr.opcode in REINTERPRETS and not vpu_computes(instr.opcode, bits, instr.array_shape.element_type.bits):
+        raise NotLowerable(f"a {instr.opcode} between widths (not elementwise)")
     dim, off = need
     return [(dim, off) if s.rank == instr.array_shape.rank else (None, 0) for s in operands]
 

@@ -28,6 +28,7 @@ from tpusim.devices.units import Access, ComputeSpec, Cost, register_compute
 from tpusim.devices.vpu_numerics import apply, convert, result_types
 from tpusim.errors import TpusimError
 from tpusim.isa import (
+    REINTERPRETS,
     VPU_FUNCTIONS,
     Const,
     MemRef,
@@ -162,6 +163,9 @@ def _cost_fused(cfg: ChipConfig, ins: VpuFused, reads: tuple[Access, ...], write
     work = {"alu": broadcast * v_out, "transcendental": 0}
     depth: list[int] = [0] * len(ins.srcs)
     for step in ins.ops:
+        if step.fn in REINTERPRETS:  # the register's bits, retyped: no op
+            depth.append(depth[step.args[0]])
+            continue
         cls = VPU_FUNCTIONS[step.fn].cost_class
         # registers the step's result needs for the block: 32-bit words hold 4 // bytes values
         work[cls] += max(1, ceil(n * max(step.etype.bits, 8) / 8 / cfg.vpu.vreg_bytes))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tpusim.isa import REINTERPRETS
 from tpusim.memory import ElementType
 from tpusim.semantics.elementwise import apply
 
@@ -28,6 +29,9 @@ def result_types(fn: str, operands: list[ElementType], out: ElementType) -> str 
     names = [t.name for t in operands]
     if fn == "convert":
         return None
+    if fn in REINTERPRETS:
+        widths = {t.bits for t in operands}
+        return None if widths == {out.bits} else f"vpu.{fn} keeps the width: {names[0]} is not {out.bits} bits"
     if fn == "select":
         if names[0] != "pred":
             return f"select's predicate must be pred, not {names[0]}"

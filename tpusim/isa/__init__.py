@@ -37,11 +37,13 @@ from tpusim.isa.ops import (
     PRECISION_PASSES,
     PRECISIONS,
     REDUCE_FUNCTIONS,
+    REINTERPRETS,
     SCALAR_FUNCTIONS,
     VPU_FUNCTIONS,
     Op,
     OpGroup,
     VpuFunction,
+    vpu_computes,
 )
 from tpusim.isa.program import ASYNC_SEQUENCER, FallbackKernel, Program, Stream, StreamBuilder, Symbol
 from tpusim.isa.text import IsaParseError, format_instruction, parse_instruction, parse_program, print_program
@@ -52,6 +54,7 @@ __all__ = [
     "PRECISIONS",
     "PRECISION_PASSES",
     "REDUCE_FUNCTIONS",
+    "REINTERPRETS",
     "SCALAR_FUNCTIONS",
     "VPU_FUNCTIONS",
     "Barrier",
@@ -99,4 +102,5 @@ __all__ = [
     "parse_instruction",
     "parse_program",
     "print_program",
+    "vpu_computes",
 ]

@@ -8,6 +8,7 @@ the devices all need the same lists.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 from typing import Final
 
@@ -16,11 +17,13 @@ __all__ = [
     "PRECISIONS",
     "PRECISION_PASSES",
     "REDUCE_FUNCTIONS",
+    "REINTERPRETS",
     "SCALAR_FUNCTIONS",
     "VPU_FUNCTIONS",
     "Op",
     "OpGroup",
     "VpuFunction",
+    "vpu_computes",
 ]
 
 
@@ -111,6 +114,7 @@ def _functions() -> dict[str, VpuFunction]:
         "count-leading-zeros",
         "copy",
         "convert",
+        "bitcast-convert",
         "real",
         "imag",
     )
@@ -162,6 +166,17 @@ def _functions() -> dict[str, VpuFunction]:
 
 VPU_FUNCTIONS: Final[dict[str, VpuFunction]] = _functions()
 """Elementwise VPU functions by HLO opcode name."""
+
+REINTERPRETS: Final = frozenset({"bitcast-convert"})
+"""VPU functions that only retype a register's bits: free in a ``vpu.fused`` chain."""
+
+
+def vpu_computes(fn: str, operand_bits: Iterable[int], result_bits: int) -> bool:
+    """Whether HLO opcode ``fn`` is an elementwise VPU function on operands of ``operand_bits`` bits each
+    giving ``result_bits``: a ``bitcast-convert`` only between types of one width (between widths it adds or
+    removes a dimension, which no elementwise step does)."""
+    return fn in VPU_FUNCTIONS and (fn not in REINTERPRETS or all(b == result_bits for b in operand_bits))
+
 
 REDUCE_FUNCTIONS: Final = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 """Combiners ``vpu.reduce`` supports (the monoids XLA reductions use)."""

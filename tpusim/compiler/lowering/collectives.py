@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from math import ceil, prod
 
+import ml_dtypes
 import numpy as np
 
 from tpusim.compiler.buffer_assignment import leaf_paths
@@ -83,7 +84,7 @@ from tpusim.isa import (
     Space,
     Window,
 )
-from tpusim.memory import AnyShape, Layout, Shape
+from tpusim.memory import AnyShape, ElementType, Layout, Shape
 from tpusim.semantics.elementwise import apply
 from tpusim.semantics.errors import SemanticsError
 
@@ -129,12 +130,19 @@ def _reduces(chain: Chain, shape: AnyShape) -> bool:
     """Whether ``chain`` commutes and associates (exactly for integers, to a relative 1e-3 for floats) on
     :data:`_SAMPLES` random values and the type's extremes, computed with the VPU's own elementwise kernels:
     a ring combines blocks in its own order, not the reference's, which only such a reduction makes
-    irrelevant (XLA requires it of a collective's computation)."""
+    irrelevant (XLA requires it of a collective's computation). Integer words whose lanes the chain computes
+    on as floats (XLA:TPU's f16 sums, two to a u32 word) are tried exactly, on words of small integers in
+    every lane (:func:`_float_lanes`), where float sums and products do not round."""
     if not isinstance(shape, Shape) or shape.element_type.dtype is None:
         return False
     dtype = np.dtype(shape.element_type.dtype)
     rng = np.random.default_rng(0)
-    if dtype.kind in "iu":
+    lanes = [s.etype for s in chain.steps if s.etype.is_float] if dtype.kind in "iu" else []
+    if lanes:
+        values = _float_lanes(rng, dtype, min(lanes, key=lambda t: t.bits))
+        if values is None:
+            return False
+    elif dtype.kind in "iu":
         info = np.iinfo(dtype)
         values = rng.integers(info.min, info.max, (3, _SAMPLES), dtype=dtype, endpoint=True)
         values[:, :4] = np.array([info.min, info.max, 0, 1], dtype)
@@ -151,6 +159,18 @@ def _reduces(chain: Chain, shape: AnyShape) -> bool:
     if dtype.kind == "f":
         return bool(np.array_equal(ab, ba, equal_nan=True) and np.allclose(left, right, rtol=1e-3, equal_nan=True))
     return bool(np.array_equal(ab, ba) and np.array_equal(left, right))
+
+
+def _float_lanes(rng: np.random.Generator, dtype: np.dtype, lane: ElementType) -> np.ndarray | None:
+    """Three rows of :data:`_SAMPLES` words of ``dtype``, each lane of ``lane``'s width a small integer in that
+    float type (so small that the sum or product of three is exact), little-endian: None when the lanes do not
+    tile the word."""
+    bits = dtype.itemsize * 8
+    if lane.dtype is None or bits % lane.bits:
+        return None
+    m = int(2 ** ((ml_dtypes.finfo(lane.dtype).nmant + 1) / 3))
+    small = rng.integers(-m, m, (3, _SAMPLES, bits // lane.bits), endpoint=True).astype(lane.dtype)
+    return np.ascontiguousarray(small).view(dtype).reshape(3, _SAMPLES)
 
 
 def _combine(chain: Chain, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -21,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tpusim.compiler.blocks import on_vpu
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.lowering.immediates import scalar_constant
-from tpusim.isa import VPU_FUNCTIONS, FusedOp, Operand
+from tpusim.isa import FusedOp, Operand
 from tpusim.memory import Shape
 
 __all__ = ["Chain", "Side", "epilogue_chain", "find_epilogues", "with_users"]
@@ -200,7 +201,7 @@ def epilogue_chain(fused: Computation, block: int = 0, module: Module | None = N
                 full[instr.name] = part.value
             else:
                 parts[instr.name] = _Part(part.parameter, placement, part.value)
-        elif op in VPU_FUNCTIONS:
+        elif on_vpu(fused, instr):
             if op == "compare" and instr.attr("type") == "TOTALORDER":
                 raise ValueError("a total-order comparison")
             direction = instr.attr("direction") if op == "compare" else None

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpusim.compiler.blocks import on_vpu
 from tpusim.compiler.hlo.ir import Computation, Instruction, Module
 from tpusim.compiler.lowering.epilogue import Chain, epilogue_chain, with_users
 from tpusim.compiler.rewrite import single_computation
-from tpusim.isa import VPU_FUNCTIONS, MemRef
+from tpusim.isa import MemRef
 from tpusim.memory import Shape
 
 __all__ = ["PRODUCTS", "Prologue", "find_prologues", "producer_computation", "prologue_chain"]
@@ -54,7 +55,7 @@ def producer_computation(module: Module, comp: Computation, instr: Instruction) 
     bare ``convert`` of int8 weights; scalar constant operands stay constants); None for anything else."""
     if instr.opcode == "fusion":
         return module[instr.attr("calls")] if instr.attr("kind") == "kLoop" else None
-    if instr.opcode not in VPU_FUNCTIONS or not isinstance(instr.shape, Shape):
+    if not on_vpu(comp, instr):
         return None
     return single_computation(comp, instr)
 

@@ -20,6 +20,7 @@ from tpusim.compiler.blocks import (
     Need,
     Plan,
     block_shape,
+    on_vpu,
     plan_needs,
     reduction_split,
     tile_granule,
@@ -34,7 +35,7 @@ from tpusim.compiler.lowering.reinterpret import emit_reduce_precision
 from tpusim.compiler.rewrite import single_computation
 from tpusim.isa import (
     REDUCE_FUNCTIONS,
-    VPU_FUNCTIONS,
+    REINTERPRETS,
     Barrier,
     Const,
     DmaStart,
@@ -63,7 +64,8 @@ DMA_FIRST = frozenset({"copy", "bitcast", "reshape", "slice", "concatenate", "pa
 """Ops whose rule outside a fusion is in :mod:`.movement`: DMAs, or this module's path where cheaper."""
 
 # Ops that run as "a fusion of one" when they appear outside a fusion.
-_SINGLE_OPS = sorted(set(NEED_RULES) - {"parameter", "constant", "dynamic-slice"} - DMA_FIRST)
+# (A bitcast-convert outside a fusion is a DMA or nothing: reinterpret.py.)
+_SINGLE_OPS = sorted(set(NEED_RULES) - {"parameter", "constant", "dynamic-slice"} - DMA_FIRST - REINTERPRETS)
 RING = 4
 """VMEM buffer sets per blocked input and output: two blocks' inputs are in flight while one block computes,
 and the spare set lets a refill start although the compute of the block before it (on another XLU or VPU
@@ -557,7 +559,7 @@ class _Emitter:
 
 def _chainable(em: _Emitter, instr: Instruction) -> bool:
     """True for an elementwise op the VPU computes that ``vpu.fused`` can hold."""
-    if instr.opcode not in VPU_FUNCTIONS or not isinstance(instr.shape, Shape):
+    if not on_vpu(em.comp, instr):
         return False
     if instr.opcode == "compare" and instr.attr("type") == "TOTALORDER":
         return not em.comp[instr.operands[0]].array_shape.element_type.is_float
@@ -566,8 +568,8 @@ def _chainable(em: _Emitter, instr: Instruction) -> bool:
 
 def _emit_elementwise(em: _Emitter, instr: Instruction, dst: MemRef, srcs: list[Operand], start: int) -> None:
     fn = instr.opcode
-    if fn not in VPU_FUNCTIONS:
-        raise NotLowerable(f"{fn} has no VPU function")
+    if not on_vpu(em.comp, instr):
+        raise NotLowerable(f"{fn} has no VPU function for its types")
     direction = None
     if fn == "compare":
         direction = instr.attr("direction")
