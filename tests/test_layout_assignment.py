@@ -9,7 +9,7 @@ from tpusim.compiler.layout_assignment import assign_layouts
 from tpusim.compiler.tiling_rules import load_tiling_rules
 from tpusim.config import load_config
 from tpusim.errors import ConfigError
-from tpusim.memory import Shape, TupleShape, parse_shape
+from tpusim.memory import Shape, TupleShape, element_type, parse_shape
 
 V5E = load_config("tpu_v5e")
 RULES = load_tiling_rules("tpu_default")
@@ -92,6 +92,27 @@ def test_bad_rule_files_name_file_line_and_key(tmp_path: Path, text: str, messag
     bad.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_tiling_rules(bad)
+
+
+def test_a_rule_narrower_than_the_type_it_matches_names_its_line_and_the_array(tmp_path: Path) -> None:
+    """Found by a campaign of bad inputs: the error named neither the rule file and line nor the array."""
+    path = tmp_path / "rules.yaml"
+    path.write_text("name: t\nrules:\n  - {tiles: '(8,128)', element_size_bits: 8}\n")
+    rules = load_tiling_rules(path)
+    assert rules.layout_for(Shape(element_type("s8"), (8, 128))).element_size_bits == 8
+    with pytest.raises(ConfigError, match=r"rules.yaml:3.*element_size_bits 8 is narrower than the 32 bits of f32"):
+        rules.layout_for(Shape(element_type("f32"), (8, 128)))
+
+
+def test_a_rule_file_named_without_a_suffix_is_read_as_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--tiling ./myrules`` (a file without ``.yaml``) was taken for a shipped rule set's name."""
+    (tmp_path / "myrules").write_text("name: mine\nrules:\n  - {tiles: '(8,128)'}\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_tiling_rules("./myrules").name == "mine"
+    assert load_tiling_rules(tmp_path / "myrules").name == "mine"
+    assert load_tiling_rules("myrules").name == "mine"  # (no shipped set has that name)
+    (tmp_path / "tpu_default").write_text("name: not the shipped one\nrules:\n  - {tiles: '(8,128)'}\n")
+    assert load_tiling_rules("tpu_default").name == "tpu_default"  # a shipped name stays the shipped set
 
 
 def test_unknown_and_cyclic_rule_sets_are_named(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ sources of each rule). Rules are tried in order and the first whose conditions a
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -90,7 +91,11 @@ class TilingRules:
 
     def layout_for(self, shape: Shape, minor_to_major: tuple[int, ...] | None = None) -> Layout:
         """The layout for ``shape``: its ``minor_to_major`` (or the given one, or the default) with the
-        tiles of the first matching rule. Tokens and arrays no rule matches stay untiled."""
+        tiles of the first matching rule. Tokens and arrays no rule matches stay untiled.
+
+        Raises:
+            ConfigError: the matching rule's ``element_size_bits`` is narrower than the array's element type
+                (naming the rule's file and line, and the array)."""
         base = shape.layout or Layout.default(shape.rank)
         if minor_to_major is not None:
             base = replace(base, minor_to_major=minor_to_major)
@@ -99,6 +104,12 @@ class TilingRules:
         physical = tuple(shape.dimensions[d] for d in reversed(base.minor_to_major))
         for rule in self.rules:
             if rule.matches(shape, physical):
+                if 0 < rule.element_size_bits < shape.element_type.bits:
+                    raise ConfigError(
+                        f"{rule.where}: element_size_bits {rule.element_size_bits} is narrower than the "
+                        f"{shape.element_type.bits} bits of {shape.element_type} ({shape}, which this rule matches); "
+                        "add an element_type or bits condition"
+                    )
                 return replace(base, tiles=rule.tiles, element_size_bits=rule.element_size_bits)
         return base
 
@@ -195,9 +206,11 @@ def load_tiling_rules(
     """Load a rule set by name (a file in ``configs/tiling/``) or by path, for a chip whose vector registers
     have ``sublanes`` x ``lanes`` 32-bit words (the values of the symbols S and L in tile sizes). ``extends``
     names another rule set, or a path relative to the file that names it."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = TILING_DIR / f"{name_or_path}.yaml"
+    path, text = Path(name_or_path), str(name_or_path)
+    shipped = TILING_DIR / f"{text}.yaml"
+    # A name without a suffix or a folder is a shipped rule set's, unless only a file of that name exists.
+    if not path.suffix and "/" not in text and os.sep not in text and (shipped.exists() or not path.is_file()):
+        path = shipped
         if not path.exists():
             known = ", ".join(sorted(p.stem for p in TILING_DIR.glob("*.yaml")))
             raise ConfigError(f"unknown tiling rule set '{name_or_path}' (known: {known}, or give a path)")
