@@ -17,6 +17,7 @@ import tpusim
 from tpusim.cli import main
 from tpusim.report.chrome_trace import check_trace
 from tpusim.report.schema import SUMMARY_SCHEMA
+from tpusim.report.schema_check import first_problem
 from tpusim.report.summary_json import build_summary
 from tpusim.report.timeline import merged_runs
 from tpusim.report.writer import PLOTS, write_report
@@ -61,6 +62,58 @@ def test_schema_rejects_a_broken_summary(run: dict[str, Any]) -> None:
     broken["ops"][0]["bound"] = "vibes"
     with pytest.raises(jsonschema.ValidationError, match="vibes"):
         jsonschema.validate(broken, SUMMARY_SCHEMA, cls=jsonschema.Draft202012Validator)
+
+
+def _leaves(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Paths to every scalar value of a JSON document."""
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in _leaves(v, (*path, k))]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc) for p in _leaves(v, (*path, i))]
+    return [path]
+
+
+def test_the_reports_own_schema_check_agrees_with_jsonschema(run: dict[str, Any]) -> None:
+    """``tpusim report`` checks summary.json with a small checker of its own (jsonschema is a test
+    dependency): on every scalar of a real summary replaced by a wrong-typed, negative or foreign value, it
+    refuses exactly what jsonschema refuses, and names the value's path."""
+    validator = jsonschema.Draft202012Validator(SUMMARY_SCHEMA)
+    assert first_problem(run["summary"], SUMMARY_SCHEMA) is None
+    leaves = _leaves(run["summary"])
+    rng = np.random.default_rng(0)
+    picked = [leaves[i] for i in rng.choice(len(leaves), min(60, len(leaves)), replace=False)]
+    refused = 0
+    for path in picked:
+        for bad in ("lots", -5, None, 2.5, [1], {"a": 1}, True):
+            doc = json.loads(json.dumps(run["summary"]))
+            parent = doc
+            for key in path[:-1]:
+                parent = parent[key]
+            parent[path[-1]] = bad
+            mine = first_problem(doc, SUMMARY_SCHEMA)
+            assert (mine is None) == validator.is_valid(doc), (path, bad, mine)
+            if mine is not None:
+                refused += 1
+                assert str(path[-1]) in mine, (path, mine)
+    assert refused > len(picked)
+    doc = json.loads(json.dumps(run["summary"]))
+    del doc["totals"]["cycles"]
+    assert first_problem(doc, SUMMARY_SCHEMA) == "totals: the key 'cycles' is missing"
+
+
+def test_a_report_of_an_edited_summary_names_the_bad_value(
+    run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a campaign of bad inputs: a text ``totals.cycles`` was blamed on trace.json (the timeline
+    plot failed) and a negative one rendered as ``-5 cycles``."""
+    for bad in ("lots", -5):
+        summary = json.loads(json.dumps(run["summary"]))
+        summary["totals"]["cycles"] = bad
+        (tmp_path / "summary.json").write_text(json.dumps(summary))
+        assert main(["report", str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert "summary.json: totals.cycles: must be" in err and "trace.json" not in err, err
+        assert not (tmp_path / "report.md").exists()
 
 
 def test_totals_add_up(run: dict[str, Any]) -> None:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from tpusim.errors import TpusimError
 from tpusim.report.markdown import render_markdown
-from tpusim.report.schema import SCHEMA_ID, SCHEMA_VERSION
+from tpusim.report.schema import SCHEMA_ID, SCHEMA_VERSION, SUMMARY_SCHEMA
+from tpusim.report.schema_check import first_problem
 
 if TYPE_CHECKING:
     from tpusim.api import SimulationResult
@@ -125,6 +126,9 @@ def render_report(directory: str | Path, *, dpi: int = 110) -> list[Path]:
             f"{out / 'summary.json'}: schema {summary.get('schema')!r} version {summary.get('schema_version')!r}; "
             f"this tpusim renders {SCHEMA_ID!r} version {SCHEMA_VERSION}"
         )
+    problem = first_problem(summary, SUMMARY_SCHEMA)
+    if problem:
+        raise ReportError(f"{out / 'summary.json'}: {problem} (`tpusim report --schema` prints the schema)")
     trace_path = out / "trace.json"
     trace = _load(trace_path, "the trace") if trace_path.exists() else None
     try:
