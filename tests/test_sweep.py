@@ -184,6 +184,35 @@ def test_killed_sweep_resumes_without_losing_or_repeating_a_row(tmp_path: Path) 
     assert again.ran == 0 and journal.read_text().count("\n") == total
 
 
+def test_a_terminated_sweep_stops_its_workers_and_writes_its_tables(tmp_path: Path) -> None:
+    """SIGTERM (``kill``, a batch system's time limit) ended a sweep at once: no tables, its workers left to
+    the resource tracker ("leaked semaphore objects"). It now stops as on Ctrl-C, with the shell's 143."""
+    spec_path = tmp_path / "kill.yaml"
+    spec_path.write_text(KILL_SPEC)
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "tpusim.cli", "sweep", str(spec_path), "--out", str(out), "-j", "2", "--no-progress",
+           "--no-plots"]  # fmt: skip
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = out / "journal.jsonl"
+    deadline = time.monotonic() + 120
+    try:
+        while not (journal.exists() and journal.read_bytes().count(b"\n") >= 1):
+            assert proc.poll() is None, "the sweep ended before it could be stopped"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)  # the sweep's process only, as `kill PID` sends it
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert "tpusim sweep: interrupted:" in err and "points are recorded in" in err, err
+    assert "leaked" not in err and "Traceback" not in err, err
+    rows = (out / "results.csv").read_text().splitlines()
+    assert len(rows) - 1 == journal.read_text().count("\n") >= 1
+
+
 def _row(i: str) -> dict[str, object]:
     return {"index": 0, "id": i, "program": "p", "status": "ok"}
 

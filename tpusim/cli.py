@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -452,9 +454,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch system's time limit), raised where the command is, so that it stops as on
+    Ctrl-C: a sweep stops its workers and writes its tables, a run says where it was; exit status 143."""
+
+    exit_code = 143  # the shell's 128 + SIGTERM
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tpusim`` console script."""
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        return _main(args)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command].run(args)
     except TpusimError as err:
@@ -465,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         where = interrupt_position(err)
         print(f"tpusim {args.command}: interrupted" + (f" {where}" if where else ""), file=sys.stderr)
-        return 130
+        return getattr(err, "exit_code", 130)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
         print(f"tpusim {args.command}: cannot open {err.filename}: {err.strerror}", file=sys.stderr)
         return 1

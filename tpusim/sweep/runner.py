@@ -21,7 +21,7 @@ __all__ = ["SweepInterrupted", "SweepResult", "best_points", "columns", "default
 
 
 class SweepInterrupted(SweepError):
-    """The sweep was stopped (Ctrl-C); its finished rows are kept and a new run resumes it."""
+    """The sweep was stopped (Ctrl-C or SIGTERM); its finished rows are kept and a new run resumes it."""
 
     exit_code = 130  # the shell's 128 + SIGINT, as for an interrupted ``tpusim run`` (see cli.main)
 
@@ -155,14 +155,16 @@ def run_sweep(
 
         try:
             EXECUTORS[executor](jobs, on_row, workers=workers, scheduler=scheduler)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (see tpusim.cli.Terminated)
             bar.close()
             _finish(spec, folder, journal, dpi, plots)
             n = sum(p.id in journal.rows for p in spec.points)
-            raise SweepInterrupted(
+            stopped = SweepInterrupted(
                 f"interrupted: {n} of {len(spec.points)} points are recorded in {folder}; run the same command "
                 "again to finish the rest"
-            ) from None
+            )
+            stopped.exit_code = getattr(err, "exit_code", SweepInterrupted.exit_code)
+            raise stopped from None
         bar.close()
         rows, best, files = _finish(spec, folder, journal, dpi, plots)
     finally:
