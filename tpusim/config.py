@@ -17,7 +17,6 @@ stated tolerance. Overridden configs describe hypothetical chips and skip that c
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -883,7 +882,21 @@ def _composed(text: str, source: str) -> Any:
         if len(_COMPOSED) >= 16:
             _COMPOSED.clear()
         _COMPOSED[key] = compose_yaml(text, source)[0]
-    return copy.deepcopy(_COMPOSED[key])
+    return _copy_node(_COMPOSED[key])
+
+
+def _copy_node(node: Any) -> Any:
+    """A copy of a node tree whose nodes and lists are new (overrides replace values and add keys) and whose
+    scalars and marks are shared (never changed): ``copy.deepcopy`` was 8% of a compile-bound sweep."""
+    if isinstance(node, yaml.MappingNode):
+        pairs = [(_copy_node(k), _copy_node(v)) for k, v in node.value]
+        return yaml.MappingNode(node.tag, pairs, node.start_mark, node.end_mark, node.flow_style)
+    if isinstance(node, yaml.SequenceNode):
+        items = [_copy_node(v) for v in node.value]
+        return yaml.SequenceNode(node.tag, items, node.start_mark, node.end_mark, node.flow_style)
+    if isinstance(node, yaml.ScalarNode):
+        return yaml.ScalarNode(node.tag, node.value, node.start_mark, node.end_mark, node.style)
+    return node
 
 
 def _override_texts(overrides: dict[str, Any]) -> list[str]:

@@ -11,12 +11,13 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tpusim.config import CONFIG_DIR
 from tpusim.errors import ConfigError, LayoutError
 from tpusim.memory import Layout, Shape, Tile
 from tpusim.memory.shape_text import ShapeReader
-from tpusim.yamlio import YamlMap, load_yaml, where
+from tpusim.yamlio import YamlMap, load_yaml, read_text, where
 
 __all__ = ["TILING_DIR", "Range", "TilingRule", "TilingRules", "load_tiling_rules"]
 
@@ -205,7 +206,29 @@ def load_tiling_rules(
 ) -> TilingRules:
     """Load a rule set by name (a file in ``configs/tiling/``) or by path, for a chip whose vector registers
     have ``sublanes`` x ``lanes`` 32-bit words (the values of the symbols S and L in tile sizes). ``extends``
-    names another rule set, or a path relative to the file that names it."""
+    names another rule set, or a path relative to the file that names it.
+
+    A rule set is parsed once per process while its files' texts stay the same (a sweep compiles every point
+    with the same rules; an edited file is read again)."""
+    rules, _ = _load(name_or_path, sublanes, lanes, _seen)
+    return rules
+
+
+_LOADED: dict[tuple[Any, ...], tuple[TilingRules, tuple[tuple[Path, str], ...]]] = {}
+"""Rule sets by (path, sublanes, lanes, extends chain): each with the texts of the files it was read from."""
+
+
+def _unchanged(files: tuple[tuple[Path, str], ...]) -> bool:
+    try:
+        return all(read_text(path) == text for path, text in files)
+    except (OSError, ConfigError):
+        return False
+
+
+def _load(
+    name_or_path: str | Path, sublanes: int, lanes: int, _seen: tuple[Path, ...]
+) -> tuple[TilingRules, tuple[tuple[Path, str], ...]]:
+    """The rule set and the (path, text) of every file it was read from."""
     path, text = Path(name_or_path), str(name_or_path)
     shipped = TILING_DIR / f"{text}.yaml"
     # A name without a suffix or a folder is a shipped rule set's, unless only a file of that name exists.
@@ -214,7 +237,13 @@ def load_tiling_rules(
         if not path.exists():
             known = ", ".join(sorted(p.stem for p in TILING_DIR.glob("*.yaml")))
             raise ConfigError(f"unknown tiling rule set '{name_or_path}' (known: {known}, or give a path)")
-    doc = load_yaml(path)
+    key = (path.resolve(), sublanes, lanes, _seen)
+    hit = _LOADED.get(key)
+    if hit is not None and _unchanged(hit[1]):
+        return hit
+    source = read_text(path)
+    files: tuple[tuple[Path, str], ...] = ((path, source),)
+    doc = load_yaml(path, source)
     if not isinstance(doc, YamlMap):
         raise ConfigError(f"{path}: a tiling rule set is a mapping with 'name' and 'rules'")
     unknown = set(doc) - {"name", "extends", "rules"}
@@ -239,10 +268,12 @@ def load_tiling_rules(
         if target.resolve() in chain:
             raise ConfigError(f"{where(doc, 'extends')}: rule set '{name}' extends itself through '{parent}'")
         try:
-            inherited = load_tiling_rules(
-                str(target) if named.suffix else str(parent), sublanes=sublanes, lanes=lanes, _seen=chain
-            )
+            inherited, more = _load(str(target) if named.suffix else str(parent), sublanes, lanes, chain)
         except ConfigError as err:
             raise ConfigError(f"{where(doc, 'extends')}: extends '{parent}': {err}") from None
         rules += list(inherited.rules)
-    return TilingRules(name, tuple(rules))
+        files += more
+    if len(_LOADED) >= 32:
+        _LOADED.clear()
+    _LOADED[key] = (TilingRules(name, tuple(rules)), files)
+    return _LOADED[key]
