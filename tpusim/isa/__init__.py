@@ -46,7 +46,14 @@ from tpusim.isa.ops import (
     vpu_computes,
 )
 from tpusim.isa.program import ASYNC_SEQUENCER, FallbackKernel, Program, Stream, StreamBuilder, Symbol
-from tpusim.isa.text import IsaParseError, format_instruction, parse_instruction, parse_program, print_program
+from tpusim.isa.text import (
+    IsaParseError,
+    format_instruction,
+    mnemonic,
+    parse_instruction,
+    parse_program,
+    print_program,
+)
 
 __all__ = [
     "ASYNC_SEQUENCER",
@@ -99,6 +106,7 @@ __all__ = [
     "Window",
     "XluTranspose",
     "format_instruction",
+    "mnemonic",
     "parse_instruction",
     "parse_program",
     "print_program",

@@ -60,7 +60,7 @@ from tpusim.isa.ops import SCALAR_FUNCTIONS, VPU_FUNCTIONS
 from tpusim.isa.program import NAME_PATTERN, FallbackKernel, Program, Stream, Symbol
 from tpusim.memory import ELEMENT_TYPES, Shape, ShapeReader
 
-__all__ = ["IsaParseError", "format_instruction", "parse_instruction", "parse_program", "print_program"]
+__all__ = ["IsaParseError", "format_instruction", "mnemonic", "parse_instruction", "parse_program", "print_program"]
 
 
 class IsaParseError(SourceError):
@@ -133,6 +133,16 @@ _PRINTERS: dict[type, Callable[[Any], str]] = {
         + _kw(kernel=i.kernel)
     ),
 }
+
+
+def mnemonic(ins: Instruction) -> str:
+    """The first word :func:`format_instruction` writes (``dma.start``, ``vpu.add``, ``s.mov``, ``br.lt`` ...),
+    without formatting the operands."""
+    if isinstance(ins, (VpuMap, ScalarAlu)):
+        return f"{ins.op.value}.{ins.fn}"
+    if isinstance(ins, Branch):
+        return f"br.{ins.cond.lower()}"
+    return ins.op.value
 
 
 def format_instruction(ins: Instruction) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from tpusim.config import ChipConfig
 from tpusim.devices import Trace
-from tpusim.isa import DmaStart, Instruction, MemRef, Program, Space, format_instruction, parse_instruction
+from tpusim.isa import DmaStart, Instruction, MemRef, Program, Space, format_instruction, mnemonic, parse_instruction
 
 __all__ = ["KINDS", "Extent", "TraceFacts", "decode_trace", "unit_kind"]
 
@@ -103,7 +103,7 @@ def _refs(value: object) -> list[MemRef]:
     return []
 
 
-def _instruction_facts(ins: Instruction, text: str, chip: int, core: int, cfg: ChipConfig) -> _Facts:
+def _instruction_facts(ins: Instruction, chip: int, core: int, cfg: ChipConfig) -> _Facts:
     reads: list[Extent] = []
     writes: list[Extent] = []
     hbm_sides, latency, remote = 0, 0, False
@@ -125,9 +125,8 @@ def _instruction_facts(ins: Instruction, text: str, chip: int, core: int, cfg: C
         for name in getattr(ins, "__dataclass_fields__", {}):
             refs = _refs(getattr(ins, name))
             (writes if name in _WRITE_FIELDS else reads).extend(_extent(r, chip, core) for r in refs)
-    mnemonic = text.split(None, 1)[0] if text else type(ins).__name__
     return _Facts(
-        mnemonic, tuple(reads), tuple(writes), hbm_sides, src_space, dst_space, dst_chip, dst_core, latency, remote
+        mnemonic(ins), tuple(reads), tuple(writes), hbm_sides, src_space, dst_space, dst_chip, dst_core, latency, remote
     )
 
 
@@ -167,16 +166,16 @@ def decode_trace(trace: Trace, config: ChipConfig, program: Program | None = Non
         offsets.append(len(table))
         if known is None:
             for text, hlo in zip(s.text, s.hlo):
-                table.append(_instruction_facts(parse_instruction(text), text, s.chip, s.core, config))
+                table.append(_instruction_facts(parse_instruction(text), s.chip, s.core, config))
                 hlo_table.append(hlo)
             continue
         # NOTE: speed. The compiler appends one object wherever an instruction repeats: its facts are worked
-        # out (and its text printed, for the mnemonic) once per object, not per index.
+        # out once per object, not per index (and no text is printed: the mnemonic comes from the object).
         seen: dict[int, _Facts] = {}
-        for i, (ins, hlo) in enumerate(zip(known, s.hlo)):
+        for ins, hlo in zip(known, s.hlo):
             got = seen.get(id(ins))
             if got is None:
-                got = seen[id(ins)] = _instruction_facts(ins, s.text[i], s.chip, s.core, config)
+                got = seen[id(ins)] = _instruction_facts(ins, s.chip, s.core, config)
             table.append(got)
             hlo_table.append(hlo)
     n = len(trace)
