@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from tpusim.config import ChipConfig
     from tpusim.devices.core import Core
     from tpusim.isa import Instruction, Program, Stream
+    from tpusim.memory import Shape
 
 __all__ = ["Decoded", "DecodedStream", "OperandPlan", "capacity", "decoded_stream"]
 
@@ -140,26 +141,50 @@ class OperandPlan:
         "space",
         "wspec",
     )
+    shape: Shape
+    nbytes: int
+    dims: tuple[int, ...]
+    sizes: tuple[int, ...] | None
+    clamp: bool
+    offsets: tuple[int, ...] | None
+    norm: tuple[int, ...] | None
+    shift: int
+    dynamic: tuple[int, ...]
+    extents: dict[tuple[int, ...], tuple[int, int]]
+    affine: Any
+    extent: tuple[int, int]
+    wspec: tuple[tuple[int, int, int, int], ...]
 
-    def __init__(self, ref: MemRef) -> None:
+    def __init__(self, ref: MemRef, geometry: OperandPlan | None = None) -> None:
+        """``geometry``: a plan of another reference with the same shape and window (at another address),
+        whose address-independent facts this one shares."""
         self.ref = ref
-        self.shape = ref.shape
         self.space = ref.space
         self.key = OWN[ref.space]  # scoreboard key of the issuing core's memory
         self.address = ref.address
         self.base = ref.base.index if ref.base is not None else -1
+        g = geometry
+        if g is not None:
+            self.shape, self.nbytes, self.dims, self.sizes, self.clamp = g.shape, g.nbytes, g.dims, g.sizes, g.clamp
+            self.offsets, self.norm, self.shift, self.dynamic = g.offsets, g.norm, g.shift, g.dynamic
+            self.extents, self.affine, self.extent = g.extents, g.affine, g.extent
+            if self.dynamic:
+                self.wspec = g.wspec
+            return
+        self.shape = ref.shape
         self.nbytes = ref.shape.byte_size
         self.dims = ref.shape.dimensions
         w = ref.window
         self.sizes = w.sizes if w is not None else None
         self.clamp = w.clamp if w is not None else False
-        self.offsets: tuple[int, ...] | None = None
+        self.offsets = None
         # fixed offsets reduced by the layout's periods and the byte shift that undoes it (see Core.resolve):
         # transfers of different windows with the same reduced offsets share their costs
-        self.norm: tuple[int, ...] | None = None
+        self.norm = None
         self.shift = 0
-        self.dynamic: tuple[int, ...] = ()
-        self.extents: dict[tuple[int, ...], tuple[int, int]] = {}  # by offsets modulo the layout's periods
+        self.dynamic = ()
+        # by offsets modulo the layout's periods (relative to the array: shared by plans of one geometry)
+        self.extents = {}
         self.affine = affine(ref.shape) if w is not None and not w.is_static else None
         self.extent = (0, self.nbytes)
         if w is not None:
@@ -193,10 +218,12 @@ class DecodedStream:
     Attributes:
         decoded: one :class:`Decoded` per instruction.
         plans: operand plans by ``id`` of their MemRef (the stream holds the MemRefs, so ids stay valid).
+        geometries: the first plan of each (shape, window), whose address-independent facts later plans of
+            the same geometry share (an unrolled kernel reads the same windows of many arrays).
         texts: the instructions' text forms, formatted on demand (for traces and errors).
     """
 
-    __slots__ = ("_hlo", "cfg", "decoded", "numeric", "plans", "program", "stream", "texts")
+    __slots__ = ("_hlo", "cfg", "decoded", "geometries", "numeric", "plans", "program", "stream", "texts")
 
     def __init__(self, program: Program, stream: Stream, cfg: ChipConfig, numeric: bool) -> None:
         self.program = program
@@ -204,6 +231,7 @@ class DecodedStream:
         self.cfg = cfg
         self.numeric = numeric
         self.plans: dict[int, OperandPlan] = {}
+        self.geometries: dict[tuple[Any, ...], OperandPlan] = {}
         self.decoded: list[Decoded] = []
         self.texts = InstructionTexts(stream.instructions)
         self._hlo: tuple[str, ...] | None = None
@@ -218,7 +246,11 @@ class DecodedStream:
     def plan(self, ref: MemRef) -> OperandPlan:
         p = self.plans.get(id(ref))
         if p is None:
-            p = self.plans[id(ref)] = OperandPlan(ref)
+            key = (ref.shape, ref.window)
+            geometry = self.geometries.get(key)
+            p = self.plans[id(ref)] = OperandPlan(ref, geometry)
+            if geometry is None:
+                self.geometries[key] = p
         return p
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from math import prod
-from typing import TYPE_CHECKING, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from tpusim.errors import LayoutError
 from tpusim.memory.dtypes import ElementType, element_type
@@ -48,8 +48,8 @@ DIM_LEVEL_TYPES: Final = ("D", "C", "S", "H")
 class _CachedHash:
     """A frozen dataclass's hash, computed once (a Shape or Layout is hashed every time a cache or a decoded
     stream looks up an instruction that holds it: 2 s of the d1024 decoder block's decode went to re-hashing
-    the same layouts). The cache field is not compared, not copied by ``replace`` and not pickled: a string's
-    hash differs between processes."""
+    the same layouts). Cache fields (named ``_...``) are not compared, not copied by ``replace`` and not
+    pickled: a string's hash differs between processes."""
 
     __slots__ = ()
     _HASHED: ClassVar[tuple[str, ...]] = ()  # the compared fields (set below, once the dataclasses exist)
@@ -62,7 +62,7 @@ class _CachedHash:
         return h
 
     def __getstate__(self) -> list[object]:
-        return [None if name == "_hash" else getattr(self, name) for name in self.__dataclass_fields__]  # type: ignore[attr-defined]
+        return [None if name.startswith("_") else getattr(self, name) for name in self.__dataclass_fields__]  # type: ignore[attr-defined]
 
     def __setstate__(self, state: list[object]) -> None:
         for name, value in zip(self.__dataclass_fields__, state):  # type: ignore[attr-defined]
@@ -193,6 +193,9 @@ class Shape(_CachedHash):
     dynamic: tuple[bool, ...] = ()
     layout: Layout | None = None
     _hash: int | None = field(default=None, init=False, repr=False, compare=False)
+    # (the geometry, once asked for: the shared cache of geometries compares equal shapes field by field,
+    # and every DMA and report asks its shapes' byte sizes)
+    _geometry: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.element_type, ElementType):
@@ -271,9 +274,13 @@ class Shape(_CachedHash):
     @property
     def geometry(self) -> Geometry:
         """The physical geometry (tiled shape, byte size, index maps) of this shape's layout (cached)."""
-        from tpusim.memory.tiling import geometry
+        g = self._geometry
+        if g is None:
+            from tpusim.memory.tiling import geometry
 
-        return geometry(self)
+            g = geometry(self)
+            object.__setattr__(self, "_geometry", g)
+        return g
 
     @property
     def byte_size(self) -> int:
@@ -385,7 +392,7 @@ def validate_layout(shape: Shape, layout: Layout) -> None:
 
 # (dataclass() writes its own __hash__ and pickling methods into each class: put the cached ones back)
 for _cls in (Layout, Shape):
-    _cls._HASHED = tuple(f for f in _cls.__dataclass_fields__ if f != "_hash")
+    _cls._HASHED = tuple(f for f in _cls.__dataclass_fields__ if not f.startswith("_"))
     _cls.__hash__ = _CachedHash.__hash__  # type: ignore[method-assign]
     _cls.__getstate__ = _CachedHash.__getstate__  # type: ignore[method-assign]
     _cls.__setstate__ = _CachedHash.__setstate__  # type: ignore[method-assign]

@@ -232,6 +232,7 @@ def _window(ref: MemRef, lead: tuple[int, ...], offsets: tuple[int, int], sizes:
     return MemRef(ref.space, ref.address, ref.shape, Window(*full))
 
 
+@lru_cache(maxsize=4096)  # (a product resizes its few slots to the same few block shapes at every step)
 def _resized(slot: MemRef, dims: tuple[int, ...]) -> MemRef:
     """The VMEM slot as an array of ``dims`` (a smaller block at the same address, same layout)."""
     if slot.dims == dims:
@@ -255,6 +256,7 @@ def _minor(shape: Shape) -> int:
     return shape.effective_layout.minor_to_major[0] if shape.rank else 0
 
 
+@lru_cache(maxsize=1024)
 def _swap_last(shape: Shape) -> Shape:
     """The same bytes with the last two dimensions' names exchanged."""
     r = shape.rank
