@@ -9,6 +9,8 @@ beside issue 17's target of 20:
 
 * ``mxu_vs_hbm.yaml`` (18 points): every point compiles its program anew, rightly: layout choice and the
   matmul planner read the HBM bandwidth and the MXU size the sweep varies.
+* ``mxu_vs_hbm_1000`` (1,000 points, written to a temporary spec): issue 17's sweep, 40 HBM bandwidths times
+  25 MXU shapes on the transformer block; every point compiles anew, as above.
 * ``vector_units.yaml`` (32 points) and a 256-point grid of the same kind (VPU and XLU rates, DMA burst size,
   written to a temporary spec): the compiler reads none of these keys, so each worker compiles each program
   once and the other points only simulate (``tpusim/compiler/config_reads.py``).
@@ -41,6 +43,17 @@ grid:
   vpu.transcendental.issue_vregs_per_cycle: [0.5, 1, 2, 4]
   dma.burst_bytes: [32, 64]
 """
+COMPILED = """name: mxu_vs_hbm_1000
+programs:
+  transformer_block: {programs}/transformer_block.hlo
+config: tpu_v5e
+timing_only: true
+grid:
+  mxu.rows: [32, 64, 128, 256, 512]
+  mxu.cols: [32, 64, 128, 256, 512]
+  hbm.bandwidth_bytes_per_s: [{bandwidths}]
+"""
+"""Issue 17's sweep: 1,000 points over HBM bandwidth and MXU size on a transformer block, each compiled anew."""
 
 
 def run(spec: Path, plots: bool = False) -> None:
@@ -71,6 +84,10 @@ def main() -> int:
         big = Path(tmp) / "vector_units_256.yaml"
         big.write_text(BIG.format(programs=SPECS / "programs"))
         run(big)
+        compiled = Path(tmp) / "mxu_vs_hbm_1000.yaml"
+        bandwidths = ", ".join(f"{k * 1e11:.3g}" for k in range(2, 42))  # 0.2 to 4.1 TB/s, 40 values
+        compiled.write_text(COMPILED.format(programs=SPECS / "programs", bandwidths=bandwidths))
+        run(compiled)
     run(SPECS / "vector_units.yaml", plots=True)
     return 0
 
