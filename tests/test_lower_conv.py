@@ -258,6 +258,20 @@ def test_mxu_busy_close_to_flops_over_peak() -> None:
         assert ideal / cfg.count <= b <= 1.3 * ideal / cfg.count, (busy, ideal)
 
 
+def test_each_mxu_streams_at_least_a_weight_load_of_rows_per_tile_on_a_wide_mxu() -> None:
+    """On tpu_v6e (256x256 MXUs, a weight tile latches in 256 cycles) a 3x3 convolution of 64 features
+    (found in XLA's compiled convnet) cut its 2,048 output positions into blocks of 512 shared by the four
+    MXUs: 128 rows per weight tile, so every MXU waited on its next tile's load half the time. Blocks are
+    now big enough for each MXU's share to cover a load (the same rule as ``mxu.double_buffered``'s)."""
+    x, w = data((8, 16, 16, 64), np.float32), data((3, 3, 64, 64), np.float32, 1)
+    module = jax_module(lambda x, w: conv(x, w), x, w)
+    result = tpusim.simulate(module, [x, w], config="tpu_v6e", timing_only=True)
+    assert not result.fallbacks
+    cfg = result.compiled.config.mxu
+    matmuls = [i for i in result.compiled.program.streams[0].instructions if isinstance(i, MxuMatmul)]
+    assert matmuls and all(i.lhs.dims[-2] >= cfg.load_cycles for i in matmuls)
+
+
 @pytest.mark.parametrize("where", ["input", "output"])
 def test_a_batch_stored_in_sublanes_is_blocked_whole(where: str) -> None:
     """A 1x1 convolution with stride 2 whose input or output stores the batch below the spatial dimensions

@@ -240,20 +240,23 @@ _PIPELINE_BLOCKS = 4
 """Blocks a convolution aims to be cut into, so that its DMAs overlap the MXU work of other blocks."""
 
 
-def _plans(half: int, count: int, rows: int, cols: int, widest: int, total: int) -> Iterator[tuple[int, int, int]]:
+def _plans(
+    half: int, count: int, rows: int, cols: int, widest: int, total: int, load: int
+) -> Iterator[tuple[int, int, int]]:
     """(row cap, LHS chunk width, output-feature chunk) to try until one fits VMEM, biggest first.
 
     The first row cap is what the result buffers of the MXUs a block can use hold (``half`` rows each), cut
     so that ``total`` rows make about :data:`_PIPELINE_BLOCKS` blocks (their DMAs then overlap other blocks'
-    MXU work), but not below one result-buffer half (smaller blocks would only add instructions). Then fewer
-    rows, narrower LHS chunks and narrower kernel slices.
+    MXU work), but not below one result-buffer half (smaller blocks would only add instructions) nor below
+    ``load`` rows per MXU (the cycles a weight tile takes to latch: an MXU streaming fewer rows per tile
+    waits for its next tile's load). Then fewer rows, narrower LHS chunks and narrower kernel slices.
     """
     fc0 = min(widest, cols * count)
     for kc in (rows * 4, rows):
         for fc in sorted({fc0, min(fc0, cols)}, reverse=True):
             mxus = max(1, count // ceil(fc / cols))
             full = half * mxus
-            cap = min(full, max(half, ceil(total / _PIPELINE_BLOCKS / 8) * 8))
+            cap = min(full, max(half, mxus * load, ceil(total / _PIPELINE_BLOCKS / 8) * 8))
             while True:
                 yield cap, kc, fc
                 if cap <= 8:
@@ -279,7 +282,9 @@ class _ConvEmitter:
         widest = max(c.co for c in self.conv.chunks)
         total = prod(-(-a.out // a.phases) for a in self.conv.axes)
         mark = ctx.checkpoint()
-        for cap, kc, fc in _plans(mxu.result_buffer_rows // 2, mxu.count, mxu.rows, mxu.cols, widest, total):
+        for cap, kc, fc in _plans(
+            mxu.result_buffer_rows // 2, mxu.count, mxu.rows, mxu.cols, widest, total, mxu.load_cycles
+        ):
             try:
                 self._emit(cap, kc, fc)
                 return
