@@ -105,3 +105,18 @@ def test_a_result_summarises_itself_and_gives_a_frame() -> None:
     assert result.summary().startswith("program ")
     frame = result.to_pandas()
     assert len(frame) > 0 and "span_cycles" in frame.columns
+
+
+def test_a_string_is_hlo_text_when_it_has_a_computation_else_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a campaign of bad inputs: a string was taken for HLO text only when it held "HloModule", so
+    text without a header (which the parser accepts) was opened as a file named by the whole program, a file
+    whose name held "HloModule" was parsed as text, and a missing file was a bare FileNotFoundError."""
+    body = "ENTRY main {\n  a = f32[8,128] parameter(0)\n  ROOT n = f32[8,128] negate(a)\n}\n"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "HloModule_a.hlo").write_text("HloModule m\n" + body)
+    assert tpusim.compile_program(body).source.entry_computation.root == "n"
+    assert tpusim.compile_program("HloModule_a.hlo").source.name == "m"
+    with pytest.raises(tpusim.TpusimError, match=r"'missing.hlo' is not HLO text .* no file has that path"):
+        tpusim.compile_program("missing.hlo")

@@ -38,6 +38,7 @@ from tpusim.devices import Chip, FallbackEvaluator, RunMonitor, RunResult, Trace
 from tpusim.errors import TpusimError
 from tpusim.isa import Space
 from tpusim.limits import DEFAULT_MAX_CYCLES, DEFAULT_MAX_STEPS, RunLimitError
+from tpusim.yamlio import shorten
 
 __all__ = [
     "COMPILERS",
@@ -127,12 +128,25 @@ class SimulationResult:
 
 
 def load_program(program: str | Path | Module) -> Module:
-    """An HLO module from a Module, HLO text, or the path of a file holding HLO text."""
+    """An HLO module from a Module, HLO text, or the path of a file holding HLO text.
+
+    A string is HLO text when it holds a ``{`` (every computation has one; a header is optional), else a
+    path.
+
+    Raises:
+        InputError: a string that is neither HLO text nor the path of an existing file.
+    """
     if isinstance(program, Module):
         return program
-    if isinstance(program, Path) or "HloModule" not in str(program):
-        return load_module(Path(program))
-    return parse_module(str(program))
+    if isinstance(program, Path):
+        return load_module(program)
+    text = str(program)
+    if "{" in text:
+        return parse_module(text)
+    path = Path(text)
+    if not path.exists():
+        raise InputError(f"{shorten(text)!r} is not HLO text (no computation in braces) and no file has that path")
+    return load_module(path)
 
 
 COMPILERS = ("tpusim", "xla")
