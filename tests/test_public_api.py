@@ -118,5 +118,6 @@ def test_a_string_is_hlo_text_when_it_has_a_computation_else_a_path(
     (tmp_path / "HloModule_a.hlo").write_text("HloModule m\n" + body)
     assert tpusim.compile_program(body).source.entry_computation.root == "n"
     assert tpusim.compile_program("HloModule_a.hlo").source.name == "m"
-    with pytest.raises(tpusim.TpusimError, match=r"'missing.hlo' is not HLO text .* no file has that path"):
-        tpusim.compile_program("missing.hlo")
+    for compiler in ("tpusim", "xla"):  # (XLA's path refuses it before it needs libtpu)
+        with pytest.raises(tpusim.TpusimError, match=r"'missing.hlo' is not HLO text .* no file has that path"):
+            tpusim.simulate("missing.hlo", timing_only=True, compiler=compiler)

@@ -138,15 +138,24 @@ def load_program(program: str | Path | Module) -> Module:
     """
     if isinstance(program, Module):
         return program
+    found = _text_or_path(program)
+    return load_module(found) if isinstance(found, Path) else parse_module(found)
+
+
+def _text_or_path(program: str | Path) -> str | Path:
+    """``program`` as HLO text (a string holding a ``{``), else as the path of an existing file.
+
+    Raises:
+        InputError: a string that is neither.
+    """
     if isinstance(program, Path):
-        return load_module(program)
+        return program
     text = str(program)
     if "{" in text:
-        return parse_module(text)
-    path = Path(text)
-    if not path.exists():
+        return text
+    if not Path(text).exists():
         raise InputError(f"{shorten(text)!r} is not HLO text (no computation in braces) and no file has that path")
-    return load_module(path)
+    return Path(text)
 
 
 COMPILERS = ("tpusim", "xla")
@@ -179,10 +188,9 @@ def through_xla(
 
     if isinstance(program, Module):
         text = print_module(program)
-    elif isinstance(program, Path) or "HloModule" not in str(program):
-        text = read_hlo_text(Path(program))
     else:
-        text = str(program)
+        found = _text_or_path(program)
+        text = read_hlo_text(found) if isinstance(found, Path) else found
     if _TILED_LAYOUT.search(text):
         # XLA's front end takes modules before layout assignment: its own error says only "Tiled layout is not
         # supported yet"
