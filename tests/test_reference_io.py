@@ -93,6 +93,26 @@ def test_load_inputs_errors_name_file_key_and_expectation(tmp_path: Path, module
         load_inputs(tmp_path / "nothing.npz", module)
 
 
+def test_values_that_do_not_fit_a_narrow_type_are_refused(tmp_path: Path, module) -> None:  # type: ignore[no-untyped-def]
+    """Found by a campaign of bad inputs: 1000.0 for an f8e4m3fn input (largest finite 448, no inf) became
+    NaN and 1e300 for bf16 became inf, silently, where an integer out of range is refused (whose message
+    said [0, 9] for an array of nines). Values that round to the nearest representable one stay accepted."""
+    path = _write(tmp_path / "f8.npz", **_good(arg4=np.array([1.0, 1000.0, 2.0], np.float32)))
+    with pytest.raises(InputFileError, match=r"f8\.npz: arg4: 1000 at index \[1\] does not fit f8e4m3fn \(largest "
+                       r"finite value 448\); it would become nan$"):  # fmt: skip
+        load_inputs(path, module)
+    path = _write(tmp_path / "bf.npz", **_good(arg1=np.array([1.0, 2.0, 1e300, 3.0])))
+    with pytest.raises(InputFileError, match=r"arg1: 1e\+300 at index \[2\] does not fit bf16 .* become inf$"):
+        load_inputs(path, module)
+    (inputs,) = load_inputs(
+        _write(tmp_path / "ok.npz", **_good(arg4=np.array([1.0, 440.0, np.inf], np.float32))), module
+    )
+    assert list(inputs[4].astype(np.float32)[:2]) == [1.0, 448.0] and np.isnan(inputs[4].astype(np.float32)[2])
+    narrow = parse_module("HloModule m\nENTRY e {\n  ROOT a = s4[3] parameter(0)\n}\n")
+    with pytest.raises(InputFileError, match=r"arg0: values \[9, 9\] do not fit s4 \[-8, 7\]"):
+        load_inputs(_write(tmp_path / "s4.npz", arg0=np.full(3, 9, np.int8)), narrow)
+
+
 def test_random_inputs_are_seeded_and_typed(module) -> None:  # type: ignore[no-untyped-def]
     a = random_inputs(module, seed=0, num_devices=2)
     b = random_inputs(module, seed=0, num_devices=2)

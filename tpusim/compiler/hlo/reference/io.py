@@ -7,7 +7,8 @@ Conventions:
   are ``out0 .. outM-1``; values of ``outfeed`` instructions follow as ``outfeed0 ..`` (arrays only).
 * Element types an ``.npz`` cannot hold are written as the smallest standard type that holds every
   value exactly: bf16 and the f8/f4 types as float32; s2/s4 as int8, u2/u4 as uint8.
-  On input they are accepted as float32/float64 (rounded to nearest even, as ``convert`` does), as the
+  On input they are accepted as float32/float64 (rounded to nearest even, as ``convert`` does; a finite
+  value that would overflow to inf or NaN is refused), as the
   raw bit pattern of the same width (uint16 for bf16, uint8 for f8), or as int8/uint8/int32... values
   in range for sub-byte integers. Every other type must be given in its exact numpy dtype: tpusim never
   converts silently.
@@ -145,12 +146,23 @@ def _from_storage(array: np.ndarray, shape: Shape, where: str) -> np.ndarray:
     assert want is not None
     how = _conversion(array.dtype, shape, where)
     if how == "round":
-        return array.astype(want)
+        with np.errstate(over="ignore"):
+            rounded = array.astype(want)
+        # (an overflow is a value that does not fit, as for integers: inf or, in types without inf, NaN)
+        overflow = np.isfinite(array) & ~np.isfinite(rounded.astype(np.float32))
+        if overflow.any():
+            at = tuple(int(i) for i in np.argwhere(overflow)[0])
+            finite = ml_dtypes.finfo(want).max
+            raise InputFileError(
+                f"{where}: {float(array[at]):g} at index {list(at)} does not fit {et.name} (largest finite value "
+                f"{float(finite):g}); it would become {float(rounded[at])}"
+            )
+        return rounded
     if how == "bits":
         return array.view(et.raw_dtype).view(want)
     if how == "range":
         info = ml_dtypes.iinfo(want)
-        lo, hi = int(array.min(initial=0)), int(array.max(initial=0))
+        lo, hi = (int(array.min()), int(array.max())) if array.size else (0, 0)
         if lo < int(info.min) or hi > int(info.max):
             raise InputFileError(f"{where}: values [{lo}, {hi}] do not fit {et.name} [{info.min}, {info.max}]")
         return array.astype(want)
