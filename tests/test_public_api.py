@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tpusim
@@ -121,3 +122,43 @@ def test_a_string_is_hlo_text_when_it_has_a_computation_else_a_path(
     for compiler in ("tpusim", "xla"):  # (XLA's path refuses it before it needs libtpu)
         with pytest.raises(tpusim.TpusimError, match=r"'missing.hlo' is not HLO text .* no file has that path"):
             tpusim.simulate("missing.hlo", timing_only=True, compiler=compiler)
+
+
+_SRC = "HloModule m\nENTRY main {\n  a = f32[8,128] parameter(0)\n  ROOT n = f32[8,128] negate(a)\n}\n"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: tpusim.simulate(_SRC, seed=-1), "seed must be a whole number"),
+        (lambda: tpusim.simulate(_SRC, seed="3"), "seed must be a whole number"),
+        (lambda: tpusim.simulate(_SRC, seed=2**64), "seed must be a whole number"),
+        (lambda: tpusim.simulate(_SRC, overrides="mxu.rows=64"), "overrides must be a list"),
+        (lambda: tpusim.simulate(_SRC, overrides=["mxu.rows=64", 5]), "an override must be"),
+        (lambda: tpusim.simulate(_SRC, chips=4, topology=5), "topology must be"),
+        (lambda: tpusim.simulate(_SRC, monitor=1), "monitor must be"),
+        (lambda: tpusim.simulate(_SRC, (x for x in [1])), "inputs must be a list or tuple"),
+        (lambda: tpusim.simulate(_SRC, {"arg0": 1}), "inputs must be a list or tuple"),
+        (lambda: tpusim.simulate(Path("/")), "cannot open /: Is a directory"),
+        (lambda: tpusim.simulate(_SRC, options=tpusim.CompileOptions(tiling=5)), "tiling must be"),  # type: ignore[arg-type]
+        (lambda: tpusim.compile_program(_SRC, config=5), "config must be"),  # type: ignore[arg-type]
+        (lambda: tpusim.compile_program(_SRC, options="x"), "options must be"),  # type: ignore[arg-type]
+        (lambda: tpusim.load_config(None), "a chip config is a preset name or a YAML path"),  # type: ignore[arg-type]
+        (lambda: tpusim.load_config("tpu_v5e", overrides=[("mxu.rows", 64)]), "an override is a"),  # type: ignore[list-item]
+        (lambda: tpusim.simulate_jax(5, 1), "takes the function to lower first"),  # type: ignore[arg-type]
+    ],
+)
+def test_api_arguments_of_the_wrong_kind_are_named(call: object, message: str) -> None:
+    """Found by a campaign of bad inputs: each of these ended in a bare numpy or Python error (or a string of
+    overrides was read one character at a time)."""
+    with pytest.raises(tpusim.TpusimError, match=message):
+        call()  # type: ignore[operator]
+
+
+def test_api_takes_override_dicts_and_inputs_in_the_other_byte_order() -> None:
+    """``load_config`` took ``{"mxu.rows": 64}`` and ``simulate`` read its keys as override texts; an input
+    of the right type in big-endian order holds the same values and is taken (as the CLI's npz reader does)."""
+    a = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+    r = tpusim.simulate(_SRC, [a.astype(">f4")], overrides={"mxu.rows": 64})
+    assert r.compiled.config.mxu.rows == 64
+    np.testing.assert_array_equal(r.outputs[0], -a)

@@ -202,10 +202,42 @@ def through_xla(
     return parse_module(xla.text, f"XLA:TPU's compilation for {xla.topology}"), xla
 
 
-def _check_arguments(program: Any, config: Any, options: Any, timing_only: Any, chips: Any) -> None:
+def _check_arguments(
+    program: Any,
+    config: Any,
+    options: Any,
+    timing_only: Any = False,
+    chips: Any = None,
+    *,
+    inputs: Any = None,
+    overrides: Any = (),
+    seed: Any = 0,
+    topology: Any = None,
+    monitor: Any = None,
+) -> None:
     """One clear error for an argument of the wrong type, before it fails deep inside (``chips="2"`` was a
     TypeError from the topology, ``timing_only="no"`` a run without numerics, ``options={}`` an
-    AttributeError)."""
+    AttributeError, ``seed=-1`` numpy's error, ``overrides="mxu.rows=64"`` one override per character)."""
+    from tpusim.devices import RunMonitor
+
+    _check_overrides(overrides)
+    if inputs is not None and not isinstance(inputs, (list, tuple)):
+        raise InputError(f"inputs must be a list or tuple with one value per entry parameter, not {inputs!r:.60}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise InputError(f"seed must be a whole number from 0 to 2**64 - 1, not {seed!r:.60}")
+    if (
+        topology is not None
+        and not isinstance(topology, str)
+        and not (
+            isinstance(topology, (tuple, list))
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in topology)
+        )
+    ):
+        raise InputError(
+            f"topology must be a text like '2x4' or a tuple of chip counts like (2, 4), not {topology!r:.60}"
+        )
+    if monitor is not None and not isinstance(monitor, RunMonitor):
+        raise InputError(f"monitor must be a tpusim.devices.RunMonitor, not {monitor!r:.60}")
     if not isinstance(program, (str, Path, Module, CompiledProgram)) or (isinstance(program, str) and not program):
         raise InputError(f"program must be HLO text, a path, a Module or a compiled program, not {program!r:.60}")
     if not isinstance(config, (str, Path, ChipConfig)):
@@ -218,21 +250,39 @@ def _check_arguments(program: Any, config: Any, options: Any, timing_only: Any, 
         raise InputError(f"chips must be a whole number of at least 1, not {chips!r:.60}")
 
 
+def _check_overrides(overrides: Any) -> None:
+    """Overrides are ``"section.key=value"`` texts (a list or tuple of them) or a ``{"section.key": value}``
+    dict, as :func:`tpusim.load_config` takes them."""
+    if isinstance(overrides, dict):
+        bad = [k for k in overrides if not isinstance(k, str)]
+    elif isinstance(overrides, (list, tuple)):
+        bad = [o for o in overrides if not isinstance(o, str)]
+    else:
+        raise InputError(
+            "overrides must be a list of 'section.key=value' texts or a {'section.key': value} dict, "
+            f"not {overrides!r:.60}"
+        )
+    if bad:
+        raise InputError(f"an override must be a 'section.key=value' text (or a dict's key), not {bad[0]!r:.60}")
+
+
 def _compiler(compiler: str) -> str:
     if compiler not in COMPILERS:
         raise InputError(f"compiler must be one of {', '.join(COMPILERS)}, not {compiler!r}")
     return compiler
 
 
-def _config(config: ChipConfig | str | Path, overrides: Sequence[str]) -> ChipConfig:
+def _config(config: ChipConfig | str | Path, overrides: Sequence[str] | dict[str, Any]) -> ChipConfig:
     if isinstance(config, ChipConfig):
         if not overrides:
             return config
         from tpusim.config import override_values, with_overrides
 
         # typed as --set types them (1.5e9 a number; a bad tag or a huge integer a ConfigError)
+        if isinstance(overrides, dict):
+            return with_overrides(config, dict(overrides))
         return with_overrides(config, override_values(list(overrides)))
-    return load_config(config, overrides=list(overrides))
+    return load_config(config, overrides=dict(overrides) if isinstance(overrides, dict) else list(overrides))
 
 
 def _flatten_inputs(module: Module, inputs: Sequence[Any], only: Sequence[int] | None = None) -> dict[str, np.ndarray]:
@@ -254,6 +304,8 @@ def _flatten_inputs(module: Module, inputs: Sequence[Any], only: Sequence[int] |
             if leaf is TOKEN:
                 continue
             array = np.asarray(leaf)
+            if not array.dtype.isnative:  # (the same values in the other byte order: no conversion of values)
+                array = array.astype(array.dtype.newbyteorder("="))
             where = f"input {i} ({p.name}{''.join(f'[{j}]' for j in path)})"
             if array.dtype != shape.element_type.dtype:
                 raise InputError(
@@ -284,6 +336,7 @@ def compile_program(
         HloParseError, HloVerifyError, ConfigError, CompileError (all TpusimError): naming the file position,
             key or instruction at fault.
     """
+    _check_arguments(program, config, options, overrides=overrides)
     return compile_checked(load_program(program), _config(config, overrides), options)
 
 
@@ -358,7 +411,10 @@ def simulate(
         LibtpuMissingError: ``compiler="xla"`` without libtpu installed (the message says how to install it).
         InputError: an argument of the wrong type (``chips="2"``, ``options={...}``, ``timing_only="no"``).
     """
-    _check_arguments(program, config, options, timing_only, chips)
+    _check_arguments(
+        program, config, options, timing_only, chips, inputs=inputs, overrides=overrides, seed=seed,
+        topology=topology, monitor=monitor,
+    )  # fmt: skip
     xla = None
     if _compiler(compiler) == "xla":
         if isinstance(program, CompiledProgram):
@@ -487,6 +543,8 @@ def simulate_jax(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Simulatio
     """
     from tpusim.jax_bridge import lower_for_tpu
 
+    if not callable(fn):
+        raise InputError(f"simulate_jax takes the function to lower first, not {fn!r:.60}")
     program = lower_for_tpu(fn, args)
     module = parse_module(program.hlo)
     dtypes = [p.shape.element_type.dtype if hasattr(p.shape, "element_type") else None

@@ -828,6 +828,13 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[
     Raises:
         ConfigError: naming the file and line (or the override) and the key.
     """
+    if not isinstance(path, (str, Path)):
+        raise ConfigError(f"a chip config is a preset name or a YAML path, not {show_value(path)}")
+    if isinstance(overrides, str) or not isinstance(overrides, (list, tuple, dict)):
+        raise ConfigError(f"overrides are a list of 'section.key=value' texts or a dict, not {show_value(overrides)}")
+    if not isinstance(overrides, dict) and not all(isinstance(o, str) for o in overrides):
+        bad = next(o for o in overrides if not isinstance(o, str))
+        raise ConfigError(f"an override is a 'section.key=value' text, not {show_value(bad)}")
     p = PRESETS.get(str(path), Path(path))
     problem = regular_file_problem(p)
     if problem:

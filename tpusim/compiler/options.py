@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from tpusim.compiler.errors import CompileError
@@ -47,6 +48,8 @@ class CompileOptions:
             value = getattr(self, f.name)
             if f.type in ("bool", bool) and not isinstance(value, bool):
                 raise CompileError(f"{f.name} must be true or false, not {value!r}")
+        if not isinstance(self.tiling, (str, os.PathLike)) or not str(self.tiling):
+            raise CompileError(f"tiling must be a rule set's name or a path, not {self.tiling!r}")
         if self.matmul_precision not in ("default", "high", "highest"):
             raise CompileError(f"matmul precision must be default, high or highest, not {self.matmul_precision!r}")
         if not 0.0 < self.vmem_fraction <= 1.0:

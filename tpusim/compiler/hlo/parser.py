@@ -116,7 +116,10 @@ def read_hlo_text(path: Path) -> str:
     problem = regular_file_problem(path)
     if problem:
         raise InputPathError(f"{path} {problem}")
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InputPathError(f"cannot open {path}: {e.strerror}") from None
     if path.suffix == ".gz":
         import gzip
 
