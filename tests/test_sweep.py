@@ -501,3 +501,19 @@ def test_a_resumed_sweep_runs_again_the_points_whose_files_changed(tmp_path: Pat
     chip.write_text(chip.read_text().replace("clock_hz:", "clock_hz: 5.0e8 #", 1))
     assert run_sweep(load_spec(spec_path), out, progress=False, plots=False).ran == 2
     assert run_sweep(load_spec(spec_path), out, progress=False, plots=False).ran == 0  # (nothing changed)
+    # a tiling rule file the options name (found by the next campaign): edited, its points run again
+    rules = tmp_path / "mine.yaml"
+    rules.write_text("name: mine\nextends: tpu_default\nrules:\n  - {element_type: f32, tiles: '(S,L)'}\n")
+    spec_path.write_text(spec_path.read_text() + f"options:\n  tiling: {rules}\n")
+    assert run_sweep(load_spec(spec_path), out, progress=False, plots=False).ran == 2
+    rules.write_text(rules.read_text().replace("(S,L)", "(1,L)"))
+    assert run_sweep(load_spec(spec_path), out, progress=False, plots=False).ran == 2
+
+
+def test_a_grid_that_lists_a_value_twice_is_refused(tmp_path: Path) -> None:
+    """Both copies ran, but rows are matched to points by what they run, so the tables showed one point's row
+    twice and the other's not at all (found by a campaign of bad inputs)."""
+    spec_path = tmp_path / "s.yaml"
+    spec_path.write_text(f"name: s\nprograms:\n  p: {MLP}\nconfig: teaching\ngrid:\n  dma.engines: [2, 4, 2]\n")
+    with pytest.raises(SweepError, match=r"s\.yaml: points 0 and 2 are the same run \(dma\.engines=2\)"):
+        load_spec(spec_path)

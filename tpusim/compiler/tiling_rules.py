@@ -19,7 +19,7 @@ from tpusim.memory import Layout, Shape, Tile
 from tpusim.memory.shape_text import ShapeReader
 from tpusim.yamlio import YamlMap, load_yaml, read_text, where
 
-__all__ = ["TILING_DIR", "Range", "TilingRule", "TilingRules", "load_tiling_rules"]
+__all__ = ["TILING_DIR", "Range", "TilingRule", "TilingRules", "load_tiling_rules", "tiling_sources"]
 
 TILING_DIR = CONFIG_DIR / "tiling"
 
@@ -212,6 +212,16 @@ def load_tiling_rules(
     with the same rules; an edited file is read again)."""
     rules, _ = _load(name_or_path, sublanes, lanes, _seen)
     return rules
+
+
+def tiling_sources(name_or_path: str | Path) -> tuple[tuple[Path, str], ...]:
+    """The (path, text) of every file the rule set is read from, itself first, then its ``extends`` chain.
+
+    Raises:
+        ConfigError: as :func:`load_tiling_rules`.
+    """
+    _, files = _load(name_or_path, 8, 128, ())
+    return files
 
 
 _LOADED: dict[tuple[Any, ...], tuple[TilingRules, tuple[tuple[Path, str], ...]]] = {}

@@ -34,7 +34,7 @@ from typing import Any
 
 from tpusim.compiler.hlo import load_module
 from tpusim.compiler.options import CompileOptions
-from tpusim.compiler.tiling_rules import load_tiling_rules
+from tpusim.compiler.tiling_rules import load_tiling_rules, tiling_sources
 from tpusim.config import PRESETS, ChipConfig, load_config
 from tpusim.errors import TpusimError
 from tpusim.yamlio import YamlMap, load_yaml, read_text, shorten, show_value, where
@@ -267,9 +267,16 @@ def load_spec(path: str | Path) -> SweepSpec:
     # what the files hold, not only their names: a sweep resumed after its program, chip file or inputs were
     # edited must run the points again, not report the old rows (the digest also takes each point's config)
     contents = {name: _file_digest(path) for name, path in programs.items()}
+    first: dict[str, Point] = {}
     for index, combo in enumerate(itertools.product(*axes)):
         params = tuple(kv for setting in combo for kv in setting)
-        points.append(_point(index, params, programs, fixed, base, lines, contents))
+        point = _point(index, params, programs, fixed, base, lines, contents)
+        twin = first.setdefault(point.id, point)
+        if twin is not point:  # (rows are matched to points by id: one of the two would never be reported)
+            setting = shorten(", ".join(f"{k}={v}" for k, v in params), 200)
+            raise SweepError(f"{source}: points {twin.index} and {index} are the same run ({setting}): a grid or "
+                             "zip lists a value twice")  # fmt: skip
+        points.append(point)
     for tiling in sorted({p.options.tiling for p in points}):  # each rule set read once, now, not per point
         try:
             load_tiling_rules(tiling)
@@ -326,6 +333,20 @@ def _inputs_digest(contents: dict[str, str], inputs: str | None) -> str | None:
     return contents[key]
 
 
+def _tiling_digest(contents: dict[str, str], tiling: str) -> str:
+    """The digest of the texts of a tiling rule set's files (its ``extends`` chain), read once per spec: a sweep
+    resumed after a rule file was edited runs its points again. "" when the rules cannot be read (the spec
+    then says why)."""
+    key = f"tiling:{tiling}"
+    if key not in contents:
+        try:
+            texts = [text for _, text in tiling_sources(tiling)]
+        except TpusimError:
+            texts = []
+        contents[key] = hashlib.sha256("\0".join(texts).encode()).hexdigest() if texts else ""
+    return contents[key]
+
+
 def _point(
     index: int, params: tuple[tuple[str, Any], ...], programs: dict[str, Path], fixed: dict[str, Any], base: Path,
     lines: dict[str, str], contents: dict[str, str],
@@ -361,5 +382,6 @@ def _point(
     identity = {"config": str(values.get("config", fixed["config"])), "set": overrides,
                 "options": dataclasses.asdict(options), "seed": seed, "inputs": values.get("inputs", fixed["inputs"]),
                 "timing_only": timing_only, "program_bytes": contents[program], "chip": repr(config),
-                "inputs_bytes": _inputs_digest(contents, inputs)}  # fmt: skip
+                "inputs_bytes": _inputs_digest(contents, inputs),
+                "tiling_bytes": _tiling_digest(contents, options.tiling)}  # fmt: skip
     return Point(index, _digest(program, params, identity), program, params, config, options, seed, inputs, timing_only)
