@@ -177,3 +177,20 @@ ENTRY main (m: f32[16,16], blocks: f32[2,16,16]) -> (f32[16,16], f32[2,16,16]) {
     np.testing.assert_allclose(factor, np.linalg.cholesky(m.astype(np.float64)), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(inv @ blocks, np.broadcast_to(np.eye(16), (2, 16, 16)), atol=1e-5)
     assert not np.triu(factor, 1).any() and not np.tril(inv, -1).any()
+
+
+def test_xla_tpu_inverts_lower_triangular_diagonal_blocks() -> None:
+    """XLA:TPU's compiled ``solve_triangular(lower=True)`` (a megacore fuzz campaign, v5p) inverts its
+    diagonal blocks as lower triangular matrices: 'has no reference function' before."""
+    text = """
+HloModule tri, is_scheduled=true
+ENTRY main (blocks: f32[3,8,8]) -> f32[3,8,8] {
+  blocks = f32[3,8,8]{2,1,0:T(8,128)} parameter(0)
+  ROOT inv = f32[3,8,8]{1,2,0:T(8,128)} custom-call(blocks), custom_call_target="InvertDiagBlocksLowerTriangular"
+}
+"""
+    blocks = np.tril(RNG.standard_normal((3, 8, 8))).astype(np.float32) + 4 * np.eye(8, dtype=np.float32)
+    above = np.triu(RNG.standard_normal((3, 8, 8)), 1).astype(np.float32)  # not read
+    (inv,) = evaluate(parse_module(text), [blocks + above])
+    np.testing.assert_allclose(inv @ blocks, np.broadcast_to(np.eye(8), (3, 8, 8)), atol=1e-5)
+    assert not np.triu(inv, 1).any()

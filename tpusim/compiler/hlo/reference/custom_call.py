@@ -327,18 +327,19 @@ def _tpu_cholesky(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -
     return cholesky(a, lower=True)
 
 
-@register_custom_call("InvertDiagBlocksUpperTriangular")
+@register_custom_call("InvertDiagBlocksUpperTriangular", "InvertDiagBlocksLowerTriangular")
 def _invert_diagonal_blocks(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     """XLA:TPU's step of a triangular solve by inverted diagonal blocks (XLA's TriangularSolveExpander): the
-    blocks come stacked along the leading dimension, each inverted as an upper triangular matrix (the entries
-    below its diagonal are not read)."""
+    blocks come stacked along the leading dimension, each inverted as an upper (lower) triangular matrix (the
+    entries of the other triangle are not read)."""
     (a,) = _arrays(instr, args, 1)
     if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
         raise EvaluationError(instr, f"inverts square blocks, not {list(a.shape)}")
-    upper = np.triu(a)
+    lower = instr.attr("custom_call_target") == "InvertDiagBlocksLowerTriangular"
+    part = np.tril(a) if lower else np.triu(a)
     eye = np.broadcast_to(np.eye(a.shape[-1], dtype=a.dtype), a.shape)
     return triangular_solve(
-        upper, eye, left_side=True, lower=False, unit_diagonal=False, transpose_a="NO_TRANSPOSE"
+        part, eye, left_side=True, lower=lower, unit_diagonal=False, transpose_a="NO_TRANSPOSE"
     ).astype(a.dtype)
 
 
