@@ -194,3 +194,28 @@ ENTRY main (blocks: f32[3,8,8]) -> f32[3,8,8] {
     (inv,) = evaluate(parse_module(text), [blocks + above])
     np.testing.assert_allclose(inv @ blocks, np.broadcast_to(np.eye(8), (3, 8, 8)), atol=1e-5)
     assert not np.triu(inv, 1).any()
+
+
+def test_xla_tpu_blocked_lu_and_qr_panels() -> None:
+    """XLA:TPU's blocked ``solve`` and ``qr`` factor ``[m, b]`` panels with ``LuDecompositionBlock`` (the
+    panel's ``b`` pivots and the permutation of its ``m`` rows) and ``QrDecompositionBlock`` (the panel's
+    Householder form and taus, as ``Qr``): both were 'no reference function' (megacore fuzz campaign)."""
+    text = """
+HloModule panels, is_scheduled=true
+ENTRY main (a: f32[12,8]) -> ((f32[12,8], s32[8], s32[12]), (f32[12,8], f32[8])) {
+  a = f32[12,8]{1,0:T(8,128)} parameter(0)
+  lu = (f32[12,8]{1,0:T(8,128)}, s32[8]{0:T(128)}, s32[12]{0:T(128)}) custom-call(a),
+    custom_call_target="LuDecompositionBlock"
+  qr = (f32[12,8]{1,0:T(8,128)}, f32[8]{0:T(128)}) custom-call(a), custom_call_target="QrDecompositionBlock"
+  ROOT t = ((f32[12,8], s32[8], s32[12]), (f32[12,8], f32[8])) tuple(lu, qr)
+}
+"""
+    a = RNG.standard_normal((12, 8)).astype(np.float32)
+    lu, piv, perm, house, taus = evaluate(parse_module(text), [a])
+    lower = np.tril(lu.astype(np.float64), -1)[:, :8] + np.eye(12, 8)
+    upper = np.triu(lu.astype(np.float64)[:8])
+    np.testing.assert_allclose(a[perm].astype(np.float64), lower @ upper, atol=1e-5)
+    assert sorted(perm.tolist()) == list(range(12)) and piv.shape == (8,)
+    r = np.triu(house.astype(np.float64)[:8])
+    np.testing.assert_allclose(np.abs(r), np.abs(np.linalg.qr(a.astype(np.float64))[1]), atol=1e-5)
+    assert taus.shape == (8,)

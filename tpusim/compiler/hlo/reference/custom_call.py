@@ -313,7 +313,7 @@ def _gesdd(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value
 # ---------------------------------------------------------------------------------------------
 # TPU linear algebra
 # ---------------------------------------------------------------------------------------------
-@register_custom_call("Qr")
+@register_custom_call("Qr", "QrDecompositionBlock")  # (XLA:TPU's blocked QR: a panel's Householder form)
 def _qr(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     (a,) = _arrays(instr, args, 1)
     return householder_qr(a)
@@ -353,9 +353,10 @@ def _tpu_eigh(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Va
     return v, w
 
 
-@register_custom_call("LuDecomposition")
+@register_custom_call("LuDecomposition", "LuDecompositionBlock")
 def _tpu_lu(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
-    """``(lu, pivots, permutation)`` with 0-based pivots."""
+    """``(lu, pivots, permutation)`` with 0-based pivots. XLA:TPU's blocked LU (of ``solve``) calls
+    ``LuDecompositionBlock`` on each ``[m, b]`` panel: its ``b`` pivots and the permutation of its ``m`` rows."""
     (a,) = _arrays(instr, args, 1)
     lu, piv, _ = lu_partial_pivoting(a)
     return lu, piv.astype(np.int32), pivots_to_permutation(piv, a.shape[-2])
