@@ -219,3 +219,30 @@ ENTRY main (a: f32[12,8]) -> ((f32[12,8], s32[8], s32[12]), (f32[12,8], f32[8]))
     r = np.triu(house.astype(np.float64)[:8])
     np.testing.assert_allclose(np.abs(r), np.abs(np.linalg.qr(a.astype(np.float64))[1]), atol=1e-5)
     assert taus.shape == (8,)
+
+
+def test_xla_tpu_jacobi_eigh_blocks() -> None:
+    """XLA:TPU's ``eigh`` (megacore fuzz campaign: 'no reference function') pads the matrix to an even size
+    and passes it as four blocks to ``EighTpu``, which returns the eigenvalues in two halves and the
+    transposed eigenvectors in four blocks; the zero padding keeps its position (eigenvalue 0, unit vector),
+    which the module then drops."""
+    text = """
+HloModule eigh, is_scheduled=true
+ENTRY main {
+  tl = f32[5,5]{1,0:T(8,128)} parameter(0)
+  tr = f32[5,5]{1,0:T(8,128)} parameter(1)
+  bl = f32[5,5]{1,0:T(8,128)} parameter(2)
+  br = f32[5,5]{1,0:T(8,128)} parameter(3)
+  ROOT e = (f32[5], f32[5], f32[5,5], f32[5,5], f32[5,5], f32[5,5]) custom-call(tl, tr, bl, br),
+    custom_call_target="EighTpu"
+}
+"""
+    a = RNG.standard_normal((9, 9))
+    full = np.zeros((10, 10), np.float32)
+    full[:9, :9] = a + a.T
+    w_top, w_bottom, *blocks = evaluate(parse_module(text), [full[:5, :5], full[:5, 5:], full[5:, :5], full[5:, 5:]])
+    w = np.concatenate([w_top, w_bottom]).astype(np.float64)
+    vt = np.block([[blocks[0], blocks[1]], [blocks[2], blocks[3]]]).astype(np.float64)
+    np.testing.assert_allclose(full @ vt.T, vt.T * w, atol=1e-4)
+    np.testing.assert_allclose(np.sort(w[:9]), np.linalg.eigvalsh(full[:9, :9].astype(np.float64)), atol=1e-4)
+    assert w[9] == 0 and np.array_equal(vt[9], np.eye(10)[9])

@@ -353,6 +353,31 @@ def _tpu_eigh(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Va
     return v, w
 
 
+@register_custom_call("EighTpu")
+def _tpu_block_eigh(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """XLA:TPU's Jacobi kernel of ``eigh``: the symmetric matrix as four ``[n, n]`` blocks ``(tl, tr, bl, br)``
+    (padded with zero rows and columns to an even size), returning the eigenvalues in two halves and the
+    transposed eigenvector matrix (eigenvector ``k`` is row ``k``, as XLA's module reads it: checked against
+    JAX's ``eigh`` through XLA:TPU's compiled module) in four blocks. A Jacobi sweep never rotates a zero row and
+    column, so such a row keeps its position with eigenvalue 0 and its unit vector (XLA's module then drops
+    the padding's position); the other eigenpairs take the other positions, ascending (the module sorts
+    them)."""
+    tl, tr, bl, br = (wide(x) for x in _arrays(instr, args, 4))
+    n = tl.shape[-1]
+    full = np.block([[tl, tr], [bl, br]])
+    live = np.flatnonzero(np.any(full != 0, axis=-1) | np.any(full != 0, axis=-2))
+    w = np.zeros(2 * n)
+    v = np.eye(2 * n)
+    if live.size:
+        vals, vecs = np.linalg.eigh(full[np.ix_(live, live)])
+        w[live] = vals
+        v[np.ix_(live, live)] = vecs
+    dtype = np.asarray(args[0]).dtype
+    v = v.T
+    blocks = (v[:n, :n], v[:n, n:], v[n:, :n], v[n:, n:])
+    return (w[:n].astype(dtype), w[n:].astype(dtype), *(b.astype(dtype) for b in blocks))
+
+
 @register_custom_call("LuDecomposition", "LuDecompositionBlock")
 def _tpu_lu(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     """``(lu, pivots, permutation)`` with 0-based pivots. XLA:TPU's blocked LU (of ``solve``) calls
