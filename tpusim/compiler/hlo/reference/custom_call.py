@@ -353,6 +353,22 @@ def _tpu_eigh(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Va
     return v, w
 
 
+@register_custom_call("CompactWyHelper")
+def _compact_wy(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
+    """XLA:TPU's step of a blocked QR's compact WY form (XLA's QrExpander): its operand is ``M = (I +
+    strict_upper(V^T V)) diag(-taus)``, and it returns ``T`` built a column at a time from the identity,
+    ``T[:, i] = T @ M[:, i]`` (the loop XLA writes for other backends), so that the panel's reflectors
+    are ``I + V T V^T``."""
+    (m,) = _arrays(instr, args, 1)
+    w = wide(m)
+    if w.ndim < 2 or w.shape[-1] != w.shape[-2]:
+        raise EvaluationError(instr, f"takes a square matrix, not {list(w.shape)}")
+    t = np.broadcast_to(np.eye(w.shape[-1], dtype=w.dtype), w.shape).copy()
+    for i in range(w.shape[-1]):
+        t[..., :, i] = np.einsum("...ij,...j->...i", t, w[..., :, i])
+    return t.astype(m.dtype)
+
+
 @register_custom_call("EighTpu")
 def _tpu_block_eigh(ctx: EvalContext, instr: Instruction, args: Sequence[Value]) -> Value:
     """XLA:TPU's Jacobi kernel of ``eigh``: the symmetric matrix as four ``[n, n]`` blocks ``(tl, tr, bl, br)``
