@@ -169,3 +169,14 @@ def test_xlas_module_is_printed_with_its_large_constants() -> None:
     assert "{...}" not in compiled.text
     result = tpusim.simulate(text, config="tpu_v5e", compiler="xla", timing_only=True)
     assert result.cycles > 0
+
+
+@needs_libtpu
+def test_an_f64_program_compiled_by_xla_is_refused_before_it_runs() -> None:
+    """XLA:TPU computes f64 as pairs of f32 values (``X64SplitHigh``/``Low``, ``X64Combine`` of f64): the
+    run failed half way in a fallback kernel (a bad-input campaign); tpusim models no such arithmetic, so it
+    says so when XLA's module is read (its own compiler runs f64)."""
+    text = "HloModule m\nENTRY main {\n  a = f64[8,16] parameter(0)\n  ROOT n = f64[8,16] multiply(a, a)\n}\n"
+    with pytest.raises(tpusim.TpusimError, match=r"XLA:TPU computes f64 as pairs of f32 values"):
+        tpusim.simulate(text, timing_only=True, compiler="xla")
+    assert tpusim.simulate(text, timing_only=True).cycles > 0

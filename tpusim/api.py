@@ -199,7 +199,18 @@ def through_xla(
             "is, with tpusim's compiler (the default), rather than compiling it again with XLA:TPU"
         )
     xla = compile_with_xla(text, config, chips, shape)
-    return parse_module(xla.text, f"XLA:TPU's compilation for {xla.topology}"), xla
+    module = parse_module(xla.text, f"XLA:TPU's compilation for {xla.topology}")
+    for comp in module.computations:
+        for instr in comp.instructions:
+            target = instr.attr("custom_call_target") if instr.opcode == "custom-call" else None
+            if target in ("X64SplitLow", "X64SplitHigh", "X64Combine") and "f64" in str(instr.shape) + "".join(
+                str(comp[o].shape) for o in instr.operands
+            ):
+                raise InputError(
+                    f"{instr.name}: XLA:TPU computes f64 as pairs of f32 values ({target}), whose arithmetic tpusim "
+                    "does not model; run f64 programs with tpusim's own compiler (the default)"
+                )
+    return module, xla
 
 
 def _check_arguments(
