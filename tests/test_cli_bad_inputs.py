@@ -462,6 +462,23 @@ def test_layout_out_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert line == f"tpusim layout: --out {a_file / 'x.png'}: cannot be written: {a_file} is a file, not a folder"
 
 
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
+def test_layout_replaces_only_a_diagram(suffix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--out`` replaced any file (a user's notes named notes.png), where ``run --out`` refuses a file that is
+    not its own output (a campaign of bad inputs); an earlier diagram is still replaced."""
+    mine = tmp_path / f"notes{suffix}"
+    mine.write_text("<svg>my own drawing</svg>" if suffix == ".svg" else "my notes")
+    line = _one_error(["layout", "f32[8,128]", "--out", str(mine)], capsys)
+    assert line.endswith(
+        "the file exists and is not a diagram tpusim drew; it would be overwritten: choose another file"
+    )
+    assert mine.read_text().startswith(("<svg>", "my notes"))
+    drawn = tmp_path / f"d{suffix}"
+    for _ in range(2):
+        assert main(["layout", "f32[8,128]", "--out", str(drawn)]) == 0
+    capsys.readouterr()
+
+
 # ---------------------------------------------------------------- found by a helper's sweep of the CLI
 def test_out_never_overwrites_the_program_or_the_inputs(
     tmp_path: Path, program: Path, capsys: pytest.CaptureFixture[str]

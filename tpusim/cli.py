@@ -59,6 +59,19 @@ def _configure_layout(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cols", type=int, default=256, help="most grid columns to draw (default 256)")
 
 
+def _drawn_by_matplotlib(path: Path) -> bool:
+    """Whether ``path`` is a picture matplotlib wrote (its PNG and SVG files name it in their first kilobytes,
+    its PDF files in their last): an earlier diagram, which a new one may replace."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            f.seek(max(0, path.stat().st_size - 4096))
+            tail = f.read(4096)
+    except OSError:
+        return False
+    return b"matplotlib" in head.lower() or b"matplotlib" in tail.lower()
+
+
 @command("layout", "draw how a layout places an array in memory", _configure_layout)
 def _run_layout(args: argparse.Namespace) -> int:
     from tpusim.memory import Shape
@@ -74,6 +87,9 @@ def _run_layout(args: argparse.Namespace) -> int:
         if out.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise TpusimError(f"--out {out}: the diagram is written as .png, .svg or .pdf, not '{out.suffix}'")
         check_output_path(out, "--out", folder=False)
+        if out.is_file() and not _drawn_by_matplotlib(out):
+            raise TpusimError(f"--out {out}: the file exists and is not a diagram tpusim drew; it would be "
+                              "overwritten: choose another file")  # fmt: skip
         if args.max_rows < 1 or args.max_cols < 1 or args.max_rows * args.max_cols > MAX_DRAWN_CELLS:
             raise TpusimError(f"--max-rows {args.max_rows} --max-cols {args.max_cols}: each must be at least 1 and "
                               f"together at most {MAX_DRAWN_CELLS:,} cells")  # fmt: skip
