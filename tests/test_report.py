@@ -97,6 +97,9 @@ def test_the_reports_own_schema_check_agrees_with_jsonschema(run: dict[str, Any]
                 assert str(path[-1]) in mine, (path, mine)
     assert refused > len(picked)
     doc = json.loads(json.dumps(run["summary"]))
+    doc["config"]["clock_hz"] = 0  # (exclusiveMinimum)
+    assert first_problem(doc, SUMMARY_SCHEMA) is not None and not validator.is_valid(doc)
+    doc = json.loads(json.dumps(run["summary"]))
     del doc["totals"]["cycles"]
     assert first_problem(doc, SUMMARY_SCHEMA) == "totals: the key 'cycles' is missing"
 
@@ -415,5 +418,37 @@ def test_a_broken_trace_is_blamed_on_trace_json(tmp_path: Path) -> None:
     for event in trace["traceEvents"]:
         event.pop("args", None)
     (tmp_path / "trace.json").write_text(json.dumps(trace))
-    with pytest.raises(ReportError, match=r"trace\.json: cannot draw the timeline plot"):
+    with pytest.raises(ReportError, match=r"trace\.json: event 0: metadata event 'process_name' needs args\.name"):
+        render_report(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("file", "damage", "message"),
+    [
+        ("trace.json", b"\xff\xfe not text", r"trace\.json: not UTF-8 text \(byte 0\)"),
+        ("trace.json", b'{"traceEvents": ' + b"[" * 100000 + b"]" * 100000 + b"}", r"nested too deeply"),
+        ("trace.json", "nan_ts", r"trace\.json: event \d+: 'ts' must be a number >= 0, not nan"),
+        ("summary.json", "chips0", r"summary\.json: config\.chips: must be at least 1, not 0"),
+        ("summary.json", "cycles_huge", r"summary\.json: totals\.cycles: must be at most 9223372036854775807"),
+    ],
+)
+def test_damaged_report_files_are_one_named_error(tmp_path: Path, file: str, damage: object, message: str) -> None:
+    """Found by a campaign of bad inputs: each was a bare UnicodeDecodeError, RecursionError, ValueError from the
+    plot's axis limits, ZeroDivisionError, or blamed on the other file."""
+    from tpusim.report.writer import ReportError, render_report, write_report
+
+    write_report(tpusim.simulate(MLP, timing_only=True), tmp_path)
+    path = tmp_path / file
+    if isinstance(damage, bytes):
+        path.write_bytes(damage)
+    else:
+        doc = json.loads(path.read_text())
+        if damage == "nan_ts":
+            next(e for e in doc["traceEvents"] if e.get("ph") == "X")["ts"] = float("nan")
+        elif damage == "chips0":
+            doc["config"]["chips"] = 0
+        else:
+            doc["totals"]["cycles"] = 10**30
+        path.write_text(json.dumps(doc))
+    with pytest.raises(ReportError, match=message):
         render_report(tmp_path)

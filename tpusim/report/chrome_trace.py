@@ -25,7 +25,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -212,6 +212,10 @@ def _import_ns(us: float) -> int:
     return int(us) * 1000 if us == int(us) else round(us * 1000.0)
 
 
+def _finite(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_trace(doc: Any) -> list[str]:
     """Problems of a Chrome trace against the Trace Event Format's rules (empty when it follows them).
 
@@ -240,7 +244,7 @@ def check_trace(doc: Any) -> list[str]:
                 problems.append(f"{where}: metadata event {ev.get('name')!r} needs args.{key or 'name'}")
             continue
         ts = ev.get("ts")
-        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts < 0:
+        if not _finite(ts) or ts < 0:
             problems.append(f"{where}: 'ts' must be a number >= 0, not {ts!r}")
             continue
         if not isinstance(ev.get("pid"), int) or (ph != "C" and not isinstance(ev.get("tid"), int)):
@@ -248,17 +252,13 @@ def check_trace(doc: Any) -> list[str]:
             continue
         if ph == "X":
             dur = ev.get("dur")
-            if not isinstance(dur, (int, float)) or dur < 0 or not isinstance(ev.get("name"), str):
+            if not _finite(dur) or dur < 0 or not isinstance(ev.get("name"), str):
                 problems.append(f"{where}: a complete event needs a 'name' and 'dur' >= 0")
                 continue
             slices[(ev["pid"], ev["tid"])].append((_import_ns(ts), _import_ns(ts) + _import_ns(dur)))
         elif ph == "C":
             args = ev.get("args")
-            if (
-                not isinstance(args, dict)
-                or not args
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in args.values())
-            ):
+            if not isinstance(args, dict) or not args or not all(_finite(v) for v in args.values()):
                 problems.append(f"{where}: a counter needs numeric series in 'args'")
         elif ph in "stf":
             if "id" not in ev:

@@ -115,13 +115,10 @@ def _trace_window(text: str) -> tuple[float | None, float | None]:
 
 def _trace_view(directory: Path, window: tuple[float | None, float | None], dpi: int) -> Path:
     from tpusim.report.trace_view import trace_view_figure
-    from tpusim.report.writer import ReportError
+    from tpusim.report.writer import load_trace
 
     start, end = window
-    try:
-        doc = json.loads((directory / "trace.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ReportError(f"cannot read {directory / 'trace.json'}: {e}") from None
+    doc = load_trace(directory / "trace.json")
     other = doc.get("otherData", {}) if isinstance(doc, dict) else {}
     clock = other.get("clock_hz")
     if "time_axis" not in other and isinstance(clock, (int, float)) and clock > 0:  # cycles -> the trace's us

@@ -13,10 +13,12 @@ __all__ = ["SCHEMA_ID", "SCHEMA_VERSION", "SUMMARY_SCHEMA"]
 SCHEMA_ID = "tpusim.report.summary"
 SCHEMA_VERSION = 1
 
-_INT = {"type": "integer", "minimum": 0}
+_BIGGEST = 2**63 - 1  # (counts and cycles are 64-bit integers: a larger number is not one tpusim wrote)
+_INT = {"type": "integer", "minimum": 0, "maximum": _BIGGEST}
+_COUNT = {"type": "integer", "minimum": 1, "maximum": _BIGGEST}
 _NUM = {"type": "number", "minimum": 0}
 _NUM_OR_NULL = {"type": ["number", "null"], "minimum": 0}
-_INT_OR_NULL = {"type": ["integer", "null"], "minimum": 0}
+_INT_OR_NULL = {"type": ["integer", "null"], "minimum": 0, "maximum": _BIGGEST}
 _STR = {"type": "string"}
 _STR_OR_NULL = {"type": ["string", "null"]}
 _FRACTION = {"type": ["number", "null"], "minimum": 0}  # shares of a peak may exceed 1 only through rounding
@@ -83,7 +85,7 @@ _TOP = _obj({
     "program": _obj({"name": _STR, "path": _STR_OR_NULL, "hlo_instructions": _INT, "isa_instructions": _INT}),
     "config": _obj({
         "name": _STR, "source": _STR_OR_NULL, "overrides": {"type": "array", "items": _STR},
-        "clock_hz": {"type": "number", "exclusiveMinimum": 0}, "chips": _INT, "cores": _INT,
+        "clock_hz": {"type": "number", "exclusiveMinimum": 0}, "chips": _COUNT, "cores": _COUNT,
     }),
     "options": _obj({
         "tiling": _STR, "matmul_precision": {"enum": ["default", "high", "highest"]}, "fuse": {"type": "boolean"},

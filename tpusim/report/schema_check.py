@@ -1,7 +1,8 @@
 """Check a document against :data:`tpusim.report.schema.SUMMARY_SCHEMA` without a JSON Schema library.
 
 The summary's schema uses a small part of JSON Schema (``type``, ``enum``, ``const``, ``minimum``,
-``oneOf``, ``properties``, ``required``, ``additionalProperties``, ``items``); :func:`first_problem` implements
+``exclusiveMinimum``, ``maximum``, ``oneOf``, ``properties``, ``required``, ``additionalProperties``,
+``items``, ``minItems``); :func:`first_problem` implements
 exactly that part, so ``tpusim report`` can refuse an edited or damaged ``summary.json`` by the path of its
 first bad value instead of failing somewhere in the plots (jsonschema is a test dependency, not a runtime
 one; the tests check that both agree).
@@ -9,6 +10,7 @@ one; the tests check that both agree).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = ["first_problem"]
@@ -20,7 +22,7 @@ _TYPES: dict[str, Any] = {
     "null": lambda v: v is None,
     "boolean": lambda v: isinstance(v, bool),
     "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
 }
 
 
@@ -40,8 +42,15 @@ def first_problem(value: Any, schema: dict[str, Any], path: str = "") -> str | N
         kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         if not any(_TYPES[k](value) for k in kinds):
             return f"{at}: must be {' or '.join(kinds)}, not {_show(value)}"
-    if "minimum" in schema and _TYPES["number"](value) and value < schema["minimum"]:
-        return f"{at}: must be at least {schema['minimum']}, not {_show(value)}"
+    if _TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            return f"{at}: must be at least {schema['minimum']}, not {_show(value)}"
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            return f"{at}: must be more than {schema['exclusiveMinimum']}, not {_show(value)}"
+        if "maximum" in schema and value > schema["maximum"]:
+            return f"{at}: must be at most {schema['maximum']}, not {_show(value)}"
+    if isinstance(value, list) and len(value) < schema.get("minItems", 0):
+        return f"{at}: must hold at least {schema['minItems']} items, not {len(value)}"
     if isinstance(value, dict):
         for key in schema.get("required", ()):
             if key not in value:

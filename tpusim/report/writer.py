@@ -19,7 +19,16 @@ from tpusim.report.schema_check import first_problem
 if TYPE_CHECKING:
     from tpusim.api import SimulationResult
 
-__all__ = ["PLOTS", "REPORT_FILES", "ReportError", "default_report_dir", "render_report", "write_report"]
+__all__ = [
+    "PLOTS",
+    "REPORT_FILES",
+    "ReportError",
+    "default_report_dir",
+    "load_json",
+    "load_trace",
+    "render_report",
+    "write_report",
+]
 
 PLOTS = ("timeline", "utilisation", "roofline", "memory")
 """The figures of a report, each written as ``<name>.png``."""
@@ -104,15 +113,32 @@ def write_report(
     return [out / "summary.json", out / "trace.json", *_render(out, summary, trace, dpi)]
 
 
-def _load(path: Path, what: str) -> dict[str, Any]:
+def load_json(path: Path, what: str) -> dict[str, Any]:
+    """A report file's JSON object, or a ReportError naming the file and what is wrong with it."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_bytes().decode("utf-8"))
     except OSError as e:
         raise ReportError(f"cannot read {what} {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ReportError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ReportError(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
+    except RecursionError:
+        raise ReportError(f"{path}: not {what} (nested too deeply to read)") from None
     if not isinstance(doc, dict):
         raise ReportError(f"{path}: expected a JSON object")
+    return doc
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    """A report's trace.json, checked against the Trace Event Format's rules (its first problem is the error)."""
+    from tpusim.report.chrome_trace import check_trace
+
+    doc = load_json(path, "the trace")
+    problems = check_trace(doc)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ReportError(f"{path}: {problems[0]}{more}")
     return doc
 
 
@@ -120,7 +146,7 @@ def render_report(directory: str | Path, *, dpi: int = 110) -> list[Path]:
     """Render ``report.md`` and the plots of a report folder again from its ``summary.json`` (and ``trace.json``
     for the timeline, when present). Returns the files written."""
     out = Path(directory)
-    summary = _load(out / "summary.json", "the report summary")
+    summary = load_json(out / "summary.json", "the report summary")
     if summary.get("schema") != SCHEMA_ID or summary.get("schema_version") != SCHEMA_VERSION:
         raise ReportError(
             f"{out / 'summary.json'}: schema {summary.get('schema')!r} version {summary.get('schema_version')!r}; "
@@ -130,7 +156,7 @@ def render_report(directory: str | Path, *, dpi: int = 110) -> list[Path]:
     if problem:
         raise ReportError(f"{out / 'summary.json'}: {problem} (`tpusim report --schema` prints the schema)")
     trace_path = out / "trace.json"
-    trace = _load(trace_path, "the trace") if trace_path.exists() else None
+    trace = load_trace(trace_path) if trace_path.exists() else None
     try:
         return _render(out, summary, trace, dpi)
     except (KeyError, TypeError, ValueError) as e:
