@@ -53,6 +53,10 @@ def test_config_keys_for_the_slice() -> None:
     assert (v5e.default_shape(8), v5e.default_shape(32), v5e.default_shape(256)) == ((8,), (8, 4), (16, 16))
     with pytest.raises(ConfigError, match=r"max_shape: 512 chips do not fit a slice of at most \[16, 16\]"):
         v5e.default_shape(512)
+    # (a prime count of a billion chips tried every factorization by trial division: minutes; a bad-input
+    # campaign found it)
+    with pytest.raises(ConfigError, match=r"max_shape: 1000000007 chips do not fit"):
+        v5e.default_shape(1_000_000_007)
     with pytest.raises(ConfigError, match=r"ici\.wraparound: must have one entry per axis of ici\.shape \[16\]"):
         load_config("tpu_v5e", ["ici.shape=[16]", "ici.wraparound=[true,true]"])
     with pytest.raises(ConfigError, match=r"ici\.wraparound: a mesh has no wraparound links"):

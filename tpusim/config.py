@@ -413,6 +413,13 @@ class IciConfig:
         if self.shape_problem((chips,)) is None:
             return (chips,)
         best: tuple[int, ...] | None = None
+        largest = 1
+        for n in sorted(self.max_shape, reverse=True)[: self.dims]:
+            largest *= n
+        if chips > largest:  # (no grid holds them: said at once, not after trying every factorization)
+            raise ConfigValueError(
+                "max_shape", f"{chips} chips do not fit a slice of at most {list(self.max_shape)} chips per axis"
+            )
         for k in range(2, self.dims + 1):
             for cand in _factorizations(chips, k):
                 if self.shape_problem(cand) is None and (best is None or max(cand) < max(best)):
