@@ -20,6 +20,7 @@ from tpusim.compiler.hlo.reference.io import (
     run_reference_command,
     save_outputs,
 )
+from tpusim.errors import TpusimError
 
 PROGRAM = """
 HloModule io_program
@@ -175,3 +176,22 @@ ENTRY main {
     with np.load(tmp_path / "s.npz") as data:
         (x_dev,) = random_inputs(parse_module(single.read_text()), seed=3)[0]
         np.testing.assert_array_equal(data["out0"], (x_dev + x_dev).astype(np.float32))
+
+
+def test_device_counts_a_run_cannot_hold_are_refused(tmp_path: Path) -> None:
+    """A header claiming a billion replicas drew inputs for each under ``--reference`` (3 GB in 30 s), and
+    ``replica_count=-1`` / ``num_partitions=0`` were accepted (a campaign of bad inputs)."""
+    from tpusim.compiler.hlo import HloVerifyError
+
+    body = "ENTRY main {\n  a = f32[8,128] parameter(0)\n  ROOT n = f32[8,128] negate(a)\n}\n"
+    with pytest.raises(HloVerifyError, match=r"header's replica_count must be at least 1, not -1"):
+        parse_module(f"HloModule m, replica_count=-1\n{body}")
+    with pytest.raises(HloVerifyError, match=r"header's num_partitions must be at least 1, not 0"):
+        parse_module(f"HloModule m, num_partitions=0\n{body}")
+    big = tmp_path / "big.hlo"
+    big.write_text(f"HloModule m, replica_count=1000000000\n{body}")
+    args = argparse.Namespace(program=big, out=tmp_path / "o.npz")
+    with pytest.raises(
+        TpusimError, match=r"m runs on 1,000,000,000 devices: the reference interpreter .* at most 4,096"
+    ):
+        run_reference_command(args)

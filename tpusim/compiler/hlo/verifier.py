@@ -42,6 +42,10 @@ def _verify(module: Module) -> None:
         names.add(c.name)
     if module.entry not in module:
         raise HloVerifyError(f"the entry computation {module.entry} does not exist")
+    for key in ("replica_count", "num_partitions"):
+        value = module.attributes.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise HloVerifyError(f"the HloModule header's {key} must be at least 1, not {value}")
     entries = [c.name for c in module.computations if c.is_entry]
     if entries != [module.entry]:
         raise HloVerifyError(f"exactly {module.entry} should be marked ENTRY, found {entries or 'none'}")

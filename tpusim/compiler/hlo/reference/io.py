@@ -438,6 +438,11 @@ def configure_run_reference(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random inputs (default 0)")
 
 
+MAX_REFERENCE_DEVICES = 4096
+"""Devices ``--reference`` evaluates at most (each its own inputs, values and thread of the interpreter): a
+pod's worth; a header claiming a billion replicas is refused rather than drawn input by input."""
+
+
 def run_reference_command(args: argparse.Namespace) -> int:
     """``tpusim run PROGRAM --reference [--inputs IN.npz] [--out OUT.npz] [--replicas N] [--seed S]
     [--max-steps N]``.
@@ -457,6 +462,10 @@ def run_reference_command(args: argparse.Namespace) -> int:
     n = int(replicas) if replicas is not None else declared
     if n < 1:
         raise TpusimError(f"--replicas {n}: the number of devices must be at least 1")
+    if n > MAX_REFERENCE_DEVICES:
+        given = f"--replicas {n}" if replicas is not None else f"{module.name} runs on {n:,} devices"
+        raise TpusimError(f"{given}: the reference interpreter evaluates every device in this process, at most "
+                          f"{MAX_REFERENCE_DEVICES:,}")  # fmt: skip
     inputs_path = getattr(args, "inputs", None)
     seed = getattr(args, "seed", None)
     seed = DEFAULT_SEED if seed is None else int(seed)
