@@ -517,3 +517,18 @@ def test_a_grid_that_lists_a_value_twice_is_refused(tmp_path: Path) -> None:
     spec_path.write_text(f"name: s\nprograms:\n  p: {MLP}\nconfig: teaching\ngrid:\n  dma.engines: [2, 4, 2]\n")
     with pytest.raises(SweepError, match=r"s\.yaml: points 0 and 2 are the same run \(dma\.engines=2\)"):
         load_spec(spec_path)
+
+
+def test_a_folder_of_another_sweep_is_not_resumed_by_this_one(tmp_path: Path) -> None:
+    """A folder holding sweep a was taken as a resume of sweep b: a's spec.yaml and tables were replaced by
+    b's (a campaign of bad inputs). A spec of the same sweep, edited, still resumes."""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(f"name: a\nprograms:\n  p: {MLP}\nconfig: teaching\ngrid:\n  dma.engines: [1, 2]\n")
+    b.write_text(f"name: b\nprograms:\n  p: {MLP}\nconfig: teaching\ngrid:\n  hbm.latency_ns: [100, 200]\n")
+    out = tmp_path / "runs"
+    run_sweep(load_spec(a), out, progress=False, plots=False)
+    with pytest.raises(SweepError, match=r"runs: the folder holds sweep 'a' \(its spec\.yaml\), not 'b'"):
+        run_sweep(load_spec(b), out, progress=False, plots=False)
+    assert (out / "spec.yaml").read_text() == a.read_text()
+    a.write_text(a.read_text().replace("[1, 2]", "[1, 2, 4]"))
+    assert run_sweep(load_spec(a), out, progress=False, plots=False).ran == 1

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpusim.errors import TpusimError
 from tpusim.report.progress import Progress
 from tpusim.sweep.executors import EXECUTORS
 from tpusim.sweep.point import payload
 from tpusim.sweep.spec import COST_COLUMNS, METRIC_COLUMNS, SweepError, SweepSpec
 from tpusim.sweep.store import Journal, write_tables
+from tpusim.yamlio import load_yaml
 
 __all__ = ["SweepInterrupted", "SweepResult", "best_points", "columns", "default_sweep_dir", "run_sweep"]
 
@@ -66,6 +68,32 @@ def best_points(spec: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, dict[s
         if b is None or key < ((-1 if maximise else 1) * b[metric], b["index"]):
             best[r["program"]] = r
     return best
+
+
+def _check_same_sweep(spec: SweepSpec, folder: Path) -> None:
+    """A folder holding another sweep (its saved spec names another sweep, or, unnamed, varies other
+    parameters) is not resumed by this one: its spec and tables would be replaced by this sweep's."""
+    saved = folder / "spec.yaml"
+    if not saved.is_file():
+        return
+    try:
+        doc = load_yaml(saved)
+    except TpusimError:
+        return  # (a damaged copy: the journal decides, as before)
+    if not isinstance(doc, dict):
+        return
+    name = doc.get("name")
+    zipped = doc.get("zip")
+    groups: list[Any] = [doc.get("grid"), *(zipped if isinstance(zipped, list) else [zipped])]
+    varied = {str(k) for group in groups if isinstance(group, dict) for k in group}
+    if name is not None:
+        other = str(name) != spec.name
+    else:
+        other = bool(varied) and varied != set(spec.parameters) - {"program"}
+    if other:
+        what = f"sweep {str(name)!r}" if name is not None else f"a sweep of {', '.join(sorted(varied))}"
+        raise SweepError(f"{folder}: the folder holds {what} (its spec.yaml), not {spec.name!r}; give another --out, "
+                         "or run that sweep's spec to resume it")  # fmt: skip
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -137,6 +165,7 @@ def run_sweep(
     if folder.is_dir() and any(folder.iterdir()) and not (folder / "journal.jsonl").exists():
         raise SweepError(f"{folder}: the folder holds files that are not a sweep's (no journal.jsonl); give a new or "
                          "empty folder, or a sweep's to resume it")  # fmt: skip
+    _check_same_sweep(spec, folder)
     journal = Journal(folder)
     try:
         _write_text(folder / "spec.yaml", spec.text)
