@@ -229,6 +229,15 @@ def test_integers_with_leading_zeros_are_decimal_as_in_yaml_1_2(tmp_path):
     assert load_config(_write(tmp_path, edited)).mxu.rows == load_config("teaching").mxu.rows
 
 
+@pytest.mark.parametrize("text", ["1:20", "0b1000", "1_000", "1_0.5e9"])
+def test_yaml_1_1_number_forms_are_text_as_in_yaml_1_2(text: str) -> None:
+    """YAML 1.1 also read ``1:20`` (base 60) as 80, ``0b1000`` as 8 and ``1_000`` as 1000 (a campaign of bad
+    inputs): text in YAML 1.2, so a key that wants a number says so. Hexadecimal stays a number."""
+    with pytest.raises(ConfigError, match=rf"mxu\.rows: expected an integer, not '{text}'"):
+        load_config("teaching", [f"mxu.rows={text}"])
+    assert load_config("teaching", ["mxu.rows=0x10"]).mxu.rows == 16
+
+
 def test_yes_no_on_off_are_text_as_in_yaml_1_2():
     """PyYAML follows YAML 1.1, which read ``off`` as false: a typo-like value passed silently."""
     with pytest.raises(ConfigError, match=r"mxu\.double_buffered: expected true or false, not 'off'"):

@@ -174,40 +174,34 @@ class SafeLoader(yaml.SafeLoader):
             raise self.fail(node.start_mark, self.paths.get(id(node), ""), _scalar_problem(node, err)) from None
 
 
+# Numbers and booleans as YAML 1.2's core schema has them. PyYAML follows YAML 1.1, which also read
+# `1:20` as 80 (base 60), `0b1000` as 8 and `1_000` as 1000, `010` as octal 8 (so `--set mxu.rows=010` gave 8
+# rows), and yes, no, on and off as booleans (`double_buffered: off` was false, `name: no` not text): its
+# resolvers for the three are replaced, and those texts stay text (a key that wants a number refuses them).
+SafeLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_STD + "bool", _STD + "int", _STD + "float")]
+    for first, resolvers in SafeLoader.yaml_implicit_resolvers.items()
+}
 SafeLoader.add_implicit_resolver(
     _STD + "float",
     re.compile(
-        r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
-        r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+        r"^[-+]?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?"
+        r"|[0-9]+[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
     ),
     list("-+0123456789."),
 )
-
-
-SafeLoader.add_implicit_resolver(_STD + "int", re.compile(r"^[-+]?(?:0o[0-7]+|[0-9]+)$"), list("-+0123456789"))
-# Booleans as YAML 1.2 has them: true and false. PyYAML (YAML 1.1) also read yes, no, on and off, so
-# `double_buffered: off` was false and `name: no` was not text; they are text now (a bool key refuses it).
-SafeLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _STD + "bool"]
-    for first, resolvers in SafeLoader.yaml_implicit_resolvers.items()
-}
+SafeLoader.add_implicit_resolver(
+    _STD + "int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
 SafeLoader.add_implicit_resolver(_STD + "bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _construct_int(loader: SafeLoader, node: yaml.ScalarNode) -> int:
-    """An integer as YAML 1.2 reads it: ``010`` is ten (PyYAML, following YAML 1.1, read it as octal 8, so
-    ``--set mxu.rows=010`` gave 8 rows), ``0o10`` is octal; hexadecimal, binary and ``_`` separators as
-    PyYAML reads them."""
-    text = str(loader.construct_scalar(node)).replace("_", "")
-    sign = -1 if text.startswith("-") else 1
-    digits = text.lstrip("+-")
-    if digits.startswith("0o"):
-        return sign * int(digits[2:], 8)
-    if digits.isdigit():
-        return sign * int(digits, 10)
-    value = yaml.SafeLoader.construct_yaml_int(loader, node)
-    assert isinstance(value, int)
-    return value
+    """An integer as YAML 1.2 reads it: decimal (``010`` is ten), ``0o`` octal or ``0x`` hexadecimal."""
+    text = str(loader.construct_scalar(node))
+    if text.startswith(("0o", "0x")):
+        return int(text[2:], 8 if text[1] == "o" else 16)
+    return int(text, 10)
 
 
 SafeLoader.add_constructor(_STD + "int", _construct_int)
