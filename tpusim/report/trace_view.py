@@ -13,7 +13,7 @@ from typing import Any
 
 from matplotlib import colormaps
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, Rectangle
+from matplotlib.patches import FancyArrowPatch
 
 __all__ = ["trace_view_figure"]
 
@@ -24,6 +24,10 @@ def _colour(name: str) -> Any:
 
 
 _INF = float("inf")
+_PIXELS = 2000
+"""Horizontal resolution the slices are drawn at (about what the figure's width holds at its dpi)."""
+_MAX_ARROWS = 500
+"""Flow arrows drawn at most (every n-th beyond that)."""
 
 
 def trace_view_figure(doc: dict[str, Any], start: float | None = None, end: float | None = None,
@@ -60,28 +64,45 @@ def trace_view_figure(doc: dict[str, Any], start: float | None = None, end: floa
     span = t1 - t0
     # a label's width in trace time: about 0.05 inch a character at 6 points, on an axis about 15 inches wide
     per_char = 0.05 * span / 15
+    pixel = span / _PIXELS
     for key, evs in slices.items():
         y = row_of[key]
         free_from = -_INF  # where the row's last label ends (labels of adjacent long slices must not collide)
+        bars: list[tuple[float, float]] = []
+        colours: list[Any] = []
         for e in sorted(evs, key=lambda e: e["ts"]):
             s, d = max(e["ts"], t0), min(e["ts"] + e["dur"], t1) - max(e["ts"], t0)
             if d <= 0 and not (t0 <= e["ts"] <= t1):
                 continue
-            ax.add_patch(Rectangle((s, y - 0.38), max(d, span / 2000), 0.76, facecolor=_colour(e["name"]),
-                                   edgecolor="white", linewidth=0.3))  # fmt: skip
+            # slices narrower than a pixel that touch the bar before (also narrow) join it, as trace viewers
+            # merge what the screen cannot separate: a long run draws in seconds, not one patch per slice
+            if d < pixel and bars and bars[-1][1] < 2 * pixel and s <= bars[-1][0] + bars[-1][1] + pixel:
+                bars[-1] = (bars[-1][0], max(bars[-1][1], s + max(d, pixel) - bars[-1][0]))
+                continue
+            bars.append((s, max(d, pixel)))
+            colours.append(_colour(e["name"]))
             half = len(e["name"]) * per_char / 2
             if d > span / 25 and s + d / 2 - half > free_from:
                 ax.text(s + d / 2, y, e["name"], ha="center", va="center", fontsize=6, clip_on=True)
                 free_from = s + d / 2 + half
-    for ends in flows.values():
-        a, b = ends.get("s"), ends.get("f")
-        if a is None or b is None or not (t0 <= a["ts"] <= t1 and t0 <= b["ts"] <= t1):
-            continue
-        ya, yb = row_of.get((a["pid"], a["tid"])), row_of.get((b["pid"], b["tid"]))
-        if ya is None or yb is None:
-            continue
-        ax.add_patch(FancyArrowPatch((a["ts"], ya), (b["ts"], yb), arrowstyle="-|>", mutation_scale=7,
-                                     color="black", linewidth=0.6, connectionstyle="arc3,rad=-0.15"))  # fmt: skip
+        if bars:
+            ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=colours, edgecolor="white", linewidth=0.3)
+    arrows = [
+        (a, b)
+        for ends in flows.values()
+        if (a := ends.get("s")) is not None and (b := ends.get("f")) is not None
+        and t0 <= a["ts"] <= t1 and t0 <= b["ts"] <= t1
+        and (a["pid"], a["tid"]) in row_of and (b["pid"], b["tid"]) in row_of
+    ]  # fmt: skip
+    step = max(1, -(-len(arrows) // _MAX_ARROWS))  # (more arrows than that are a black smear: every step-th)
+    for a, b in arrows[::step]:
+        ya, yb = row_of[(a["pid"], a["tid"])], row_of[(b["pid"], b["tid"])]
+        arrow = FancyArrowPatch((a["ts"], ya), (b["ts"], yb), arrowstyle="-|>", mutation_scale=7, color="black",
+                                linewidth=0.6, connectionstyle="arc3,rad=-0.15")  # fmt: skip
+        arrow.set_in_layout(False)  # (inside the axes: the layout need not measure each one)
+        ax.add_patch(arrow)
+    if step > 1:
+        title = f"{title} ({len(arrows[::step]):,} of {len(arrows):,} flow arrows drawn)" if title else title
     labels = [names.get(k, str(k)) for k in tracks]
     for i, ckey in enumerate(crows):
         base = len(tracks) + 2 * i + 1.4
