@@ -186,6 +186,7 @@ def run_sweep(
             EXECUTORS[executor](jobs, on_row, workers=workers, scheduler=scheduler)
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (see tpusim.cli.Terminated)
             bar.close()
+            journal.reload()  # (the tables hold what the journal file holds)
             _finish(spec, folder, journal, dpi, plots)
             n = sum(p.id in journal.rows for p in spec.points)
             stopped = SweepInterrupted(

@@ -24,13 +24,10 @@ import fcntl
 import io
 import json
 import os
-import signal
 import socket
-import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,35 +189,26 @@ class Journal:
                           stacklevel=3)  # fmt: skip
 
     def append(self, row: dict[str, Any]) -> None:
-        """Record a finished point durably (one write of one line, then fsync), Ctrl-C and SIGTERM held until
-        it is recorded in memory too (else the tables written on the way out missed a row the file holds)."""
+        """Record a finished point durably (one write of one line, then fsync)."""
         line = (json.dumps(row, allow_nan=False, separators=(",", ":")) + "\n").encode()
-        with _signals_held():
-            try:
-                written = os.write(self._fd, line)
-                while written < len(line):  # a short write (a full disk): finish the line or fail
-                    written += os.write(self._fd, line[written:])
-                os.fsync(self._fd)
-            except OSError as e:
-                raise SweepError(f"{self.path}: cannot record a finished point: {e.strerror}") from None
-            self.rows[row["id"]] = row
+        try:
+            written = os.write(self._fd, line)
+            while written < len(line):  # a short write (a full disk): finish the line or fail
+                written += os.write(self._fd, line[written:])
+            os.fsync(self._fd)
+        except OSError as e:
+            raise SweepError(f"{self.path}: cannot record a finished point: {e.strerror}") from None
+        self.rows[row["id"]] = row
+
+    def reload(self) -> None:
+        """The rows as the file holds them now: after Ctrl-C or SIGTERM, which may have stopped :meth:`append`
+        between its write and its note in memory (a signal's handler runs between any two bytecodes)."""
+        self.rows = {}
+        self._load()
 
     def close(self) -> None:
         os.close(self._fd)
         self._release_lock()
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back (delivered when the block ends) in the main thread, where they are raised."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _atomic(path: Path, text: str) -> None:
