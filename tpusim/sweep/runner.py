@@ -71,8 +71,9 @@ def best_points(spec: SweepSpec, rows: list[dict[str, Any]]) -> dict[str, dict[s
 
 
 def _check_same_sweep(spec: SweepSpec, folder: Path) -> None:
-    """A folder holding another sweep (its saved spec names another sweep, or, unnamed, varies other
-    parameters) is not resumed by this one: its spec and tables would be replaced by this sweep's."""
+    """A folder holding another sweep (its saved spec names another sweep, or, unnamed, varies none of this
+    sweep's parameters) is not resumed by this one: its spec and tables would be replaced by this sweep's. An
+    edited spec of the same sweep (axes added or removed) still resumes."""
     saved = folder / "spec.yaml"
     if not saved.is_file():
         return
@@ -86,10 +87,7 @@ def _check_same_sweep(spec: SweepSpec, folder: Path) -> None:
     zipped = doc.get("zip")
     groups: list[Any] = [doc.get("grid"), *(zipped if isinstance(zipped, list) else [zipped])]
     varied = {str(k) for group in groups if isinstance(group, dict) for k in group}
-    if name is not None:
-        other = str(name) != spec.name
-    else:
-        other = bool(varied) and varied != set(spec.parameters) - {"program"}
+    other = str(name) != spec.name if name is not None else bool(varied) and not varied & set(spec.parameters)
     if other:
         what = f"sweep {str(name)!r}" if name is not None else f"a sweep of {', '.join(sorted(varied))}"
         raise SweepError(f"{folder}: the folder holds {what} (its spec.yaml), not {spec.name!r}; give another --out, "
