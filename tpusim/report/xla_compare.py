@@ -18,6 +18,7 @@ import numpy as np
 
 from tpusim.compiler.buffer_assignment import sequential_computations
 from tpusim.compiler.hlo.xla_forms import estimated_cycles
+from tpusim.report.entries import unit_kind
 
 if TYPE_CHECKING:
     from tpusim.api import SimulationResult
@@ -71,9 +72,15 @@ def xla_kernels(result: SimulationResult) -> list[XlaKernel]:
         rest = n[len(name) + 1 :] if n.startswith(name + ".") else ""
         return any(rest == i or rest.startswith(i + ".") for i in inner[name])
 
+    # A kernel's span starts at its first instruction that does work: a semaphore wait the sequencer reaches
+    # early (for a prefetch issued long before, while the previous kernel's units still run) is not its start
+    # (segment_sum's copy showed 46 us for 1.4 us of work).
+    waits = np.array([unit_kind(u) == "sync" for u in trace.units] or [False], bool)[trace.unit]
     for name, opcode, cycles in found:
         mine = np.fromiter((part_of(n, name) for n in names), bool, len(names))[codes]  # (per distinct name)
-        span = int(trace.end[mine].max() - trace.start[mine].min()) if mine.any() else 0
+        working = mine & ~waits
+        first = trace.start[working].min() if working.any() else trace.start[mine].min() if mine.any() else 0
+        span = int(trace.end[mine].max() - first) if mine.any() else 0
         out.append(XlaKernel(name, opcode, cycles, cycles / total_xla, span, span / total))
     return sorted(out, key=lambda k: -k.xla_cycles)
 
