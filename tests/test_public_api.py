@@ -144,7 +144,7 @@ _SRC = "HloModule m\nENTRY main {\n  a = f32[8,128] parameter(0)\n  ROOT n = f32
         (lambda: tpusim.compile_program(_SRC, config=5), "config must be"),  # type: ignore[arg-type]
         (lambda: tpusim.compile_program(_SRC, options="x"), "options must be"),  # type: ignore[arg-type]
         (lambda: tpusim.load_config(None), "a chip config is a preset name or a YAML path"),  # type: ignore[arg-type]
-        (lambda: tpusim.load_config("tpu_v5e", overrides=[("mxu.rows", 64)]), "an override is a"),  # type: ignore[list-item]
+        (lambda: tpusim.load_config("tpu_v5e", overrides=[("mxu.rows", 64)]), "an override must be a"),  # type: ignore[list-item]
         (lambda: tpusim.simulate_jax(5, 1), "takes the function to lower first"),  # type: ignore[arg-type]
     ],
 )

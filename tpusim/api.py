@@ -33,7 +33,7 @@ from tpusim.compiler.hlo.reference.io import DEFAULT_SEED, random_inputs
 from tpusim.compiler.options import CompileOptions
 from tpusim.compiler.pipeline import CompiledProgram, compile_module
 from tpusim.compiler.verify import accesses
-from tpusim.config import ChipConfig, load_config
+from tpusim.config import ChipConfig, check_overrides, load_config
 from tpusim.devices import Chip, FallbackEvaluator, RunMonitor, RunResult, Trace
 from tpusim.errors import TpusimError
 from tpusim.isa import Space
@@ -238,7 +238,7 @@ def _check_arguments(
     """One clear error for an argument of the wrong type, before it fails deep inside (``chips="2"`` was a
     TypeError from the topology, ``timing_only="no"`` a run without numerics, ``options={}`` an
     AttributeError, ``seed=-1`` numpy's error, ``overrides="mxu.rows=64"`` one override per character)."""
-    _check_overrides(overrides)
+    check_overrides(overrides)
     if inputs is not None and not isinstance(inputs, (list, tuple)):
         raise InputError(f"inputs must be a list or tuple with one value per entry parameter, not {inputs!r:.60}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
@@ -266,22 +266,6 @@ def _check_arguments(
         raise InputError(f"timing_only must be True or False, not {timing_only!r:.60}")
     if chips is not None and (isinstance(chips, bool) or not isinstance(chips, int) or chips < 1):
         raise InputError(f"chips must be a whole number of at least 1, not {chips!r:.60}")
-
-
-def _check_overrides(overrides: Any) -> None:
-    """Overrides are ``"section.key=value"`` texts (a list or tuple of them) or a ``{"section.key": value}``
-    dict, as :func:`tpusim.load_config` takes them."""
-    if isinstance(overrides, dict):
-        bad = [k for k in overrides if not isinstance(k, str)]
-    elif isinstance(overrides, (list, tuple)):
-        bad = [o for o in overrides if not isinstance(o, str)]
-    else:
-        raise InputError(
-            "overrides must be a list of 'section.key=value' texts or a {'section.key': value} dict, "
-            f"not {overrides!r:.60}"
-        )
-    if bad:
-        raise InputError(f"an override must be a 'section.key=value' text (or a dict's key), not {bad[0]!r:.60}")
 
 
 def _compiler(compiler: str) -> str:

@@ -50,6 +50,7 @@ __all__ = [
     "VpuOpClass",
     "XluConfig",
     "add_config_arguments",
+    "check_overrides",
     "config_dir",
     "config_from_args",
     "load_config",
@@ -821,6 +822,26 @@ def _mark_origin(node: yaml.Node, text: str, ctx: _Context) -> None:
             stack.extend(x for pair in n.value for x in pair)
 
 
+def check_overrides(overrides: Any) -> None:
+    """Overrides are ``"section.key=value"`` texts (a list or tuple of them) or a ``{"section.key": value}``
+    dict (a string alone was read one character at a time).
+
+    Raises:
+        ConfigError: anything else, naming the first wrong item.
+    """
+    if isinstance(overrides, dict):
+        bad = [k for k in overrides if not isinstance(k, str)]
+    elif isinstance(overrides, (list, tuple)):
+        bad = [o for o in overrides if not isinstance(o, str)]
+    else:
+        raise ConfigError(
+            "overrides must be a list of 'section.key=value' texts or a {'section.key': value} dict, "
+            f"not {show_value(overrides)}"
+        )
+    if bad:
+        raise ConfigError(f"an override must be a 'section.key=value' text (or a dict's key), not {show_value(bad[0])}")
+
+
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[str, Any] = ()) -> ChipConfig:
     """Load a chip config.
 
@@ -837,11 +858,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] | dict[
     """
     if not isinstance(path, (str, Path)):
         raise ConfigError(f"a chip config is a preset name or a YAML path, not {show_value(path)}")
-    if isinstance(overrides, str) or not isinstance(overrides, (list, tuple, dict)):
-        raise ConfigError(f"overrides are a list of 'section.key=value' texts or a dict, not {show_value(overrides)}")
-    if not isinstance(overrides, dict) and not all(isinstance(o, str) for o in overrides):
-        bad = next(o for o in overrides if not isinstance(o, str))
-        raise ConfigError(f"an override is a 'section.key=value' text, not {show_value(bad)}")
+    check_overrides(overrides)
     p = PRESETS.get(str(path), Path(path))
     problem = regular_file_problem(p)
     if problem:
