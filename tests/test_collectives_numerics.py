@@ -711,6 +711,17 @@ def _packed(name: str, fn: str = "maximum", lane: str = "u8") -> str:
     return "\n".join(lines) + "\n}\n"
 
 
+def _assert_every_chip_gives(text: str, x: np.ndarray, want: np.ndarray) -> None:
+    """The reference interpreter and the simulated 2x2 v5e chips each give ``want`` as output 0 on every chip
+    (``x`` holds the four chips' inputs), with no fallback."""
+    reference = evaluate_spmd(parse_module(text), [[x[d]] for d in range(4)])
+    result = tpusim.simulate(text, [x], chips=4, topology=(2, 2), config="tpu_v5e")
+    assert not result.fallbacks
+    for d in range(4):
+        np.testing.assert_array_equal(reference[d][0], want)
+        np.testing.assert_array_equal(result.outputs[0][d], want)
+
+
 @pytest.mark.parametrize("form", ["sync", "async"])
 def test_a_packed_reduction_computation_reduces_each_byte(form: str) -> None:
     """XLA:TPU's modules reduce u8 (and f16) values four (two) to a u32 word, with a reduction computation
@@ -729,12 +740,7 @@ def test_a_packed_reduction_computation_reduces_each_byte(form: str) -> None:
     rng = np.random.default_rng(0)
     x = rng.integers(0, 2**32, (4, 8, 256), dtype=np.uint64).astype(np.uint32)
     want = np.maximum.reduce(x.view(np.uint8).reshape(4, 8, 256, 4), axis=0).reshape(8, 1024).view(np.uint32)
-    reference = evaluate_spmd(parse_module(text), [[x[d]] for d in range(4)])
-    result = tpusim.simulate(text, [x], chips=4, topology=(2, 2), config="tpu_v5e")
-    assert not result.fallbacks
-    for d in range(4):
-        np.testing.assert_array_equal(reference[d][0], want)
-        np.testing.assert_array_equal(result.outputs[0][d], want)
+    _assert_every_chip_gives(text, x, want)
 
 
 def _packed_all_reduce_entry() -> str:
@@ -760,12 +766,7 @@ def test_packed_signed_and_float_lanes_reduce_through_their_bitcasts(lane: str, 
         x = lanes.view(np.uint32).reshape(4, 8, 256)
     combine = {"maximum": np.maximum, "minimum": np.minimum, "add": np.add}[fn]
     want = combine.reduce(lanes, axis=0).view(np.uint32).reshape(8, 256)
-    reference = evaluate_spmd(parse_module(text), [[x[d]] for d in range(4)])
-    result = tpusim.simulate(text, [x], chips=4, topology=(2, 2), config="tpu_v5e")
-    assert not result.fallbacks
-    for d in range(4):
-        np.testing.assert_array_equal(reference[d][0], want)
-        np.testing.assert_array_equal(result.outputs[0][d], want)
+    _assert_every_chip_gives(text, x, want)
 
 
 def test_a_reduction_that_does_not_associate_on_packed_float_lanes_is_refused() -> None:

@@ -151,6 +151,15 @@ def test_dask_local_cluster_gives_the_same_table(spec_path: Path, reference: Pat
 KILL_SPEC = SPEC.replace("[8.0e9, 1.6e10, 3.2e10]", "[" + ", ".join(f"{k}.0e9" for k in range(4, 52, 4)) + "]")
 
 
+def _until_a_row_is_recorded(proc: subprocess.Popen[str] | subprocess.Popen[bytes], journal: Path) -> None:
+    """Wait (up to 120 s) until the sweep ``proc`` has recorded a row in ``journal``, still running."""
+    deadline = time.monotonic() + 120
+    while not (journal.exists() and journal.read_bytes().count(b"\n") >= 1):
+        assert proc.poll() is None, "the sweep ended before it could be stopped"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def test_killed_sweep_resumes_without_losing_or_repeating_a_row(tmp_path: Path) -> None:
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(KILL_SPEC)
@@ -160,12 +169,8 @@ def test_killed_sweep_resumes_without_losing_or_repeating_a_row(tmp_path: Path) 
     cmd = [sys.executable, "-m", "tpusim.cli", "sweep", str(spec_path), "--out", str(out), "-j", "2", "--no-progress"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = out / "journal.jsonl"
-    deadline = time.monotonic() + 120
     try:
-        while not (journal.exists() and journal.read_bytes().count(b"\n") >= 1):
-            assert proc.poll() is None, "the sweep ended before it could be killed"
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _until_a_row_is_recorded(proc, journal)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its workers, at once
         proc.wait()
@@ -194,12 +199,8 @@ def test_a_terminated_sweep_stops_its_workers_and_writes_its_tables(tmp_path: Pa
            "--no-plots"]  # fmt: skip
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     journal = out / "journal.jsonl"
-    deadline = time.monotonic() + 120
     try:
-        while not (journal.exists() and journal.read_bytes().count(b"\n") >= 1):
-            assert proc.poll() is None, "the sweep ended before it could be stopped"
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _until_a_row_is_recorded(proc, journal)
         proc.send_signal(signal.SIGTERM)  # the sweep's process only, as `kill PID` sends it
         _, err = proc.communicate(timeout=60)
     finally:
