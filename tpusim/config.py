@@ -414,10 +414,8 @@ class IciConfig:
         if self.shape_problem((chips,)) is None:
             return (chips,)
         best: tuple[int, ...] | None = None
-        largest = 1
-        for n in sorted(self.max_shape, reverse=True)[: self.dims]:
-            largest *= n
-        if chips > largest:  # (no grid holds them: said at once, not after trying every factorization)
+        # (no grid holds them: said at once, not after trying every factorization)
+        if chips > math.prod(sorted(self.max_shape, reverse=True)[: self.dims]):
             raise ConfigValueError(
                 "max_shape", f"{chips} chips do not fit a slice of at most {list(self.max_shape)} chips per axis"
             )
