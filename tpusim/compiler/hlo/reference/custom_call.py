@@ -14,8 +14,10 @@ Found by lowering JAX 0.10 programs for CPU and TPU (``jax.jit(f).trace(...).low
   QR), ``lapack_?syevd_ffi``/``?heevd_ffi`` (symmetric eigen) and ``lapack_?gesdd_ffi`` (SVD).
   ``backend_config`` carries LAPACK's character flags as bytes (``uplo = 76 : ui8`` is 'L').
 * TPU linear algebra: ``Qr``, ``ProductOfElementaryHouseholderReflectors``, ``Eigh``, ``LuDecomposition``, and
-  ``Cholesky`` of XLA:TPU's compiled modules (HLO ``cholesky`` with ``lower=true``, as JAX lowers it) and
-  ``InvertDiagBlocksUpperTriangular`` (a triangular solve's diagonal blocks, stacked, each inverted).
+  ``Cholesky`` of XLA:TPU's compiled modules (HLO ``cholesky`` with ``lower=true``, as JAX lowers it),
+  ``InvertDiagBlocksUpperTriangular`` / ``...LowerTriangular`` (a triangular solve's diagonal blocks, stacked,
+  each inverted), the panels of its blocked LU and QR (``LuDecompositionBlock``, ``QrDecompositionBlock``,
+  ``CompactWyHelper``) and its Jacobi ``EighTpu``.
 * Targets of XLA:TPU's compiled modules (``jax.jit(f).lower(...).compile().as_text()`` with libtpu):
   ``ConcatBitcast`` (operands placed one after another along the result's only grown dimension: a
   concatenate XLA makes free by placing them adjacently), ``AllocateBuffer`` (an uninitialised buffer a later
